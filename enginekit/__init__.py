@@ -1,0 +1,1 @@
+"""enginekit: an LLM inference engine built around the KV cache."""

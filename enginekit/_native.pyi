@@ -1,0 +1,187 @@
+"""Typed stub of ``enginekit._native``, the Rust core of the host-side KV bookkeeping.
+
+Every class here has a pure-Python twin in ``enginekit.kv.pyref`` with the same API and
+behaviour; tests drive both with the same operation sequences and compare whole states.
+Errors are the classes of ``enginekit.errors``; a call that raises changes nothing.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+ROOT_HASH: int
+"""Parent hash of a sequence's first block."""
+
+def hash_block(
+    parent_hash: int, token_ids: Sequence[int], extra_key: bytes | None = None
+) -> int:
+    """Chained 64-bit hash of one block (spec in rust/hash.rs).
+
+    Raises ValueError if parent_hash is not in [0, 2**64) or a token id is not in [0, 2**32).
+    """
+
+def hash_blocks(
+    token_ids: Sequence[int],
+    block_size: int,
+    extra_key: bytes | None = None,
+    parent_hash: int = ...,
+) -> list[int]:
+    """Chained hashes of every full block of ``token_ids``; a trailing partial block is ignored.
+
+    ``parent_hash`` defaults to ROOT_HASH. Raises ValueError as hash_block, or if block_size < 1.
+    """
+
+class BlockPool:
+    """A fixed set of KV blocks with reference counts, a free list and a prefix-hash map.
+
+    Every block is in exactly one state:
+    - used: ref_count > 0 (it may also carry a hash, i.e. be cached);
+    - evictable: ref_count == 0 and cached; kept in LRU order (least recently released first);
+    - free: ref_count == 0 and not cached; kept in a LIFO stack (the last freed is the next
+      allocated; a new pool hands out 0, 1, 2, ... in that order).
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        """Raises ValueError if num_blocks < 1."""
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks allocatable without eviction."""
+    @property
+    def num_evictable_blocks(self) -> int: ...
+    @property
+    def num_used_blocks(self) -> int: ...
+    def allocate(self, num_blocks: int) -> list[int]:
+        """Pops num_blocks blocks off the free stack (never evicts); each gets ref_count 1.
+
+        Raises OutOfBlocksError if num_blocks > num_free_blocks, ValueError if negative.
+        """
+    def incref(self, block_id: int) -> None:
+        """Adds a reference. An evictable block leaves the LRU list (a prefix-cache hit).
+
+        Raises KVCacheError for an unknown id or a free block.
+        """
+    def decref(self, block_id: int) -> None:
+        """Drops a reference. At zero a cached block becomes evictable (most recent end of the
+        LRU list) and an uncached block is pushed on the free stack.
+
+        Raises KVCacheError for an unknown id or a block whose ref_count is already 0.
+        """
+    def free(self, block_ids: Sequence[int]) -> None:
+        """decref of every id, in order. Checked as a whole first (duplicates counted), so on
+        error (double free, unknown id) nothing changes."""
+    def touch(self, block_id: int) -> None:
+        """Moves an evictable block to the most recent end of the LRU list.
+
+        Raises KVCacheError if the block is not evictable.
+        """
+    def cache_block(self, block_id: int, block_hash: int) -> bool:
+        """Records that a used block holds the content named by block_hash.
+
+        Returns True if recorded; False, changing nothing, if the hash already names another
+        block (duplicate content) or this block already carries this hash.
+        Raises KVCacheError for an unknown id, a block with ref_count 0, or a block that
+        already carries a different hash; ValueError if block_hash is not in [0, 2**64).
+        """
+    def lookup(self, block_hash: int) -> int | None:
+        """The block cached under block_hash, or None. Changes nothing."""
+    def lookup_prefix(self, block_hashes: Sequence[int]) -> list[int]:
+        """Block ids of the longest run of leading hashes that are all cached. Changes nothing."""
+    def block_hash(self, block_id: int) -> int | None:
+        """The hash a block carries, or None. Raises KVCacheError for an unknown id."""
+    def ref_count(self, block_id: int) -> int:
+        """Raises KVCacheError for an unknown id."""
+    def evict(self, block_id: int) -> int:
+        """Evictable -> free: drops the block's hash and returns it.
+
+        Raises KVCacheError if the block is not evictable.
+        """
+    def evict_lru(self, num_blocks: int) -> list[int]:
+        """Evicts the num_blocks least recently released evictable blocks; returns their ids,
+        oldest first. Raises OutOfBlocksError if num_blocks > num_evictable_blocks."""
+    def free_block_ids(self) -> list[int]:
+        """Free blocks in the order allocate would hand them out."""
+    def evictable_block_ids(self) -> list[int]:
+        """Evictable blocks, least recently released first."""
+    def ref_counts(self) -> list[int]:
+        """ref_count of every block, indexed by block id."""
+    def cached_blocks(self) -> dict[int, int]:
+        """hash -> block id for every cached block (used or evictable)."""
+    def check_integrity(self) -> None:
+        """Raises KVCacheError naming the first broken invariant: every block in exactly one
+        state; list lengths match the counters; LRU links consistent; the hash map and the
+        per-block hashes mirror each other; evictable blocks are exactly the cached blocks
+        with ref_count 0."""
+
+class BlockTables:
+    """Per-sequence lists of physical block ids (logical block i -> physical block).
+
+    Holds no references itself: callers incref/decref in the BlockPool. ``grow`` and
+    ``cache_blocks`` take the pool to do a whole batch in one call.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        """Raises ValueError if block_size < 1."""
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_sequences(self) -> int: ...
+    def has_sequence(self, seq_id: int) -> bool: ...
+    def add_sequence(self, seq_id: int, block_ids: Sequence[int] = ()) -> None:
+        """Raises KVCacheError if seq_id already exists."""
+    def remove_sequence(self, seq_id: int) -> list[int]:
+        """Forgets the sequence; returns its blocks in logical order (the caller frees them).
+
+        Raises KVCacheError for an unknown seq_id (as do all methods below).
+        """
+    def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None: ...
+    def truncate(self, seq_id: int, num_blocks: int) -> list[int]:
+        """Keeps the first num_blocks blocks; returns the removed ones in logical order.
+
+        Raises KVCacheError if num_blocks exceeds the table's length.
+        """
+    def fork(self, parent_id: int, child_id: int) -> list[int]:
+        """The child gets a copy of the parent's table; returns it (the caller increfs).
+
+        Raises KVCacheError if the parent is unknown or the child exists.
+        """
+    def set_block(self, seq_id: int, index: int, block_id: int) -> int:
+        """Replaces logical block ``index`` (copy-on-write); returns the old block id.
+
+        Raises KVCacheError if index is out of range.
+        """
+    def block_ids(self, seq_id: int) -> list[int]: ...
+    def block_id_at(self, seq_id: int, index: int) -> int:
+        """Raises KVCacheError if index is out of range."""
+    def num_blocks(self, seq_id: int) -> int: ...
+    def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+        """Sum over the batch of max(0, ceil(num_tokens / block_size) - num_blocks(seq)).
+
+        Raises ValueError if the two sequences differ in length.
+        """
+    def grow(self, pool: BlockPool, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+        """Allocates from ``pool`` and appends so that each sequence holds at least
+        ceil(num_tokens / block_size) blocks; returns the number of blocks allocated.
+
+        All or nothing: raises OutOfBlocksError if the batch needs more than
+        pool.num_free_blocks, and KVCacheError for an unknown seq_id, changing nothing.
+        """
+    def cache_blocks(
+        self, pool: BlockPool, seq_id: int, first_index: int, block_hashes: Sequence[int]
+    ) -> int:
+        """pool.cache_block(block_id_at(seq_id, first_index + i), block_hashes[i]) for each i;
+        returns how many returned True. Checked first: raises KVCacheError if the range
+        passes the table's end, changing nothing."""
+    def max_num_blocks(self, seq_ids: Sequence[int]) -> int:
+        """The longest table among seq_ids (0 for an empty batch)."""
+    def export_into(self, seq_ids: Sequence[int], out: Any, width: int, pad: int = -1) -> None:
+        """Writes the batch's tables row by row into ``out``, a writable C-contiguous buffer of
+        int32 (e.g. a numpy array of shape (len(seq_ids), width)); rows shorter than width are
+        padded with ``pad``. Raises ValueError if out is too small, not int32, or a table is
+        longer than width; KVCacheError for an unknown seq_id."""
+    def seq_ids(self) -> list[int]:
+        """Every sequence id, ascending."""
+    def check_integrity(self, pool: BlockPool | None = None) -> None:
+        """Raises KVCacheError if a table holds an id outside the pool or a block with
+        ref_count 0; without a pool, checks only that ids are non-negative."""
+
