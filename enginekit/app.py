@@ -1,0 +1,191 @@
+"""Hydra wiring shared by the command line and the Python API.
+
+- ``register_configs`` stores the schema, the primary config and every installed plugin's
+  Config in Hydra's ConfigStore (plugin groups never appear in a defaults list, so users
+  write ``+allocator=paged``).
+- ``rewrite_overrides`` also accepts ``allocator=paged`` (rewritten to ``+allocator=paged``)
+  and ``model=llama-3-70b`` (rewritten to ``model.name=llama-3-70b``), and refuses unknown
+  plugins and keys with the valid choices.
+- ``compose_config`` turns override strings into the same config the command line builds.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from enginekit.config import PLUGIN_GROUPS, EngineConfig
+from enginekit.errors import ConfigError, PluginError
+from enginekit.plugins import load_all_configs, plugin_names
+
+PRESET_GROUPS: tuple[str, ...] = ("model", "hardware", "workload")
+CONFIG_NAME = "enginekit"
+_GROUP_OVERRIDE = re.compile(r"^(?P<prefix>\+{0,2})(?P<group>[A-Za-z_]\w*)=(?P<value>.*)$")
+_KEY_OVERRIDE = re.compile(r"^(?P<prefix>[+~]{0,2})(?P<key>[A-Za-z_][\w.]*)(?P<rest>=.*)?$")
+
+
+def preset_names() -> dict[str, list[str]]:
+    from enginekit.executor.hardware import HARDWARE_PRESETS
+    from enginekit.models.shapes import MODEL_PRESETS
+    from enginekit.workloads import WORKLOADS
+
+    return {
+        "model": sorted(MODEL_PRESETS),
+        "hardware": sorted(HARDWARE_PRESETS),
+        "workload": sorted(WORKLOADS),
+    }
+
+
+def help_text(plugin_options: dict[str, list[str]], problems: list[str]) -> str:
+    """The text of ``--help``: every installed plugin in the form a user types."""
+    lines = [
+        "enginekit: an LLM inference engine built around the KV cache.",
+        "",
+        "Usage:  python -m enginekit [+group=plugin ...] [key=value ...]",
+        "        python -m enginekit -m +allocator=paged +prefix=none,block_hash   (a sweep)",
+        "",
+        "Plugins (one per group; the default is marked *):",
+    ]
+    from enginekit.config import DEFAULT_PLUGINS
+
+    for group in PLUGIN_GROUPS:
+        names = [n + ("*" if n == DEFAULT_PLUGINS[group] else "") for n in plugin_options[group]]
+        lines.append(f"  +{group}=" + " | ".join(names))
+    lines += ["", "Presets:"]
+    defaults = EngineConfig()
+    for group, names in preset_names().items():
+        default = getattr(defaults, group).name
+        marked = [n + ("*" if n == default else "") for n in names]
+        lines.append(f"  {group}=" + " | ".join(marked))
+    if problems:
+        lines += ["", "Plugins that failed to load (skipped):"] + [f"  {p}" for p in problems]
+    lines += [
+        "",
+        "The configuration this command would run with (override any key as key=value):",
+        "",
+        "CONFIG_PLACEHOLDER",
+        "List the plugins with their distributions and versions: python -m enginekit.plugins",
+    ]
+    return "\n".join(lines).replace("CONFIG_PLACEHOLDER", "$CONFIG")
+
+
+def register_configs() -> list[str]:
+    """Stores schema, primary config and plugin configs in the ConfigStore. Returns the
+    problems of plugins that could not be loaded (they are skipped)."""
+    configs, problems = load_all_configs()
+    store = ConfigStore.instance()
+    store.store(name="enginekit_schema", node=EngineConfig)
+    for group, options in configs.items():
+        for name, config_cls in options.items():
+            store.store(group=group, name=name, node=config_cls)
+    options = {group: sorted(configs[group]) for group in PLUGIN_GROUPS}
+    primary = {
+        "defaults": ["enginekit_schema", "_self_"],
+        "hydra": {"help": {"template": help_text(options, problems)}},
+    }
+    store.store(name=CONFIG_NAME, node=primary)
+    return problems
+
+
+def _check_plugin_value(group: str, value: str) -> None:
+    installed = plugin_names(group)
+    for name in _sweep_values(value):
+        if name not in installed:
+            message = f"unknown {group} plugin {name!r}; installed: {', '.join(installed)}"
+            close = difflib.get_close_matches(name, installed, n=1)
+            raise PluginError(message + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
+def _sweep_values(value: str) -> list[str]:
+    """The options of a simple value or comma sweep (``a,b``); [] for anything fancier."""
+    if re.fullmatch(r"[\w\-.]+(,[\w\-.]+)*", value):
+        return value.split(",")
+    return []
+
+
+def rewrite_overrides(overrides: list[str]) -> list[str]:
+    """Normalises user overrides (see the module docstring) and refuses unknown plugins and
+    keys. Flags (``-m``, ``--help``, ...) and ``hydra.*`` / ``hydra/...`` pass untouched."""
+    rewritten = []
+    selected: dict[str, str] = {}
+    for arg in overrides:
+        group_match = _GROUP_OVERRIDE.match(arg)
+        if group_match and group_match["group"] in PLUGIN_GROUPS:
+            group, value = group_match["group"], group_match["value"]
+            if group_match["prefix"] == "++":
+                raise ConfigError(f"{arg}: write +{group}={value} to choose a {group} plugin")
+            _check_plugin_value(group, value)
+            values = _sweep_values(value)
+            if len(values) == 1:
+                selected[group] = values[0]
+            rewritten.append(f"+{group}={value}")
+        elif group_match and group_match["group"] in PRESET_GROUPS:
+            rewritten.append(f"{group_match['group']}.name={group_match['value']}")
+        else:
+            rewritten.append(arg)
+    for arg in rewritten:
+        _check_key(arg, selected)
+    return rewritten
+
+
+def _check_key(arg: str, selected: dict[str, str]) -> None:
+    """Raises ConfigError if ``arg`` sets a key the schema (or the selected plugin's
+    Config) does not have, naming the valid keys and the closest one."""
+    if arg.startswith("-") or arg.startswith("hydra"):
+        return
+    match = _KEY_OVERRIDE.match(arg)
+    if match is None or "+" in match["prefix"] and "." not in match["key"]:
+        return
+    path = match["key"].split(".")
+    if path[0] in PLUGIN_GROUPS and len(path) == 1:
+        return
+    node: Any = EngineConfig
+    for depth, part in enumerate(path):
+        if depth == 1 and path[0] in PLUGIN_GROUPS:
+            node = _plugin_config_class(path[0], selected)
+        if not is_dataclass(node):
+            return  # a value below a leaf: let OmegaConf report it
+        valid = [f.name for f in fields(node)]
+        if part not in valid:
+            where = ".".join(path[:depth]) or "the config"
+            close = difflib.get_close_matches(part, valid, n=1)
+            hint = f"; did you mean {'.'.join([*path[:depth], close[0]])!r}?" if close else ""
+            raise ConfigError(
+                f"unknown key {'.'.join(path)!r}: {where} has {', '.join(valid)}{hint}"
+            )
+        node = {f.name: f.type for f in fields(node)}[part]
+        node = _resolve_type(node)
+
+
+def _resolve_type(annotation: Any) -> Any:
+    import enginekit.config as config_module
+
+    if isinstance(annotation, str):
+        return getattr(config_module, annotation, None)
+    return annotation
+
+
+def _plugin_config_class(group: str, selected: dict[str, str]) -> Any:
+    from enginekit.config import DEFAULT_PLUGINS
+    from enginekit.plugins import load_plugin
+
+    return load_plugin(group, selected.get(group, DEFAULT_PLUGINS[group])).Config
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The config the command line would build from ``overrides`` (no sweeps)."""
+    from hydra import compose, initialize
+    from hydra.errors import HydraException
+
+    register_configs()
+    rewritten = rewrite_overrides(overrides)
+    try:
+        with initialize(version_base=None, config_path=None):
+            return compose(config_name=CONFIG_NAME, overrides=rewritten)
+    except HydraException as exc:
+        raise ConfigError(str(exc).strip()) from None

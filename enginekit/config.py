@@ -1,0 +1,128 @@
+"""The configuration schema: EngineConfig and one base config per plugin group.
+
+Plugin groups (allocator, prefix, quantizer, eviction, preemption) are typed with the
+group's base config and default to a name-only node. A plugin's own ``Config`` dataclass
+(a subclass of that base) is stored in Hydra's ConfigStore under the group, so
+``+allocator=paged`` selects it; ``enginekit.plugins.complete_plugin_config`` fills a
+name-only node from the plugin's ``Config`` once the name is known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+PLUGIN_GROUPS: tuple[str, ...] = ("allocator", "prefix", "quantizer", "eviction", "preemption")
+DEFAULT_PLUGINS: dict[str, str] = {
+    "allocator": "paged",
+    "prefix": "block_hash",
+    "quantizer": "none",
+    "eviction": "lru",
+    "preemption": "recompute",
+}
+
+
+@dataclass
+class PluginConfig:
+    """Fields every plugin config has. ``name`` is the entry-point name."""
+
+    name: str = MISSING
+
+
+@dataclass
+class AllocatorConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class PrefixConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class QuantizerConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class EvictionConfig(PluginConfig):
+    pass
+
+
+@dataclass
+class PreemptionConfig(PluginConfig):
+    pass
+
+
+PLUGIN_BASE_CONFIGS: dict[str, type[PluginConfig]] = {
+    "allocator": AllocatorConfig,
+    "prefix": PrefixConfig,
+    "quantizer": QuantizerConfig,
+    "eviction": EvictionConfig,
+    "preemption": PreemptionConfig,
+}
+
+
+@dataclass
+class ModelConfig:
+    """The model: a preset shape by name (see enginekit.models.shapes)."""
+
+    name: str = "llama-3-8b"
+    max_model_len: int | None = None  # None: the model's own context length
+    dtype: str = "bfloat16"  # weights and, without a quantizer, KV: bfloat16 | float16 | float32
+
+
+@dataclass
+class HardwareConfig:
+    """The accelerator the simulator models (see enginekit.executor.hardware)."""
+
+    name: str = "h200"
+    memory_utilization: float = 0.9  # share of device memory the engine may use
+    reserve_gib: float = 2.0  # kept for activations and workspace, outside the KV pool
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # None: sized from device memory after weights and reserve
+    watermark: float = 0.01  # share of blocks admission keeps free for running sequences
+    native: bool = True  # Rust structures; false runs their pure-Python reference twins
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 8192  # token budget of one step (decodes + prefill chunks)
+    max_num_seqs: int = 256  # running sequences at most
+
+
+@dataclass
+class WorkloadConfig:
+    """A seeded request generator (see enginekit.workloads)."""
+
+    name: str = "shared_prefix"
+    num_requests: int = 1000
+    seed: int = 0
+    arrival_rate: float | None = None  # requests/s, Poisson; None: all arrive at time 0
+    shared_prefix_len: int = 1200  # shared_prefix: system prompt every request starts with
+    unique_prompt_len: int = 600  # shared_prefix: mean unique tokens after it
+    min_output_len: int = 200  # shared_prefix: output length range
+    max_output_len: int = 900
+
+
+@dataclass
+class EngineConfig:
+    allocator: AllocatorConfig = field(default_factory=lambda: AllocatorConfig(name="paged"))
+    prefix: PrefixConfig = field(default_factory=lambda: PrefixConfig(name="block_hash"))
+    quantizer: QuantizerConfig = field(default_factory=lambda: QuantizerConfig(name="none"))
+    eviction: EvictionConfig = field(default_factory=lambda: EvictionConfig(name="lru"))
+    preemption: PreemptionConfig = field(
+        default_factory=lambda: PreemptionConfig(name="recompute")
+    )
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    executor: str = "sim"
+    progress: bool = True  # a progress bar on stderr while the run goes

@@ -1,0 +1,345 @@
+"""Engine: the one place where config, plugins, cache, scheduler and executor meet.
+
+    engine = Engine.from_overrides(["+prefix=block_hash", "cache.num_blocks=4096"])
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
+    result = engine.run()
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from enginekit.config import PLUGIN_GROUPS, EngineConfig
+from enginekit.errors import ConfigError, RequestRejectedError
+from enginekit.executor.base import Executor
+from enginekit.kv.context import KVContext
+from enginekit.kv.manager import KVCacheManager, make_structures
+from enginekit.kv.spec import KVSpec
+from enginekit.metrics import RunMetrics
+from enginekit.models.shapes import ModelShape, model_preset
+from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
+from enginekit.request import Request, RequestOutput, SamplingParams
+from enginekit.scheduler import Scheduler
+
+DTYPE_BITS = {"bfloat16": 16, "float16": 16, "float32": 32}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outputs: list[RequestOutput]  # in the order requests were added
+    summary: dict[str, Any]
+
+
+def _as_engine_config(config: EngineConfig | DictConfig | None) -> DictConfig:
+    """A DictConfig typed by EngineConfig (so bad keys and types are refused)."""
+    schema = OmegaConf.structured(EngineConfig)
+    if config is None:
+        return schema
+    if isinstance(config, EngineConfig):
+        return OmegaConf.structured(config)
+    merged = OmegaConf.merge(schema, config)
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+class Engine:
+    """Serves requests step by step over the configured plugins and executor.
+
+    Time is the executor's: simulated seconds for ``sim``. A request arrives at its
+    ``arrival_time`` (default: now) and is scheduled only from then on.
+    """
+
+    def __init__(self, config: EngineConfig | DictConfig | None = None) -> None:
+        cfg = _as_engine_config(config)
+        self.config = cfg
+        plugins = {group: complete_plugin_config(group, cfg[group]) for group in PLUGIN_GROUPS}
+        self.plugin_configs = {group: plugin_cfg for group, (_, plugin_cfg) in plugins.items()}
+        self.plugin_infos: dict[str, PluginInfo] = {
+            group: find_plugin(group, plugin_cfg.name)
+            for group, plugin_cfg in self.plugin_configs.items()
+        }
+
+        self.shape = _model_shape(cfg)
+        self.max_model_len = self.shape.max_model_len
+        model_bits = _dtype_bits(cfg.model.dtype)
+        quantizer_cls, quantizer_cfg = plugins["quantizer"]
+        self.quantizer = quantizer_cls(quantizer_cfg)
+        self.kv_spec = KVSpec.of(
+            self.shape,
+            bits_per_element=self.quantizer.bits_per_element(model_bits),
+            block_size=cfg.cache.block_size,
+            scale_bytes_per_token=self.quantizer.scale_bytes_per_token(self.shape),
+        )
+        if not 0.0 <= cfg.cache.watermark < 1.0:
+            raise ConfigError(f"cache.watermark must be in [0, 1), got {cfg.cache.watermark}")
+
+        self.executor, num_blocks = self._build_executor(cfg, model_bits)
+        pool, tables = make_structures(num_blocks, cfg.cache.block_size, cfg.cache.native)
+        kv = KVContext(pool, tables, self.kv_spec, self.max_model_len)
+        allocator_cls, allocator_cfg = plugins["allocator"]
+        prefix_cls, prefix_cfg = plugins["prefix"]
+        eviction_cls, eviction_cfg = plugins["eviction"]
+        preemption_cls, preemption_cfg = plugins["preemption"]
+        self.kv = KVCacheManager(
+            kv,
+            allocator_cls(allocator_cfg, kv),
+            prefix_cls(prefix_cfg, kv),
+            eviction_cls(eviction_cfg, kv),
+            watermark=cfg.cache.watermark,
+        )
+        self.metrics = RunMetrics()
+        self.scheduler = Scheduler(cfg.scheduler, self.kv, preemption_cls(preemption_cfg), self.metrics)
+        self.clock = 0.0
+        self._pending: list[tuple[float, int, Request]] = []  # heap by arrival time
+        self._requests: dict[str, Request] = {}
+        self._seq_ids = itertools.count()
+
+    @classmethod
+    def from_overrides(cls, overrides: Sequence[str] = ()) -> Engine:
+        """An engine built from the same override strings the command line takes."""
+        from enginekit.app import compose_config
+
+        return cls(compose_config(list(overrides)))
+
+    def _build_executor(self, cfg: DictConfig, model_bits: int) -> tuple[Executor, int]:
+        if cfg.executor != "sim":
+            raise ConfigError(f"executor={cfg.executor!r} is not available; choose: sim")
+        from enginekit.executor.hardware import hardware_preset, kv_pool_num_blocks
+        from enginekit.executor.sim import SimExecutor
+
+        hardware = hardware_preset(cfg.hardware.name)
+        weight_bytes = self.shape.num_params * model_bits // 8
+        num_blocks = cfg.cache.num_blocks
+        if num_blocks is None:
+            num_blocks = kv_pool_num_blocks(
+                hardware, cfg.hardware, self.shape, self.kv_spec, weight_bytes
+            )
+        elif num_blocks < 1:
+            raise ConfigError(f"cache.num_blocks must be >= 1, got {num_blocks}")
+        executor = SimExecutor(self.shape, hardware, self.kv_spec, model_bits // 8)
+        return executor, num_blocks
+
+    # -- requests --------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        extra_key: bytes | None = None,
+        scripted_output_ids: Sequence[int] | None = None,
+    ) -> str:
+        """Queues a request; returns its id. Raises RequestRejectedError, queuing nothing,
+        if it can never be served: empty, a token outside the vocabulary, prompt plus
+        max_tokens beyond the model's context, or more blocks than the whole cache."""
+        sampling = sampling or SamplingParams()
+        seq_id = next(self._seq_ids)
+        request_id = str(seq_id) if request_id is None else request_id
+        if request_id in self._requests:
+            raise RequestRejectedError(f"request id {request_id!r} is already in use")
+        self._check_servable(request_id, prompt_token_ids, sampling)
+        request = Request(
+            request_id=request_id,
+            seq_id=seq_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling=sampling,
+            arrival_time=self.clock if arrival_time is None else max(arrival_time, 0.0),
+            extra_key=extra_key,
+            scripted_output_ids=scripted_output_ids,
+        )
+        self._requests[request_id] = request
+        heapq.heappush(self._pending, (request.arrival_time, seq_id, request))
+        return request_id
+
+    def _check_servable(
+        self, request_id: str, prompt: Sequence[int], sampling: SamplingParams
+    ) -> None:
+        what = f"request {request_id!r}"
+        if not prompt:
+            raise RequestRejectedError(f"{what}: the prompt is empty")
+        vocab = self.shape.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise RequestRejectedError(f"{what}: token ids must be in [0, {vocab})")
+        total = len(prompt) + sampling.max_tokens
+        if total > self.max_model_len:
+            raise RequestRejectedError(
+                f"{what}: prompt ({len(prompt)} tokens) + max_tokens ({sampling.max_tokens}) "
+                f"= {total} exceeds the model's context of {self.max_model_len} tokens"
+            )
+        num_blocks = self.kv.num_blocks
+        if self.kv_spec.num_blocks_for(total) > num_blocks:
+            raise RequestRejectedError(
+                f"{what}: needs {self.kv_spec.num_blocks_for(total)} KV blocks at its longest, "
+                f"but the whole cache has {num_blocks}"
+            )
+        if self.kv_spec.num_blocks_for(len(prompt)) + self.kv.num_watermark_blocks > num_blocks:
+            raise RequestRejectedError(
+                f"{what}: its prompt needs {self.kv_spec.num_blocks_for(len(prompt))} blocks "
+                f"plus the watermark of {self.kv.num_watermark_blocks}, more than the "
+                f"{num_blocks} the cache has"
+            )
+
+    def add_workload(self) -> int:
+        """Queues the configured workload's requests; returns how many."""
+        from enginekit.workloads import make_workload
+
+        requests = make_workload(self.config.workload, self.shape.vocab_size, self.max_model_len)
+        for item in requests:
+            self.add_request(
+                item.prompt_token_ids,
+                SamplingParams(max_tokens=item.max_tokens, ignore_eos=True),
+                request_id=item.request_id,
+                arrival_time=item.arrival_time,
+                scripted_output_ids=item.output_token_ids,
+            )
+        return len(requests)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._pending) or self.scheduler.num_unfinished > 0
+
+    def _admit_arrivals(self) -> None:
+        if not self.scheduler.num_unfinished and self._pending:
+            self.clock = max(self.clock, self._pending[0][0])  # idle: jump to next arrival
+        while self._pending and self._pending[0][0] <= self.clock:
+            _, _, request = heapq.heappop(self._pending)
+            self.executor.add_sequence(
+                request.seq_id,
+                request.prompt_token_ids,
+                request.sampling,
+                request.scripted_output_ids,
+            )
+            self.metrics.on_request_added(
+                request.request_id, request.arrival_time, request.num_prompt_tokens
+            )
+            self.scheduler.add_request(request)
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one step; returns the requests that finished in it."""
+        self._admit_arrivals()
+        scheduled = self.scheduler.schedule()
+        if scheduled.is_empty:
+            if self._pending:
+                self.clock = max(self.clock, self._pending[0][0])
+                return []
+            if self.scheduler.num_unfinished:
+                raise RuntimeError(  # a bug, not bad input: admission checks rule this out
+                    "scheduler made no progress with requests waiting and nothing running"
+                )
+            return []
+        output = self.executor.execute(scheduled)
+        self.clock += output.step_time_s
+        update = self.scheduler.update(scheduled, output)
+        for request in update.first_tokens:
+            request.first_token_time = self.clock
+            self.metrics.on_first_token(request.request_id, self.clock)
+        for request in update.finished:
+            request.finish_time = self.clock
+            self.metrics.on_request_finished(
+                request.request_id, self.clock, request.num_output_tokens
+            )
+        usage = self.kv.usage()
+        running = self.scheduler.running
+        self.metrics.on_step(
+            self.clock,
+            output.step_time_s,
+            sum(scheduled.prefill_lens),
+            len(scheduled.decode_seq_ids),
+            len(running),
+            len(self.scheduler.waiting) + len(self._pending),
+            usage.num_used_blocks,
+            usage.num_total_blocks,
+            self.kv.num_unused_slots(running),
+        )
+        return [RequestOutput.of(r) for r in update.finished]
+
+    def run(self, progress: bool = False) -> RunResult:
+        """Steps until every request has finished."""
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(self._requests), unit="req", desc="enginekit", leave=False)
+        while self.has_unfinished_requests():
+            finished = self.step()
+            if bar is not None and finished:
+                bar.update(len(finished))
+        if bar is not None:
+            bar.close()
+        return RunResult(self.outputs(), self.summary())
+
+    # -- results ---------------------------------------------------------------------------
+
+    def outputs(self) -> list[RequestOutput]:
+        return [RequestOutput.of(r) for r in self._requests.values()]
+
+    def output(self, request_id: str) -> RequestOutput:
+        return RequestOutput.of(self._requests[request_id])
+
+    def ideal_prefix_hit_tokens(self) -> int:
+        """Hits a perfect, unbounded block-granular prefix cache would get on the requests
+        added so far."""
+        from enginekit.workloads import ideal_prefix_hit_tokens
+
+        prompts = [r.prompt_token_ids for r in self._requests.values()]
+        return ideal_prefix_hit_tokens(prompts, self.kv_spec.block_size)
+
+    def summary(self) -> dict[str, Any]:
+        return self.metrics.summary(
+            self.kv_spec.bytes_per_block * self.kv.num_blocks,
+            ideal_hit_tokens=self.ideal_prefix_hit_tokens(),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Where and with what the run happens: plugins, model, KV layout, executor."""
+        info: dict[str, Any] = {
+            group: f"{i.name} ({i.distribution} {i.version})"
+            for group, i in self.plugin_infos.items()
+        }
+        info.update(
+            model=self.shape.name,
+            max_model_len=self.max_model_len,
+            block_size=self.kv_spec.block_size,
+            kv_bytes_per_token=self.kv_spec.bytes_per_token,
+            num_kv_blocks=self.kv.num_blocks,
+            kv_pool_gib=round(self.kv_spec.bytes_per_block * self.kv.num_blocks / 2**30, 2),
+            executor=self.config.executor,
+        )
+        info.update(self.executor.describe())
+        return info
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+
+
+def _model_shape(cfg: DictConfig) -> ModelShape:
+    shape = model_preset(cfg.model.name)
+    max_len = cfg.model.max_model_len
+    if max_len is None:
+        return shape
+    if not 1 <= max_len <= shape.max_model_len:
+        raise ConfigError(
+            f"model.max_model_len must be in [1, {shape.max_model_len}] for {shape.name}, "
+            f"got {max_len}"
+        )
+    from dataclasses import replace
+
+    return replace(shape, max_model_len=max_len)
+
+
+def _dtype_bits(dtype: str) -> int:
+    try:
+        return DTYPE_BITS[dtype]
+    except KeyError:
+        raise ConfigError(
+            f"model.dtype={dtype!r} is not supported; choose: {', '.join(DTYPE_BITS)}"
+        ) from None

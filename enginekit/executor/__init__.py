@@ -1,0 +1,1 @@
+"""Executors turn a SchedulerOutput into sampled tokens and a step time."""

@@ -1,0 +1,85 @@
+"""The contract between the scheduler and an executor.
+
+The scheduler decides; the executor computes. What crosses is plain data: sequence ids,
+token counts and block operations, never Request objects, so an executor could run in
+another process.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from enginekit.request import SamplingParams
+
+
+class BlockCopy(NamedTuple):
+    src_block_id: int
+    dst_block_id: int
+
+
+class SchedulerOutput(NamedTuple):
+    """The work of one step.
+
+    Prefill chunk i computes tokens [prefill_starts[i], prefill_starts[i] + prefill_lens[i])
+    of sequence prefill_seq_ids[i]; the tokens before prefill_starts[i] are already in the
+    cache (prefix hit or earlier chunks) and are attended to. Decode i computes the last
+    token of decode_seq_ids[i] and attends to decode_context_lens[i] tokens (itself
+    included). sample_seq_ids lists, in order, the sequences that get a new token this
+    step: every decode, then every prefill whose chunk reaches the end of its tokens.
+    """
+
+    step: int
+    prefill_seq_ids: list[int]
+    prefill_starts: list[int]
+    prefill_lens: list[int]
+    decode_seq_ids: list[int]
+    decode_context_lens: list[int]
+    sample_seq_ids: list[int]
+    finished_seq_ids: list[int]  # left the engine since the last step: drop their state
+    block_copies: list[BlockCopy]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(self.prefill_lens)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(self.prefill_lens) + len(self.decode_seq_ids)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill_seq_ids and not self.decode_seq_ids
+
+
+class ModelOutput(NamedTuple):
+    """next_token_ids[i] is the token sampled for sample_seq_ids[i]; step_time_s is the
+    time the step took (simulated or measured)."""
+
+    next_token_ids: list[int]
+    step_time_s: float
+
+
+class Executor(ABC):
+    """Runs steps. Holds per-sequence state between add_sequence and the step whose
+    SchedulerOutput lists the sequence in finished_seq_ids."""
+
+    @abstractmethod
+    def add_sequence(
+        self,
+        seq_id: int,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        scripted_output_ids: Sequence[int] | None = None,
+    ) -> None:
+        """Registers a sequence before it is first scheduled. Mutates executor state."""
+
+    @abstractmethod
+    def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
+        """Runs one step and returns one token per sample_seq_ids entry. Forgets the
+        sequences in finished_seq_ids first."""
+
+    def describe(self) -> dict[str, object]:
+        """What the report prints about where the run happened (device, model, ...)."""
+        return {}

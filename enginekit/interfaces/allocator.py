@@ -1,0 +1,57 @@
+"""Allocator: which physical blocks a sequence gets, and when."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+from enginekit.config import AllocatorConfig
+from enginekit.kv.context import KVContext
+from enginekit.request import Request
+
+
+class Allocator(ABC):
+    """Owns the block tables' contents: admits, grows and releases sequences.
+
+    The KVCacheManager makes room (eviction) before calling ``admit`` or ``grow``, so
+    these only take blocks from the pool's free list; they raise OutOfBlocksError (changing
+    nothing) if the free list is still short. References: a table holds one reference to
+    each of its blocks; ``release`` gives them back.
+    """
+
+    Config: ClassVar[type[AllocatorConfig]] = AllocatorConfig
+
+    def __init__(self, config: AllocatorConfig, kv: KVContext) -> None:
+        self.config = config
+        self.kv = kv
+
+    @abstractmethod
+    def num_blocks_to_admit(self, request: Request, num_cached_blocks: int) -> int:
+        """Free blocks that ``admit`` would take for ``request`` when its first
+        ``num_cached_blocks`` blocks come from the prefix cache. Pure."""
+
+    @abstractmethod
+    def admit(self, request: Request, cached_block_ids: Sequence[int]) -> None:
+        """Creates the request's block table: the cached blocks, then fresh blocks so that
+        ``request.num_tokens`` tokens fit (or more: a reserving allocator may take its whole
+        reservation here). The manager has already taken one reference to each cached
+        block for this request; the table takes those over. Mutates pool and tables."""
+
+    @abstractmethod
+    def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+        """Free blocks that ``grow`` would take. Pure."""
+
+    @abstractmethod
+    def grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+        """Extends each sequence's table so that num_tokens[i] tokens fit. All or nothing.
+        Mutates pool and tables."""
+
+    @abstractmethod
+    def release(self, seq_id: int) -> None:
+        """Drops the sequence's table and its references (last block first, so a
+        sequence's tail becomes evictable before its shared head). Mutates pool and tables."""
+
+    def num_reserved_slots(self, seq_id: int) -> int:
+        """Token slots the sequence holds (blocks × block_size). Pure."""
+        return self.kv.tables.num_blocks(seq_id) * self.kv.block_size  # type: ignore[attr-defined,no-any-return]

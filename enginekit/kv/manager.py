@@ -1,0 +1,175 @@
+"""KVCacheManager: coordinates the allocator, prefix-cache and eviction plugins over one
+block pool and one set of block tables. The scheduler talks only to this class."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from enginekit.errors import KVCacheError
+from enginekit.interfaces.prefix import PrefixMatch
+from enginekit.kv.context import KVContext
+from enginekit.kv.spec import KVSpec
+from enginekit.request import Request
+
+if TYPE_CHECKING:
+    from enginekit.interfaces import Allocator, Eviction, PrefixCache
+
+
+def make_structures(num_blocks: int, block_size: int, native: bool) -> tuple[object, object]:
+    """A BlockPool and BlockTables: the Rust ones, or their pure-Python twins."""
+    if native:
+        from enginekit._native import BlockPool, BlockTables
+    else:
+        from enginekit.kv.pyref import PyBlockPool as BlockPool  # type: ignore[assignment]
+        from enginekit.kv.pyref import PyBlockTables as BlockTables  # type: ignore[assignment]
+    return BlockPool(num_blocks), BlockTables(block_size)
+
+
+class KVUsage(NamedTuple):
+    num_total_blocks: int
+    num_used_blocks: int  # referenced by a running sequence
+    num_evictable_blocks: int  # cached, unreferenced: reclaimable
+    num_free_blocks: int
+
+
+class KVCacheManager:
+    """Admission, growth and release of sequences' KV blocks.
+
+    Invariant between calls (checked by ``check_integrity``): every block's reference
+    count equals the number of block tables that hold it.
+    """
+
+    def __init__(
+        self,
+        kv: KVContext,
+        allocator: Allocator,
+        prefix: PrefixCache,
+        eviction: Eviction,
+        watermark: float,
+    ) -> None:
+        self.kv = kv
+        self.pool = kv.pool
+        self.tables = kv.tables
+        self.allocator = allocator
+        self.prefix = prefix
+        self.eviction = eviction
+        self.num_watermark_blocks = int(watermark * kv.num_blocks)
+
+    @property
+    def spec(self) -> KVSpec:
+        return self.kv.spec
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.spec.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    def usage(self) -> KVUsage:
+        pool = self.pool
+        return KVUsage(
+            pool.num_blocks,  # type: ignore[attr-defined]
+            pool.num_used_blocks,  # type: ignore[attr-defined]
+            pool.num_evictable_blocks,  # type: ignore[attr-defined]
+            pool.num_free_blocks,  # type: ignore[attr-defined]
+        )
+
+    def num_reclaimable_blocks(self) -> int:
+        """Blocks that can be handed out now: free ones plus evictable ones."""
+        return self.pool.num_free_blocks + self.pool.num_evictable_blocks  # type: ignore[attr-defined,no-any-return]
+
+    # -- admission -----------------------------------------------------------------------
+
+    def match(self, request: Request) -> PrefixMatch:
+        """The request's cached prefix. Pure."""
+        return self.prefix.match(request)
+
+    def can_admit(self, request: Request, match: PrefixMatch) -> bool:
+        """True if admitting ``request`` with ``match`` leaves at least the watermark of
+        blocks reclaimable. Matched blocks that are evictable stop being reclaimable once
+        the request holds them, so they count against the room. Pure."""
+        num_needed = self.allocator.num_blocks_to_admit(request, len(match.block_ids))
+        pool = self.pool
+        num_pinned_evictable = sum(1 for b in match.block_ids if pool.ref_count(b) == 0)  # type: ignore[attr-defined]
+        room = self.num_reclaimable_blocks() - num_pinned_evictable
+        return num_needed + self.num_watermark_blocks <= room
+
+    def admit(self, request: Request, match: PrefixMatch) -> None:
+        """Gives ``request`` a block table: the matched blocks (pinned first, so eviction
+        cannot take them) and fresh blocks for the rest, evicting cached blocks if the free
+        list is short. Sets ``num_computed_tokens`` to the match. Raises OutOfBlocksError,
+        changing nothing, if the room is not there (call can_admit first)."""
+        pool = self.pool
+        for block_id in match.block_ids:
+            pool.incref(block_id)  # type: ignore[attr-defined]
+        try:
+            num_needed = self.allocator.num_blocks_to_admit(request, len(match.block_ids))
+            self.make_room(num_needed)
+            self.allocator.admit(request, match.block_ids)
+        except Exception:
+            pool.free(match.block_ids)  # type: ignore[attr-defined]
+            raise
+        request.num_computed_tokens = match.num_tokens
+
+    # -- growth --------------------------------------------------------------------------
+
+    def try_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:
+        """Makes each sequence's table hold num_tokens[i] tokens, evicting if needed.
+        Returns False, changing nothing, if the blocks are not there."""
+        num_needed = self.allocator.num_blocks_to_grow(seq_ids, num_tokens)
+        if num_needed == 0:
+            return True
+        if num_needed > self.num_reclaimable_blocks():
+            return False
+        self.make_room(num_needed)
+        self.allocator.grow(seq_ids, num_tokens)
+        return True
+
+    def make_room(self, num_blocks: int) -> None:
+        """Evicts cached blocks until ``num_blocks`` are free (no-op if they already are)."""
+        shortfall = num_blocks - self.pool.num_free_blocks  # type: ignore[attr-defined]
+        if shortfall > 0:
+            evicted = self.eviction.evict(shortfall)
+            self.prefix.on_evicted(evicted)
+
+    # -- computed tokens and release -----------------------------------------------------
+
+    def on_computed(self, request: Request, num_computed_tokens: int) -> None:
+        """The request's first ``num_computed_tokens`` tokens are scheduled into its
+        blocks: the prefix cache may publish the full ones."""
+        self.prefix.on_computed(request, num_computed_tokens)
+
+    def release(self, request: Request) -> int:
+        """Drops every block reference of the request; returns how many blocks it held.
+        Published blocks stay resident as evictable cache."""
+        num_blocks: int = self.tables.num_blocks(request.seq_id)  # type: ignore[attr-defined]
+        self.allocator.release(request.seq_id)
+        self.prefix.on_released(request)
+        return num_blocks
+
+    def num_unused_slots(self, requests: Sequence[Request]) -> int:
+        """Token slots the requests' tables hold beyond their tokens (internal waste)."""
+        reserved = self.allocator.num_reserved_slots
+        return sum(reserved(r.seq_id) - len(r.token_ids) for r in requests)
+
+    # -- checks --------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raises KVCacheError unless the pool and tables are each consistent and every
+        block's reference count equals the number of tables holding it."""
+        pool, tables = self.pool, self.tables
+        pool.check_integrity()  # type: ignore[attr-defined]
+        tables.check_integrity(pool)  # type: ignore[attr-defined]
+        holders: Counter[int] = Counter()
+        for seq_id in tables.seq_ids():  # type: ignore[attr-defined]
+            holders.update(tables.block_ids(seq_id))  # type: ignore[attr-defined]
+        for block_id, ref_count in enumerate(pool.ref_counts()):  # type: ignore[attr-defined]
+            if ref_count != holders.get(block_id, 0):
+                raise KVCacheError(
+                    f"block {block_id} has ref_count {ref_count} but "
+                    f"{holders.get(block_id, 0)} block tables hold it"
+                )

@@ -1,0 +1,1 @@
+"""Model shapes (and, later, Llama-family forwards)."""

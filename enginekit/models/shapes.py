@@ -1,0 +1,110 @@
+"""Model shapes: the numbers that size the KV cache and the cost of a step.
+
+A shape is architecture only (no weights). Presets are the published configurations of
+the models our users compare against; any other shape can be given field by field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from enginekit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_model_len: int
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} must be >= 1, got {getattr(self, key)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model.num_heads ({self.num_heads}) must be a multiple of "
+                f"model.num_kv_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def num_embedding_params(self) -> int:
+        tables = 1 if self.tie_word_embeddings else 2
+        return tables * self.vocab_size * self.hidden_size
+
+    @property
+    def num_layer_params(self) -> int:
+        """Parameters of one decoder layer: attention, gated MLP, two RMSNorms."""
+        q_and_o = 2 * self.hidden_size * self.num_heads * self.head_dim
+        k_and_v = 2 * self.hidden_size * self.num_kv_heads * self.head_dim
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        return q_and_o + k_and_v + mlp + 2 * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        return (
+            self.num_embedding_params + self.num_layers * self.num_layer_params + self.hidden_size
+        )
+
+    @property
+    def num_matmul_params_per_token(self) -> int:
+        """Weights every token multiplies through: the layers and the LM head (the input
+        embedding is a lookup, not a matmul)."""
+        return self.num_layers * self.num_layer_params + self.vocab_size * self.hidden_size
+
+
+MODEL_PRESETS: dict[str, ModelShape] = {
+    shape.name: shape
+    for shape in (
+        ModelShape(
+            name="llama-3-8b",
+            num_layers=32,
+            hidden_size=4096,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=14336,
+            vocab_size=128256,
+            max_model_len=8192,
+        ),
+        ModelShape(
+            name="llama-3-70b",
+            num_layers=80,
+            hidden_size=8192,
+            num_heads=64,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=28672,
+            vocab_size=128256,
+            max_model_len=8192,
+        ),
+        ModelShape(
+            name="llama-2-7b",
+            num_layers=32,
+            hidden_size=4096,
+            num_heads=32,
+            num_kv_heads=32,
+            head_dim=128,
+            intermediate_size=11008,
+            vocab_size=32000,
+            max_model_len=4096,
+        ),
+    )
+}
+
+
+def model_preset(name: str) -> ModelShape:
+    """The preset called ``name``; ConfigError listing the presets if there is none."""
+    try:
+        return MODEL_PRESETS[name]
+    except KeyError:
+        known = ", ".join(sorted(MODEL_PRESETS))
+        raise ConfigError(f"model.name={name!r} is not a known model; known: {known}") from None

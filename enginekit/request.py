@@ -1,0 +1,133 @@
+"""Requests, their sampling parameters and their state as the scheduler moves them."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from enginekit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a request's output is produced and when it stops.
+
+    ``max_tokens`` bounds the output; generation also stops at any of ``stop_token_ids``
+    and at the model's EOS unless ``ignore_eos``. Temperature 0 is greedy decoding.
+    ``n > 1`` (parallel sampling) is reserved for the copy-on-write work and refused today.
+    """
+
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ConfigError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.n != 1:
+            raise ConfigError(f"sampling.n = {self.n}: only n = 1 is supported")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # not yet admitted, or preempted and waiting to be restored
+    RUNNING = "running"  # holds KV blocks; prefilling or decoding
+    FINISHED_STOPPED = "stop"  # hit a stop token or EOS
+    FINISHED_LENGTH = "length"  # reached max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+
+
+@dataclass(eq=False)
+class Request:
+    """One request and its evolving state.
+
+    ``token_ids`` is the prompt followed by every output token so far. The KV of the first
+    ``num_computed_tokens`` of them is in the cache (or is being written by the step that was
+    just scheduled). A decoding request has exactly one token left to compute: the one
+    sampled last. Owned by the scheduler; plugins read it and never resize ``token_ids``.
+    """
+
+    request_id: str
+    seq_id: int
+    prompt_token_ids: Sequence[int]
+    sampling: SamplingParams
+    arrival_time: float = 0.0
+    extra_key: bytes | None = None  # prefix-cache salt (e.g. a tenant); None shares globally
+    scripted_output_ids: Sequence[int] | None = None  # what the simulator "generates"
+
+    token_ids: list[int] = field(init=False)
+    num_prompt_tokens: int = field(init=False)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit at first admission
+    status: RequestStatus = RequestStatus.WAITING
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What a caller reads back about one request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    finish_reason: str | None  # "stop", "length", or None while running
+    num_cached_tokens: int
+    num_preemptions: int
+    arrival_time: float
+    first_token_time: float | None
+    finish_time: float | None
+
+    @classmethod
+    def of(cls, request: Request) -> RequestOutput:
+        return cls(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            output_token_ids=request.output_token_ids,
+            finish_reason=request.status.value if request.is_finished else None,
+            num_cached_tokens=request.num_cached_tokens,
+            num_preemptions=request.num_preemptions,
+            arrival_time=request.arrival_time,
+            first_token_time=request.first_token_time,
+            finish_time=request.finish_time,
+        )

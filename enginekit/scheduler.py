@@ -1,0 +1,200 @@
+"""Continuous batching with chunked prefill, prefix-aware admission and preemption.
+
+Each step spends a token budget: first one token for every decoding sequence, then chunks
+of running prefills, then new (or preempted) requests in arrival order while their
+uncached prompt fits the cache with a watermark to spare. When decodes cannot grow, the
+preemption plugin frees a victim and the scheduler requeues it at the front.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, NamedTuple
+
+from enginekit.config import SchedulerConfig
+from enginekit.errors import ConfigError
+from enginekit.executor.base import ModelOutput, SchedulerOutput
+from enginekit.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from enginekit.interfaces import Preemption, PreemptionResult
+    from enginekit.kv.manager import KVCacheManager
+    from enginekit.metrics import RunMetrics
+
+
+class StepUpdate(NamedTuple):
+    """What changed when a step's tokens were applied."""
+
+    finished: list[Request]
+    first_tokens: list[Request]  # requests that got their first output token
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list. ``running`` is in priority order
+    (first admitted first); a preempted request goes back to the front of ``waiting``."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        preemption: Preemption,
+        metrics: RunMetrics,
+        eos_token_id: int | None = None,
+    ) -> None:
+        if config.max_num_seqs < 1:
+            raise ConfigError(f"scheduler.max_num_seqs must be >= 1, got {config.max_num_seqs}")
+        if config.max_num_batched_tokens < config.max_num_seqs:
+            raise ConfigError(
+                "scheduler.max_num_batched_tokens "
+                f"({config.max_num_batched_tokens}) must be >= scheduler.max_num_seqs "
+                f"({config.max_num_seqs}) so every running sequence can decode each step"
+            )
+        self.config = config
+        self.kv = kv
+        self.preemption = preemption
+        self.metrics = metrics
+        self.eos_token_id = eos_token_id
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._by_seq_id: dict[int, Request] = {}
+        self._released_seq_ids: list[int] = []
+        self._num_steps = 0
+
+    # -- queue -----------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queues an arrived request behind the others."""
+        self.waiting.append(request)
+        self._by_seq_id[request.seq_id] = request
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -- schedule --------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Decides the next step's work and reserves its KV. Mutates the queues, the
+        requests' ``num_computed_tokens`` (advanced by what is scheduled) and the cache."""
+        budget = self.config.max_num_batched_tokens
+        block_size = self.kv.block_size
+        decodes = self._reserve_decodes()
+        budget -= len(decodes)
+
+        prefill_seq_ids: list[int] = []
+        prefill_starts: list[int] = []
+        prefill_lens: list[int] = []
+        final_prefill_seq_ids: list[int] = []
+
+        def schedule_chunk(request: Request) -> None:
+            nonlocal budget
+            start = request.num_computed_tokens
+            num_new = min(request.num_tokens - start, budget)
+            budget -= num_new
+            prefill_seq_ids.append(request.seq_id)
+            prefill_starts.append(start)
+            prefill_lens.append(num_new)
+            request.num_computed_tokens = start + num_new
+            self.kv.on_computed(request, start + num_new)
+            if start + num_new == request.num_tokens:
+                final_prefill_seq_ids.append(request.seq_id)
+
+        decoding = set(id(r) for r in decodes)
+        for request in self.running:
+            if budget <= 0:
+                break
+            if id(request) not in decoding and request.num_tokens_to_compute > 0:
+                schedule_chunk(request)
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            match = self.kv.match(request)
+            if not self.kv.can_admit(request, match):
+                break
+            self.waiting.popleft()
+            self.kv.admit(request, match)
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = match.num_tokens
+                self.metrics.on_prefix_query(request.num_tokens, match.num_tokens)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            schedule_chunk(request)
+
+        decode_seq_ids = [r.seq_id for r in decodes]
+        decode_context_lens = []
+        for request in decodes:
+            num_computed = request.num_tokens
+            request.num_computed_tokens = num_computed
+            decode_context_lens.append(num_computed)
+            if num_computed % block_size == 0:
+                self.kv.on_computed(request, num_computed)
+
+        released, self._released_seq_ids = self._released_seq_ids, []
+        self._num_steps += 1
+        return SchedulerOutput(
+            step=self._num_steps,
+            prefill_seq_ids=prefill_seq_ids,
+            prefill_starts=prefill_starts,
+            prefill_lens=prefill_lens,
+            decode_seq_ids=decode_seq_ids,
+            decode_context_lens=decode_context_lens,
+            sample_seq_ids=decode_seq_ids + final_prefill_seq_ids,
+            finished_seq_ids=released,
+            block_copies=[],
+        )
+
+    def _reserve_decodes(self) -> list[Request]:
+        """Reserves one more token slot for every decoding request, preempting the
+        preemption plugin's victims until the rest fit. Returns the decodes that run."""
+        decodes = [r for r in self.running if len(r.token_ids) - r.num_computed_tokens == 1]
+        while decodes:
+            seq_ids = [r.seq_id for r in decodes]
+            num_tokens = [len(r.token_ids) for r in decodes]
+            if self.kv.try_grow(seq_ids, num_tokens):
+                return decodes
+            victim = self.preemption.choose_victim(self.running)
+            self._preempt(victim)
+            decodes = [r for r in decodes if r is not victim]
+        return decodes
+
+    def _preempt(self, request: Request) -> PreemptionResult:
+        result = self.preemption.preempt(request, self.kv)
+        request.num_preemptions += 1
+        self.running.remove(request)
+        self.waiting.appendleft(request)
+        self._released_seq_ids.append(request.seq_id)
+        self.metrics.on_preemption(result.kind, result.num_tokens_to_recompute)
+        return result
+
+    # -- update ----------------------------------------------------------------------------
+
+    def update(self, scheduled: SchedulerOutput, output: ModelOutput) -> StepUpdate:
+        """Appends each sampled token, finishes requests that stop and releases their
+        blocks. Mutates requests, queues and the cache."""
+        by_seq_id = self._by_seq_id
+        eos = self.eos_token_id
+        finished: list[Request] = []
+        first_tokens: list[Request] = []
+        for seq_id, token_id in zip(scheduled.sample_seq_ids, output.next_token_ids, strict=True):
+            request = by_seq_id[seq_id]
+            request.token_ids.append(token_id)
+            num_output = len(request.token_ids) - request.num_prompt_tokens
+            if num_output == 1:
+                first_tokens.append(request)
+            sampling = request.sampling
+            if token_id in sampling.stop_token_ids or (
+                token_id == eos and not sampling.ignore_eos
+            ):
+                request.status = RequestStatus.FINISHED_STOPPED
+            elif num_output >= sampling.max_tokens:
+                request.status = RequestStatus.FINISHED_LENGTH
+            else:
+                continue
+            finished.append(request)
+        if finished:
+            for request in finished:
+                self.kv.release(request)
+                del by_seq_id[request.seq_id]
+                self._released_seq_ids.append(request.seq_id)
+            self.running = [r for r in self.running if not r.status.is_finished]
+        return StepUpdate(finished, first_tokens)

@@ -1,0 +1,41 @@
+"""``paged``: blocks on demand, one every block_size tokens (vLLM's PagedAttention)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from enginekit.config import AllocatorConfig
+from enginekit.interfaces import Allocator
+from enginekit.request import Request
+
+
+@dataclass
+class PagedConfig(AllocatorConfig):
+    name: str = "paged"
+
+
+class PagedAllocator(Allocator):
+    """A sequence holds exactly ceil(tokens / block_size) blocks, so it wastes less than one
+    block. Blocks need not be contiguous: the block table maps logical to physical."""
+
+    Config = PagedConfig
+
+    def num_blocks_to_admit(self, request: Request, num_cached_blocks: int) -> int:
+        return self.kv.spec.num_blocks_for(request.num_tokens) - num_cached_blocks
+
+    def admit(self, request: Request, cached_block_ids: Sequence[int]) -> None:
+        num_new = self.num_blocks_to_admit(request, len(cached_block_ids))
+        new_block_ids = self.kv.pool.allocate(num_new)  # type: ignore[attr-defined]
+        self.kv.tables.add_sequence(request.seq_id, [*cached_block_ids, *new_block_ids])  # type: ignore[attr-defined]
+
+    def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+        return self.kv.tables.num_blocks_to_grow(seq_ids, num_tokens)  # type: ignore[attr-defined,no-any-return]
+
+    def grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+        self.kv.tables.grow(self.kv.pool, seq_ids, num_tokens)  # type: ignore[attr-defined]
+
+    def release(self, seq_id: int) -> None:
+        block_ids = self.kv.tables.remove_sequence(seq_id)  # type: ignore[attr-defined]
+        block_ids.reverse()
+        self.kv.pool.free(block_ids)  # type: ignore[attr-defined]

@@ -1,0 +1,81 @@
+"""``block_hash``: vLLM-style prefix caching by chained hashes of full blocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from enginekit.config import PrefixConfig
+from enginekit.interfaces import PrefixCache, PrefixMatch
+from enginekit.kv.context import KVContext
+from enginekit.request import Request
+
+
+@dataclass
+class BlockHashConfig(PrefixConfig):
+    name: str = "block_hash"
+
+
+class BlockHashPrefixCache(PrefixCache):
+    """Full block i of a sequence is named by hash(name of block i-1, its tokens, the
+    request's extra key); the pool maps names to blocks. A prompt hits its longest run of
+    leading full blocks whose names are in the pool, never its last token (which must be
+    computed to yield logits). Partial blocks are never shared.
+
+    Per sequence it keeps the names computed so far (prompt blocks at the first match,
+    output blocks as they fill) and how many of its blocks it has published.
+    """
+
+    Config = BlockHashConfig
+
+    def __init__(self, config: BlockHashConfig, kv: KVContext) -> None:
+        super().__init__(config, kv)
+        if kv.spec.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        native = type(kv.pool).__module__ == "enginekit._native"
+        if native:
+            from enginekit._native import ROOT_HASH, hash_block, hash_blocks
+        else:
+            from enginekit.kv.pyhash import ROOT_HASH, hash_block, hash_blocks  # type: ignore[assignment]
+        self._root_hash = ROOT_HASH
+        self._hash_block = hash_block
+        self._hash_blocks = hash_blocks
+        self._block_hashes: dict[int, list[int]] = {}
+        self._num_published: dict[int, int] = {}
+
+    def _hashes(self, request: Request, num_blocks: int) -> list[int]:
+        """The names of the request's first ``num_blocks`` full blocks (memoized)."""
+        block_size = self.kv.spec.block_size
+        hashes = self._block_hashes.get(request.seq_id)
+        if hashes is None:
+            tokens = request.token_ids[: num_blocks * block_size]
+            hashes = self._hash_blocks(tokens, block_size, request.extra_key)
+            self._block_hashes[request.seq_id] = hashes
+        while len(hashes) < num_blocks:
+            start = len(hashes) * block_size
+            parent = hashes[-1] if hashes else self._root_hash
+            block_tokens = request.token_ids[start : start + block_size]
+            hashes.append(self._hash_block(parent, block_tokens, request.extra_key))
+        return hashes
+
+    def match(self, request: Request) -> PrefixMatch:
+        max_blocks = (request.num_tokens - 1) // self.kv.spec.block_size
+        if max_blocks <= 0:
+            return PrefixMatch([], 0)
+        hashes = self._hashes(request, max_blocks)
+        block_ids = self.kv.pool.lookup_prefix(hashes[:max_blocks])  # type: ignore[attr-defined]
+        return PrefixMatch(block_ids, len(block_ids) * self.kv.spec.block_size)
+
+    def on_computed(self, request: Request, num_computed_tokens: int) -> None:
+        num_full = num_computed_tokens // self.kv.spec.block_size
+        num_published = self._num_published.get(request.seq_id, 0)
+        if num_full <= num_published:
+            return
+        hashes = self._hashes(request, num_full)
+        self.kv.tables.cache_blocks(  # type: ignore[attr-defined]
+            self.kv.pool, request.seq_id, num_published, hashes[num_published:num_full]
+        )
+        self._num_published[request.seq_id] = num_full
+
+    def on_released(self, request: Request) -> None:
+        self._block_hashes.pop(request.seq_id, None)
+        self._num_published.pop(request.seq_id, None)

@@ -1,0 +1,27 @@
+"""``none``: no prefix caching; every prompt is computed in full."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from enginekit.config import PrefixConfig
+from enginekit.interfaces import PrefixCache, PrefixMatch
+from enginekit.interfaces.prefix import NO_MATCH
+from enginekit.request import Request
+
+
+@dataclass
+class NoPrefixConfig(PrefixConfig):
+    name: str = "none"
+
+
+class NoPrefixCache(PrefixCache):
+    """Never matches and never publishes, so released blocks go straight to the free list."""
+
+    Config = NoPrefixConfig
+
+    def match(self, request: Request) -> PrefixMatch:
+        return NO_MATCH
+
+    def on_computed(self, request: Request, num_computed_tokens: int) -> None:
+        pass
