@@ -30,6 +30,9 @@ def hash_blocks(
     ``parent_hash`` defaults to ROOT_HASH. Raises ValueError as hash_block, or if block_size < 1.
     """
 
+def _panic_for_test() -> None:
+    """Test hook: panics inside Rust; always raises KVCacheError("internal error: ...")."""
+
 class BlockPool:
     """A fixed set of KV blocks with reference counts, a free list and a prefix-hash map.
 

@@ -1,0 +1,819 @@
+//! The block pool: a fixed set of KV blocks with reference counts, a free stack, an LRU list of
+//! evictable (cached, unreferenced) blocks and a block-hash -> block map.
+//!
+//! Every block is in exactly one state:
+//! - used: `ref_count > 0` (it may also carry a hash, i.e. be cached);
+//! - evictable: `ref_count == 0` and cached; linked into the LRU list (head = least recently
+//!   released);
+//! - free: `ref_count == 0` and not cached; on the free stack (top = next allocated).
+//!
+//! Every mutating method validates fully before it mutates: a call that errors changes nothing.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::hash::FastBuild;
+
+/// Largest pool: block ids must fit an `i32` so block tables export to int32 buffers.
+pub const MAX_BLOCKS: u32 = i32::MAX as u32;
+
+/// "No block" in the LRU links.
+const NIL: u32 = u32::MAX;
+
+/// An error of the bookkeeping core; the Python wrapper maps each kind to an exception class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvError {
+    /// A bad argument value (Python `ValueError`).
+    Value(String),
+    /// A refused bookkeeping call (`enginekit.errors.KVCacheError`).
+    Cache(String),
+    /// Not enough blocks (`enginekit.errors.OutOfBlocksError`).
+    OutOfBlocks(String),
+}
+
+impl fmt::Display for KvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KvError::Value(m) | KvError::Cache(m) | KvError::OutOfBlocks(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for KvError {}
+
+pub type KvResult<T> = Result<T, KvError>;
+
+pub(crate) fn cache_err<T>(msg: String) -> KvResult<T> {
+    Err(KvError::Cache(msg))
+}
+
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    ref_count: Vec<u32>,
+    /// The hash each block carries; mirrors `cached`.
+    hash: Vec<Option<u64>>,
+    /// hash -> the block carrying it.
+    cached: HashMap<u64, u32, FastBuild>,
+    /// LRU links of evictable blocks; `NIL` for blocks not in the list.
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    lru_head: u32,
+    lru_tail: u32,
+    num_evictable: u32,
+    /// Free stack: the last element is allocated next.
+    free: Vec<u32>,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` free blocks handing out 0, 1, 2, ... in that order.
+    pub fn new(num_blocks: u32) -> KvResult<Self> {
+        if !(1..=MAX_BLOCKS).contains(&num_blocks) {
+            return Err(KvError::Value(format!(
+                "num_blocks must be in [1, {MAX_BLOCKS}], got {num_blocks}"
+            )));
+        }
+        let n = num_blocks as usize;
+        Ok(BlockPool {
+            ref_count: vec![0; n],
+            hash: vec![None; n],
+            cached: HashMap::default(),
+            prev: vec![NIL; n],
+            next: vec![NIL; n],
+            lru_head: NIL,
+            lru_tail: NIL,
+            num_evictable: 0,
+            free: (0..num_blocks).rev().collect(),
+        })
+    }
+
+    pub fn num_blocks(&self) -> u32 {
+        self.ref_count.len() as u32
+    }
+
+    /// Blocks allocatable without eviction.
+    pub fn num_free_blocks(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    pub fn num_evictable_blocks(&self) -> u32 {
+        self.num_evictable
+    }
+
+    pub fn num_used_blocks(&self) -> u32 {
+        self.num_blocks() - self.num_free_blocks() - self.num_evictable
+    }
+
+    fn check_id(&self, block_id: u32) -> KvResult<usize> {
+        if (block_id as usize) < self.ref_count.len() {
+            Ok(block_id as usize)
+        } else {
+            cache_err(format!(
+                "unknown block {block_id} (pool has {} blocks)",
+                self.ref_count.len()
+            ))
+        }
+    }
+
+    fn is_evictable(&self, b: usize) -> bool {
+        self.ref_count[b] == 0 && self.hash[b].is_some()
+    }
+
+    fn state_name(&self, b: usize) -> &'static str {
+        match (self.ref_count[b], self.hash[b]) {
+            (0, None) => "free",
+            (0, Some(_)) => "evictable",
+            _ => "used",
+        }
+    }
+
+    fn lru_unlink(&mut self, b: u32) {
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        if p == NIL {
+            self.lru_head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.lru_tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[b as usize] = NIL;
+        self.next[b as usize] = NIL;
+        self.num_evictable -= 1;
+    }
+
+    fn lru_push_back(&mut self, b: u32) {
+        self.prev[b as usize] = self.lru_tail;
+        self.next[b as usize] = NIL;
+        if self.lru_tail == NIL {
+            self.lru_head = b;
+        } else {
+            self.next[self.lru_tail as usize] = b;
+        }
+        self.lru_tail = b;
+        self.num_evictable += 1;
+    }
+
+    fn out_of_blocks(&self, num_blocks: u64) -> KvError {
+        KvError::OutOfBlocks(format!(
+            "cannot allocate {num_blocks} blocks: only {} free",
+            self.free.len()
+        ))
+    }
+
+    /// Pops `num_blocks` blocks off the free stack (never evicts); each gets ref_count 1.
+    pub fn allocate(&mut self, num_blocks: u64) -> KvResult<Vec<u32>> {
+        let mut out = Vec::new();
+        self.allocate_into(num_blocks, &mut out)?;
+        Ok(out)
+    }
+
+    /// As [`allocate`](Self::allocate), appending the ids to `out`.
+    pub fn allocate_into(&mut self, num_blocks: u64, out: &mut Vec<u32>) -> KvResult<()> {
+        if num_blocks > self.free.len() as u64 {
+            return Err(self.out_of_blocks(num_blocks));
+        }
+        let start = self.free.len() - num_blocks as usize;
+        out.reserve(num_blocks as usize);
+        for &b in self.free[start..].iter().rev() {
+            self.ref_count[b as usize] = 1;
+            out.push(b);
+        }
+        self.free.truncate(start);
+        Ok(())
+    }
+
+    /// Adds a reference; an evictable block leaves the LRU list (a prefix-cache hit).
+    pub fn incref(&mut self, block_id: u32) -> KvResult<()> {
+        let b = self.check_id(block_id)?;
+        match self.ref_count[b] {
+            0 if self.hash[b].is_none() => {
+                cache_err(format!("block {block_id} is free: cannot incref"))
+            }
+            u32::MAX => cache_err(format!(
+                "block {block_id}: reference count overflow: cannot incref"
+            )),
+            0 => {
+                self.lru_unlink(block_id);
+                self.ref_count[b] = 1;
+                Ok(())
+            }
+            _ => {
+                self.ref_count[b] += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops a reference. At zero a cached block goes to the most recent end of the LRU list and
+    /// an uncached block is pushed on the free stack.
+    pub fn decref(&mut self, block_id: u32) -> KvResult<()> {
+        let b = self.check_id(block_id)?;
+        if self.ref_count[b] == 0 {
+            return cache_err(format!(
+                "block {block_id} is {}: cannot decref",
+                self.state_name(b)
+            ));
+        }
+        self.decref_unchecked(block_id);
+        Ok(())
+    }
+
+    fn decref_unchecked(&mut self, block_id: u32) {
+        let b = block_id as usize;
+        self.ref_count[b] -= 1;
+        if self.ref_count[b] == 0 {
+            if self.hash[b].is_some() {
+                self.lru_push_back(block_id);
+            } else {
+                self.free.push(block_id);
+            }
+        }
+    }
+
+    /// `decref` of every id in order, checked as a whole first (duplicates counted).
+    pub fn free(&mut self, block_ids: &[u32]) -> KvResult<()> {
+        // Dry run on the counts alone, undone afterwards, so that an error changes nothing.
+        let mut failed = None;
+        for (i, &id) in block_ids.iter().enumerate() {
+            let err = match self.check_id(id) {
+                Err(e) => Some(e),
+                Ok(b) if self.ref_count[b] == 0 => {
+                    Some(KvError::Cache(format!("double free of block {id}")))
+                }
+                Ok(b) => {
+                    self.ref_count[b] -= 1;
+                    None
+                }
+            };
+            if let Some(e) = err {
+                failed = Some((i, e));
+                break;
+            }
+        }
+        let done = failed.as_ref().map_or(block_ids.len(), |(i, _)| *i);
+        for &id in &block_ids[..done] {
+            self.ref_count[id as usize] += 1;
+        }
+        if let Some((_, e)) = failed {
+            return Err(e);
+        }
+        for &id in block_ids {
+            self.decref_unchecked(id);
+        }
+        Ok(())
+    }
+
+    /// Moves an evictable block to the most recent end of the LRU list.
+    pub fn touch(&mut self, block_id: u32) -> KvResult<()> {
+        let b = self.check_id(block_id)?;
+        if !self.is_evictable(b) {
+            return cache_err(format!(
+                "block {block_id} is {}, not evictable: cannot touch",
+                self.state_name(b)
+            ));
+        }
+        self.lru_unlink(block_id);
+        self.lru_push_back(block_id);
+        Ok(())
+    }
+
+    /// Records that a used block holds the content named by `block_hash`. Returns false,
+    /// changing nothing, if this block already carries this hash or the hash names another block.
+    pub fn cache_block(&mut self, block_id: u32, block_hash: u64) -> KvResult<bool> {
+        let b = self.check_id(block_id)?;
+        if self.ref_count[b] == 0 {
+            return cache_err(format!(
+                "block {block_id} is {} (ref_count 0): cannot cache",
+                self.state_name(b)
+            ));
+        }
+        match self.hash[b] {
+            Some(h) if h == block_hash => return Ok(false),
+            Some(h) => {
+                return cache_err(format!(
+                    "block {block_id} already carries hash {h:#018x}: cannot cache it as {block_hash:#018x}"
+                ))
+            }
+            None => {}
+        }
+        if self.cached.contains_key(&block_hash) {
+            return Ok(false);
+        }
+        self.cached.insert(block_hash, block_id);
+        self.hash[b] = Some(block_hash);
+        Ok(true)
+    }
+
+    /// Undoes a `cache_block` that returned true on a block still used (for batch rollback).
+    pub(crate) fn uncache_used(&mut self, block_id: u32) {
+        let b = block_id as usize;
+        debug_assert!(self.ref_count[b] > 0);
+        if let Some(h) = self.hash[b].take() {
+            self.cached.remove(&h);
+        }
+    }
+
+    /// The block cached under `block_hash`, if any.
+    pub fn lookup(&self, block_hash: u64) -> Option<u32> {
+        self.cached.get(&block_hash).copied()
+    }
+
+    /// Block ids of the longest run of leading hashes that are all cached.
+    pub fn lookup_prefix(&self, block_hashes: &[u64]) -> Vec<u32> {
+        block_hashes
+            .iter()
+            .map_while(|h| self.cached.get(h).copied())
+            .collect()
+    }
+
+    pub fn block_hash(&self, block_id: u32) -> KvResult<Option<u64>> {
+        Ok(self.hash[self.check_id(block_id)?])
+    }
+
+    pub fn ref_count(&self, block_id: u32) -> KvResult<u32> {
+        Ok(self.ref_count[self.check_id(block_id)?])
+    }
+
+    /// Evictable -> free: drops the block's hash and returns it.
+    pub fn evict(&mut self, block_id: u32) -> KvResult<u64> {
+        let b = self.check_id(block_id)?;
+        if !self.is_evictable(b) {
+            return cache_err(format!(
+                "block {block_id} is {}, not evictable: cannot evict",
+                self.state_name(b)
+            ));
+        }
+        Ok(self.evict_unchecked(block_id))
+    }
+
+    fn evict_unchecked(&mut self, block_id: u32) -> u64 {
+        self.lru_unlink(block_id);
+        let h = self.hash[block_id as usize]
+            .take()
+            .expect("evictable block without a hash");
+        self.cached.remove(&h);
+        self.free.push(block_id);
+        h
+    }
+
+    /// Evicts the `num_blocks` least recently released evictable blocks; returns them oldest first.
+    pub fn evict_lru(&mut self, num_blocks: u64) -> KvResult<Vec<u32>> {
+        if num_blocks > u64::from(self.num_evictable) {
+            return Err(KvError::OutOfBlocks(format!(
+                "cannot evict {num_blocks} blocks: only {} evictable",
+                self.num_evictable
+            )));
+        }
+        let mut out = Vec::with_capacity(num_blocks as usize);
+        for _ in 0..num_blocks {
+            let b = self.lru_head;
+            self.evict_unchecked(b);
+            out.push(b);
+        }
+        Ok(out)
+    }
+
+    /// Free blocks in the order `allocate` would hand them out.
+    pub fn free_block_ids(&self) -> Vec<u32> {
+        self.free.iter().rev().copied().collect()
+    }
+
+    /// Evictable blocks, least recently released first.
+    pub fn evictable_block_ids(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.num_evictable as usize);
+        let mut b = self.lru_head;
+        while b != NIL && out.len() <= self.ref_count.len() {
+            out.push(b);
+            b = self.next[b as usize];
+        }
+        out
+    }
+
+    /// ref_count of every block, indexed by block id.
+    pub fn ref_counts(&self) -> &[u32] {
+        &self.ref_count
+    }
+
+    /// (hash, block id) of every cached block, in no particular order.
+    pub fn cached_blocks(&self) -> impl ExactSizeIterator<Item = (u64, u32)> + '_ {
+        self.cached.iter().map(|(&h, &b)| (h, b))
+    }
+
+    /// Checks every invariant; the error names the first broken one.
+    pub fn check_integrity(&self) -> KvResult<()> {
+        let n = self.ref_count.len();
+        let fail = |msg: String| cache_err(format!("block pool integrity: {msg}"));
+        if self.hash.len() != n || self.prev.len() != n || self.next.len() != n {
+            return fail("per-block arrays differ in length".into());
+        }
+        // 0 = not seen, 1 = on the free stack, 2 = in the LRU list.
+        let mut seen = vec![0u8; n];
+        for &b in &self.free {
+            let i = b as usize;
+            if i >= n {
+                return fail(format!("free stack holds unknown block {b}"));
+            }
+            if seen[i] != 0 {
+                return fail(format!("block {b} is on the free stack twice"));
+            }
+            seen[i] = 1;
+            if self.ref_count[i] != 0 || self.hash[i].is_some() {
+                return fail(format!(
+                    "block {b} is on the free stack but is {}",
+                    self.state_name(i)
+                ));
+            }
+            if self.prev[i] != NIL || self.next[i] != NIL {
+                return fail(format!("free block {b} has LRU links"));
+            }
+        }
+        let mut count = 0u32;
+        let mut prev = NIL;
+        let mut b = self.lru_head;
+        while b != NIL {
+            let i = b as usize;
+            if i >= n {
+                return fail(format!("LRU list holds unknown block {b}"));
+            }
+            if seen[i] != 0 {
+                return fail(format!("block {b} is in the LRU list twice or also free"));
+            }
+            seen[i] = 2;
+            if !self.is_evictable(i) {
+                return fail(format!(
+                    "block {b} is in the LRU list but is {}",
+                    self.state_name(i)
+                ));
+            }
+            if self.prev[i] != prev {
+                return fail(format!("LRU prev link of block {b} is inconsistent"));
+            }
+            count += 1;
+            prev = b;
+            b = self.next[i];
+        }
+        if self.lru_tail != prev {
+            return fail("LRU tail is not the last block of the list".into());
+        }
+        if count != self.num_evictable {
+            return fail(format!(
+                "LRU list has {count} blocks but the counter says {}",
+                self.num_evictable
+            ));
+        }
+        let mut num_hashed = 0usize;
+        for i in 0..n {
+            let expected = match (self.ref_count[i], self.hash[i]) {
+                (0, None) => 1,
+                (0, Some(_)) => 2,
+                _ => 0,
+            };
+            if seen[i] != expected {
+                return fail(format!(
+                    "block {i} is {} but {}",
+                    self.state_name(i),
+                    [
+                        "is in no list",
+                        "is on the free stack",
+                        "is in the LRU list"
+                    ][seen[i] as usize]
+                ));
+            }
+            if expected == 0 && (self.prev[i] != NIL || self.next[i] != NIL) {
+                return fail(format!("used block {i} has LRU links"));
+            }
+            if let Some(h) = self.hash[i] {
+                num_hashed += 1;
+                if self.cached.get(&h) != Some(&(i as u32)) {
+                    return fail(format!(
+                        "block {i} carries hash {h:#018x} but the hash map disagrees"
+                    ));
+                }
+            }
+        }
+        if num_hashed != self.cached.len() {
+            return fail(format!(
+                "hash map has {} entries but {num_hashed} blocks carry a hash",
+                self.cached.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Test-only access for corrupting state in integrity tests.
+    #[cfg(test)]
+    pub(crate) fn raw_ref_counts_mut(&mut self) -> &mut Vec<u32> {
+        &mut self.ref_count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: u32) -> BlockPool {
+        BlockPool::new(n).unwrap()
+    }
+
+    fn cache_msg<T: fmt::Debug>(r: KvResult<T>) -> String {
+        match r {
+            Err(KvError::Cache(m)) => m,
+            other => panic!("expected KvError::Cache, got {other:?}"),
+        }
+    }
+
+    /// A pool with blocks 0..4 used, 0 and 1 cached (hashes 100, 101) and then released
+    /// (so 0, 1 evictable in that order), 2, 3 used.
+    fn mixed() -> BlockPool {
+        let mut p = pool(6);
+        assert_eq!(p.allocate(4).unwrap(), vec![0, 1, 2, 3]);
+        assert!(p.cache_block(0, 100).unwrap());
+        assert!(p.cache_block(1, 101).unwrap());
+        p.decref(0).unwrap();
+        p.decref(1).unwrap();
+        p.check_integrity().unwrap();
+        p
+    }
+
+    type Snapshot = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<(u64, u32)>);
+
+    fn snapshot(p: &BlockPool) -> Snapshot {
+        let mut c: Vec<_> = p.cached_blocks().collect();
+        c.sort_unstable();
+        (
+            p.free_block_ids(),
+            p.evictable_block_ids(),
+            p.ref_counts().to_vec(),
+            c,
+        )
+    }
+
+    #[test]
+    fn new_and_counters() {
+        let p = pool(4);
+        assert_eq!(p.num_blocks(), 4);
+        assert_eq!(p.num_free_blocks(), 4);
+        assert_eq!(p.num_evictable_blocks(), 0);
+        assert_eq!(p.num_used_blocks(), 0);
+        assert_eq!(p.free_block_ids(), vec![0, 1, 2, 3]);
+        p.check_integrity().unwrap();
+        assert!(matches!(BlockPool::new(0), Err(KvError::Value(_))));
+        assert!(matches!(
+            BlockPool::new(MAX_BLOCKS + 1),
+            Err(KvError::Value(_))
+        ));
+    }
+
+    #[test]
+    fn allocate_in_order_and_out_of_blocks() {
+        let mut p = pool(4);
+        assert_eq!(p.allocate(0).unwrap(), Vec::<u32>::new());
+        assert_eq!(p.allocate(2).unwrap(), vec![0, 1]);
+        assert_eq!(p.num_used_blocks(), 2);
+        assert_eq!(p.ref_counts(), &[1, 1, 0, 0]);
+        let err = p.allocate(5).unwrap_err();
+        assert_eq!(
+            err,
+            KvError::OutOfBlocks("cannot allocate 5 blocks: only 2 free".into())
+        );
+        let mut v = vec![9];
+        p.allocate_into(2, &mut v).unwrap();
+        assert_eq!(v, vec![9, 2, 3]);
+        assert_eq!(p.num_free_blocks(), 0);
+        p.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn free_stack_is_lifo() {
+        let mut p = pool(4);
+        p.allocate(3).unwrap();
+        p.decref(1).unwrap();
+        p.decref(0).unwrap();
+        assert_eq!(p.free_block_ids(), vec![0, 1, 3]);
+        assert_eq!(p.allocate(1).unwrap(), vec![0]);
+        p.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn incref_decref() {
+        let mut p = mixed();
+        p.incref(2).unwrap();
+        assert_eq!(p.ref_count(2).unwrap(), 2);
+        // Prefix hit on an evictable block.
+        p.incref(1).unwrap();
+        assert_eq!(p.evictable_block_ids(), vec![0]);
+        assert_eq!(p.ref_count(1).unwrap(), 1);
+        p.check_integrity().unwrap();
+        assert_eq!(cache_msg(p.incref(5)), "block 5 is free: cannot incref");
+        assert!(cache_msg(p.incref(6)).starts_with("unknown block 6"));
+        p.decref(1).unwrap();
+        assert_eq!(p.evictable_block_ids(), vec![0, 1]);
+        assert_eq!(
+            cache_msg(p.decref(1)),
+            "block 1 is evictable: cannot decref"
+        );
+        assert_eq!(cache_msg(p.decref(4)), "block 4 is free: cannot decref");
+        assert!(cache_msg(p.decref(99)).starts_with("unknown block 99"));
+        p.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn incref_overflow_is_refused() {
+        let mut p = pool(1);
+        p.allocate(1).unwrap();
+        p.raw_ref_counts_mut()[0] = u32::MAX;
+        assert!(cache_msg(p.incref(0)).contains("overflow"));
+        assert_eq!(p.ref_count(0).unwrap(), u32::MAX);
+    }
+
+    #[test]
+    fn free_is_all_or_nothing() {
+        let mut p = mixed();
+        p.incref(2).unwrap();
+        let before = snapshot(&p);
+        assert_eq!(cache_msg(p.free(&[2, 3, 3])), "double free of block 3");
+        assert_eq!(snapshot(&p), before);
+        assert_eq!(cache_msg(p.free(&[2, 0])), "double free of block 0");
+        assert_eq!(cache_msg(p.free(&[4])), "double free of block 4");
+        assert!(cache_msg(p.free(&[2, 77])).starts_with("unknown block 77"));
+        assert_eq!(snapshot(&p), before);
+        p.check_integrity().unwrap();
+        // Ordering: 2 reaches zero at its last occurrence, after 3.
+        p.free(&[2, 3, 2]).unwrap();
+        assert_eq!(p.free_block_ids(), vec![2, 3, 4, 5]);
+        p.free(&[]).unwrap();
+        p.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn free_after_it_was_freed_in_batch_is_double_free() {
+        let mut p = pool(2);
+        p.allocate(1).unwrap();
+        assert_eq!(cache_msg(p.free(&[0, 0])), "double free of block 0");
+        assert_eq!(p.ref_count(0).unwrap(), 1);
+    }
+
+    #[test]
+    fn touch_moves_to_recent_end() {
+        let mut p = mixed();
+        p.touch(0).unwrap();
+        assert_eq!(p.evictable_block_ids(), vec![1, 0]);
+        p.touch(0).unwrap();
+        assert_eq!(p.evictable_block_ids(), vec![1, 0]);
+        assert_eq!(
+            cache_msg(p.touch(2)),
+            "block 2 is used, not evictable: cannot touch"
+        );
+        assert_eq!(
+            cache_msg(p.touch(5)),
+            "block 5 is free, not evictable: cannot touch"
+        );
+        assert!(cache_msg(p.touch(6)).starts_with("unknown block"));
+        p.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn cache_block_rules() {
+        let mut p = mixed();
+        assert!(p.cache_block(2, 200).unwrap());
+        assert!(!p.cache_block(2, 200).unwrap());
+        assert!(!p.cache_block(3, 200).unwrap()); // duplicate content
+        assert_eq!(p.block_hash(3).unwrap(), None);
+        assert!(cache_msg(p.cache_block(2, 201)).contains("already carries hash"));
+        assert_eq!(
+            cache_msg(p.cache_block(0, 5)),
+            "block 0 is evictable (ref_count 0): cannot cache"
+        );
+        assert_eq!(
+            cache_msg(p.cache_block(4, 5)),
+            "block 4 is free (ref_count 0): cannot cache"
+        );
+        assert!(cache_msg(p.cache_block(9, 5)).starts_with("unknown block"));
+        assert_eq!(p.lookup(200), Some(2));
+        assert_eq!(p.lookup(999), None);
+        assert_eq!(p.block_hash(2).unwrap(), Some(200));
+        assert!(cache_msg(p.block_hash(6)).starts_with("unknown block"));
+        assert!(cache_msg(p.ref_count(6)).starts_with("unknown block"));
+        p.uncache_used(2);
+        assert_eq!(p.lookup(200), None);
+        p.check_integrity().unwrap();
+        // A cached used block released becomes evictable.
+        p.cache_block(3, 300).unwrap();
+        p.decref(3).unwrap();
+        assert_eq!(p.evictable_block_ids(), vec![0, 1, 3]);
+        p.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn lookup_prefix_stops_at_first_miss() {
+        let p = mixed();
+        assert_eq!(p.lookup_prefix(&[100, 101, 5, 100]), vec![0, 1]);
+        assert_eq!(p.lookup_prefix(&[5, 100]), Vec::<u32>::new());
+        assert_eq!(p.lookup_prefix(&[]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn evict_and_evict_lru() {
+        let mut p = mixed();
+        assert_eq!(p.evict(1).unwrap(), 101);
+        assert_eq!(p.lookup(101), None);
+        assert_eq!(p.block_hash(1).unwrap(), None);
+        assert_eq!(p.free_block_ids(), vec![1, 4, 5]);
+        assert_eq!(
+            cache_msg(p.evict(1)),
+            "block 1 is free, not evictable: cannot evict"
+        );
+        assert_eq!(
+            cache_msg(p.evict(2)),
+            "block 2 is used, not evictable: cannot evict"
+        );
+        assert!(cache_msg(p.evict(100)).starts_with("unknown block"));
+        p.check_integrity().unwrap();
+        assert_eq!(
+            p.evict_lru(2).unwrap_err(),
+            KvError::OutOfBlocks("cannot evict 2 blocks: only 1 evictable".into())
+        );
+        assert_eq!(p.evict_lru(0).unwrap(), Vec::<u32>::new());
+        assert_eq!(p.evict_lru(1).unwrap(), vec![0]);
+        assert_eq!(p.num_evictable_blocks(), 0);
+        assert_eq!(p.free_block_ids(), vec![0, 1, 4, 5]);
+        p.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn evict_lru_oldest_first() {
+        let mut p = pool(5);
+        p.allocate(5).unwrap();
+        for b in 0..5 {
+            p.cache_block(b, 1000 + u64::from(b)).unwrap();
+        }
+        for b in [3, 1, 4, 0, 2] {
+            p.decref(b).unwrap();
+        }
+        p.touch(1).unwrap();
+        assert_eq!(p.evictable_block_ids(), vec![3, 4, 0, 2, 1]);
+        assert_eq!(p.evict_lru(3).unwrap(), vec![3, 4, 0]);
+        assert_eq!(p.evictable_block_ids(), vec![2, 1]);
+        p.incref(1).unwrap(); // remove the tail
+        p.incref(2).unwrap(); // remove the head
+        assert_eq!(p.evictable_block_ids(), Vec::<u32>::new());
+        assert_eq!(p.num_used_blocks(), 2);
+        p.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn integrity_detects_corruption() {
+        let mut p = mixed();
+        p.raw_ref_counts_mut()[4] = 1; // free block with a reference
+        let m = cache_msg(p.check_integrity());
+        assert!(m.starts_with("block pool integrity: block 4"), "{m}");
+
+        let mut p = mixed();
+        p.raw_ref_counts_mut()[0] = 2; // evictable block with a reference
+        assert!(cache_msg(p.check_integrity()).contains("block 0"));
+
+        let mut p = mixed();
+        p.raw_ref_counts_mut()[2] = 0; // used block dropped to zero without a list
+        assert!(cache_msg(p.check_integrity()).contains("block 2"));
+
+        let mut p = mixed();
+        p.num_evictable = 5;
+        assert!(cache_msg(p.check_integrity()).contains("counter"));
+
+        let mut p = mixed();
+        p.cached.insert(555, 3);
+        assert!(cache_msg(p.check_integrity()).contains("hash map"));
+
+        let mut p = mixed();
+        p.hash[2] = Some(77);
+        assert!(cache_msg(p.check_integrity()).contains("hash map disagrees"));
+
+        let mut p = mixed();
+        p.prev[1] = NIL;
+        assert!(cache_msg(p.check_integrity()).contains("prev link"));
+
+        let mut p = mixed();
+        p.lru_tail = 0;
+        assert!(cache_msg(p.check_integrity()).contains("tail"));
+
+        let mut p = mixed();
+        p.free.push(4);
+        assert!(cache_msg(p.check_integrity()).contains("twice"));
+
+        let mut p = mixed();
+        p.free.push(40);
+        assert!(cache_msg(p.check_integrity()).contains("unknown block 40"));
+
+        let mut p = mixed();
+        p.next[2] = 0;
+        assert!(cache_msg(p.check_integrity()).contains("LRU links"));
+    }
+
+    #[test]
+    fn error_display() {
+        assert_eq!(KvError::Value("v".into()).to_string(), "v");
+        assert_eq!(KvError::OutOfBlocks("o".into()).to_string(), "o");
+    }
+}
