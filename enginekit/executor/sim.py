@@ -1,0 +1,238 @@
+"""SimExecutor: a roofline cost model in place of a GPU, and scripted tokens in place of a model.
+
+Step time is ``max(FLOPs / effective FLOP/s, bytes / effective HBM bandwidth) +
+STEP_OVERHEAD_S`` over the work the scheduler actually put in the step:
+
+FLOPs
+    ``2 × shape.num_matmul_params_per_token`` per batched token (every prefill-chunk token
+    and every decode), plus attention: ``4 × layers × num_heads × head_dim`` per
+    (query, key) pair. A prefill chunk of ``c`` new tokens after ``s`` cached ones has
+    ``c·s + c(c+1)/2`` pairs (causal); a decode attending ``L`` tokens has ``L``.
+bytes
+    The matmul weights once per step (``num_matmul_params_per_token × weight_bytes_per_param``;
+    the input embedding is a lookup of a few rows and is left out). KV: a decode reads
+    its ``L`` tokens and writes 1; a prefill chunk reads its ``s`` cached tokens and writes
+    its ``c``; all at ``kv_spec.bytes_per_token``. A copy-on-write block copy reads and
+    writes one block. Activations are left out (small next to weights and KV).
+
+With a sliding-window model every attended length is capped at the window. An empty step
+(no prefill, no decode) costs nothing: no kernel is launched.
+
+Tokens: each sequence returns its scripted output ids in order, one per appearance in
+``sample_seq_ids``; its count survives preemption (the re-prefill's sample continues the
+script). Past the script's end it returns a pseudo-random id derived from (seq_id,
+output position) only, so runs are deterministic and independent of batching.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from enginekit.executor.base import Executor, ModelOutput, SchedulerOutput
+from enginekit.executor.hardware import HardwareSpec
+from enginekit.kv.spec import KVSpec
+from enginekit.models.shapes import ModelShape
+from enginekit.request import SamplingParams
+
+STEP_OVERHEAD_S = 30e-6
+"""Fixed cost of every non-empty step: kernel launches of one CUDA-graph replay, the sampler
+and the host<->device hand-off of a batch, which a well-tuned engine keeps to tens of µs."""
+
+_MASK64 = (1 << 64) - 1
+
+
+class StepCost(NamedTuple):
+    """The roofline of one step. ``step_time_s = max(compute_time_s, memory_time_s) +
+    STEP_OVERHEAD_S`` (0 for an empty step)."""
+
+    flops: int
+    bytes: int
+    compute_time_s: float
+    memory_time_s: float
+    step_time_s: float
+    is_compute_bound: bool
+
+
+_EMPTY_COST = StepCost(0, 0, 0.0, 0.0, 0.0, False)
+
+
+_MIX_SEQ = 0x9E3779B97F4A7C15
+_MIX_POS = 0xD1B54A32D192ED03
+_MIX_ADD = 0x94D049BB133111EB
+_MIX_1 = 0xBF58476D1CE4E5B9
+_MIX_2 = 0x94D049BB133111EB
+_FALLBACK_CHUNK = 64  # fallback ids are computed this many at a time, vectorized
+
+
+def fallback_token_id(seq_id: int, position: int, vocab_size: int) -> int:
+    """The id returned for output ``position`` of ``seq_id`` once its script is exhausted:
+    a SplitMix64 finalizer of ``seq_id·A + position·B + C`` (mod 2**64), reduced to
+    ``[0, vocab_size)``. The scalar specification of ``_fallback_tokens``."""
+    x = (seq_id * _MIX_SEQ + position * _MIX_POS + _MIX_ADD) & _MASK64
+    x = ((x ^ (x >> 30)) * _MIX_1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MIX_2) & _MASK64
+    return (x ^ (x >> 31)) % vocab_size
+
+
+def _fallback_tokens(seq_id: int, start: int, vocab_size: int) -> Iterator[int]:
+    """``fallback_token_id(seq_id, p, vocab_size)`` for p = start, start + 1, ...; numpy
+    uint64 arithmetic wraps mod 2**64 exactly like the masked scalar version."""
+    base = np.uint64((seq_id * _MIX_SEQ + _MIX_ADD) & _MASK64)
+    step = np.arange(_FALLBACK_CHUNK, dtype=np.uint64) * np.uint64(_MIX_POS)
+    for first in itertools.count(start, _FALLBACK_CHUNK):
+        with np.errstate(over="ignore"):
+            x = base + np.uint64((first * _MIX_POS) & _MASK64) + step
+            x = (x ^ (x >> np.uint64(30))) * np.uint64(_MIX_1)
+            x = (x ^ (x >> np.uint64(27))) * np.uint64(_MIX_2)
+            x = (x ^ (x >> np.uint64(31))) % np.uint64(vocab_size)
+        yield from x.tolist()
+
+
+def _causal_pairs(start: int, length: int, window: int | None) -> int:
+    """(query, key) pairs of a causal chunk of ``length`` queries at positions
+    ``start .. start+length-1``, each attending to itself and everything before it, at most
+    ``window`` keys."""
+    if window is None or start + length <= window:
+        return length * start + length * (length + 1) // 2
+    # Query at position p attends min(p + 1, window) keys.
+    num_under = max(0, window - 1 - start)  # queries with p + 1 < window
+    under = num_under * start + num_under * (num_under + 1) // 2
+    return under + (length - num_under) * window
+
+
+class SimExecutor(Executor):
+    """Simulated executor. Per-sequence state: a token iterator, from ``add_sequence`` until
+    the step whose ``finished_seq_ids`` lists the sequence. ``last_cost`` is the roofline
+    of the latest step; ``num_steps``, ``num_compute_bound_steps`` and ``busy_time_s``
+    accumulate over non-empty steps."""
+
+    def __init__(
+        self,
+        shape: ModelShape,
+        hw: HardwareSpec,
+        kv_spec: KVSpec,
+        weight_bytes_per_param: int = 2,
+        *,
+        num_blocks: int | None = None,
+    ) -> None:
+        self.shape = shape
+        self.hw = hw
+        self.kv_spec = kv_spec
+        self.weight_bytes_per_param = weight_bytes_per_param
+        self.num_blocks = num_blocks  # pool size, for describe() only
+        self.weight_bytes = shape.num_params * weight_bytes_per_param  # resident footprint
+        self.weight_read_bytes = shape.num_matmul_params_per_token * weight_bytes_per_param
+        self._flops_per_token = 2 * shape.num_matmul_params_per_token
+        self._flops_per_pair = 4 * shape.num_layers * shape.num_heads * shape.head_dim
+        self._kv_bytes_per_token = kv_spec.bytes_per_token
+        self._copy_bytes = 2 * kv_spec.bytes_per_block
+        self._window = shape.sliding_window
+        self._effective_flops = hw.effective_flops
+        self._effective_bandwidth = hw.effective_bandwidth
+        self._vocab_size = shape.vocab_size
+        self._streams: dict[int, Iterator[int]] = {}
+        self.last_cost: StepCost = _EMPTY_COST
+        self.num_steps = 0
+        self.num_compute_bound_steps = 0
+        self.busy_time_s = 0.0
+
+    def add_sequence(
+        self,
+        seq_id: int,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        scripted_output_ids: Sequence[int] | None = None,
+    ) -> None:
+        """Registers ``seq_id``; raises ValueError if it is already registered (a preempted
+        sequence stays registered and must not be added again)."""
+        if seq_id in self._streams:
+            raise ValueError(f"sequence {seq_id} is already registered with the executor")
+        script = tuple(scripted_output_ids or ())
+        self._streams[seq_id] = itertools.chain(
+            script, _fallback_tokens(seq_id, len(script), self._vocab_size)
+        )
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._streams)
+
+    def step_cost(self, scheduled: SchedulerOutput) -> StepCost:
+        """The roofline of ``scheduled``, without running it. Pure."""
+        if not scheduled.prefill_lens and not scheduled.decode_context_lens:
+            return _EMPTY_COST
+        context_lens = scheduled.decode_context_lens
+        starts = scheduled.prefill_starts
+        lens = scheduled.prefill_lens
+        window = self._window
+        num_decodes = len(context_lens)
+        num_prefill_tokens = sum(lens)
+        if window is None:
+            decode_keys = sum(context_lens)
+            cached_keys = sum(starts)
+            pairs = decode_keys
+            for s, c in zip(starts, lens, strict=True):
+                pairs += c * s + c * (c + 1) // 2
+        else:
+            decode_keys = sum(map(min, context_lens, itertools.repeat(window)))
+            cached_keys = sum(map(min, starts, itertools.repeat(window)))
+            pairs = decode_keys
+            for s, c in zip(starts, lens, strict=True):
+                pairs += _causal_pairs(s, c, window)
+        flops = (
+            self._flops_per_token * (num_prefill_tokens + num_decodes)
+            + self._flops_per_pair * pairs
+        )
+        kv_tokens = decode_keys + num_decodes + cached_keys + num_prefill_tokens
+        num_bytes = (
+            self.weight_read_bytes
+            + self._kv_bytes_per_token * kv_tokens
+            + self._copy_bytes * len(scheduled.block_copies)
+        )
+        compute_s = flops / self._effective_flops
+        memory_s = num_bytes / self._effective_bandwidth
+        is_compute_bound = compute_s > memory_s
+        step_s = (compute_s if is_compute_bound else memory_s) + STEP_OVERHEAD_S
+        return StepCost(flops, num_bytes, compute_s, memory_s, step_s, is_compute_bound)
+
+    def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
+        """Forgets ``finished_seq_ids`` (unknown ids are ignored), costs the step into
+        ``last_cost`` and returns the next token of every ``sample_seq_ids`` entry. Raises
+        KeyError for a sampled sequence that was never added."""
+        streams = self._streams
+        for seq_id in scheduled.finished_seq_ids:
+            streams.pop(seq_id, None)
+        cost = self.step_cost(scheduled)
+        self.last_cost = cost
+        if cost.step_time_s:
+            self.num_steps += 1
+            self.num_compute_bound_steps += cost.is_compute_bound
+            self.busy_time_s += cost.step_time_s
+        tokens = list(map(next, map(streams.__getitem__, scheduled.sample_seq_ids)))
+        return ModelOutput(tokens, cost.step_time_s)
+
+    def swap_time_s(self, num_blocks: int) -> float:
+        """Time to copy ``num_blocks`` KV blocks over PCIe in one direction."""
+        return num_blocks * self.kv_spec.bytes_per_block / self.hw.effective_pcie_bandwidth
+
+    def describe(self) -> dict[str, object]:
+        info: dict[str, object] = {
+            "executor": "sim",
+            "model": self.shape.name,
+            "hardware": self.hw.name,
+            "peak_tflops": self.hw.peak_flops / 1e12,
+            "hbm_bandwidth_tb_s": self.hw.hbm_bandwidth / 1e12,
+            "compute_efficiency": self.hw.compute_efficiency,
+            "memory_efficiency": self.hw.memory_efficiency,
+            "weight_gib": self.weight_bytes / (1 << 30),
+            "kv_bytes_per_token": self.kv_spec.bytes_per_token,
+            "block_size": self.kv_spec.block_size,
+            "step_overhead_us": STEP_OVERHEAD_S * 1e6,
+        }
+        if self.num_blocks is not None:
+            info["kv_pool_blocks"] = self.num_blocks
+            info["kv_pool_gib"] = self.num_blocks * self.kv_spec.bytes_per_block / (1 << 30)
+        return info

@@ -1,0 +1,244 @@
+"""SimExecutor's roofline and scripted tokens; hardware presets and KV pool sizing."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from enginekit.config import HardwareConfig
+from enginekit.errors import ConfigError
+from enginekit.executor.base import BlockCopy, SchedulerOutput
+from enginekit.executor.hardware import HARDWARE_PRESETS, hardware_preset, kv_pool_num_blocks
+from enginekit.executor.sim import (
+    STEP_OVERHEAD_S,
+    SimExecutor,
+    _causal_pairs,
+    fallback_token_id,
+)
+from enginekit.kv.spec import KVSpec
+from enginekit.models.shapes import ModelShape, model_preset
+from enginekit.request import SamplingParams
+
+SHAPE = model_preset("llama-3-8b")
+HW = hardware_preset("h200")
+KV = KVSpec.of(SHAPE, bits_per_element=16, block_size=16)
+SP = SamplingParams(max_tokens=8)
+PAIR_FLOPS = 4 * SHAPE.num_layers * SHAPE.num_heads * SHAPE.head_dim
+TOKEN_FLOPS = 2 * SHAPE.num_matmul_params_per_token
+WEIGHT_BYTES = 2 * SHAPE.num_matmul_params_per_token
+
+
+def step(
+    prefills: list[tuple[int, int, int]] = (),  # (seq_id, start, len)
+    decodes: list[tuple[int, int]] = (),  # (seq_id, context_len)
+    sample: list[int] | None = None,
+    finished: list[int] = (),
+    copies: list[BlockCopy] = (),
+) -> SchedulerOutput:
+    decode_ids = [d[0] for d in decodes]
+    return SchedulerOutput(
+        step=0,
+        prefill_seq_ids=[p[0] for p in prefills],
+        prefill_starts=[p[1] for p in prefills],
+        prefill_lens=[p[2] for p in prefills],
+        decode_seq_ids=decode_ids,
+        decode_context_lens=[d[1] for d in decodes],
+        sample_seq_ids=decode_ids if sample is None else sample,
+        finished_seq_ids=list(finished),
+        block_copies=list(copies),
+    )
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+def make_executor(num_seqs: int = 0, script_len: int = 4) -> SimExecutor:
+    ex = SimExecutor(SHAPE, HW, KV)
+    for i in range(num_seqs):
+        ex.add_sequence(i, [1, 2, 3], SP, [1000 * i + k for k in range(script_len)])
+    return ex
+
+
+def test_big_decode_batch_is_memory_bound_and_matches_bytes_over_bandwidth():
+    ex = make_executor(256)
+    lens = [1000 + 7 * i for i in range(256)]
+    ex.execute(step(decodes=list(zip(range(256), lens, strict=True))))
+    cost = ex.last_cost
+    kv_bytes = KV.bytes_per_token * (sum(lens) + 256)  # read L, write 1, per decode
+    expected_bytes = WEIGHT_BYTES + kv_bytes
+    assert cost.bytes == expected_bytes
+    assert cost.flops == TOKEN_FLOPS * 256 + PAIR_FLOPS * sum(lens)
+    assert not cost.is_compute_bound
+    expected = expected_bytes / (HW.hbm_bandwidth * HW.memory_efficiency) + STEP_OVERHEAD_S
+    assert rel(cost.step_time_s, expected) < 1e-9
+
+
+def test_long_prefill_is_compute_bound_and_matches_flops_over_peak():
+    ex = make_executor(1)
+    c = 8192
+    out = ex.execute(step(prefills=[(0, 0, c)], sample=[0]))
+    cost = ex.last_cost
+    expected_flops = TOKEN_FLOPS * c + PAIR_FLOPS * c * (c + 1) // 2
+    assert cost.flops == expected_flops
+    assert cost.bytes == WEIGHT_BYTES + KV.bytes_per_token * c
+    assert cost.is_compute_bound
+    expected = expected_flops / (HW.peak_flops * HW.compute_efficiency) + STEP_OVERHEAD_S
+    assert rel(cost.step_time_s, expected) < 1e-9
+    assert out.step_time_s == cost.step_time_s
+
+
+def test_cached_prefix_costs_fewer_flops_by_the_exact_formula():
+    ex = make_executor(1)
+    cold = ex.step_cost(step(prefills=[(0, 0, 4000)]))
+    warm = ex.step_cost(step(prefills=[(0, 3000, 1000)]))
+    cold_pairs = 4000 * 4001 // 2
+    warm_pairs = 1000 * 3000 + 1000 * 1001 // 2
+    assert cold.flops - warm.flops == TOKEN_FLOPS * 3000 + PAIR_FLOPS * (cold_pairs - warm_pairs)
+    assert warm.flops < cold.flops
+    # The warm chunk reads its 3000 cached tokens and writes 1000: the same KV traffic.
+    assert warm.bytes == cold.bytes
+
+
+def test_mixed_step_sums_prefill_chunks_decodes_and_block_copies():
+    ex = make_executor(3)
+    s = step(
+        prefills=[(0, 16, 32), (1, 0, 5)],
+        decodes=[(2, 100)],
+        copies=[BlockCopy(1, 2), BlockCopy(3, 4)],
+    )
+    cost = ex.step_cost(s)
+    pairs = (32 * 16 + 32 * 33 // 2) + (5 * 6 // 2) + 100
+    assert cost.flops == TOKEN_FLOPS * (32 + 5 + 1) + PAIR_FLOPS * pairs
+    kv_tokens = (16 + 32) + 5 + (100 + 1)
+    assert cost.bytes == WEIGHT_BYTES + KV.bytes_per_token * kv_tokens + 2 * 2 * KV.bytes_per_block
+
+
+def test_empty_step_costs_nothing_and_still_forgets_finished():
+    ex = make_executor(2)
+    out = ex.execute(step(finished=[0]))
+    assert out == ([], 0.0)
+    assert ex.num_sequences == 1
+    assert ex.num_steps == 0
+
+
+def test_sliding_window_pairs_match_brute_force():
+    for start, length, window in itertools.product(range(0, 12), range(1, 12), range(1, 10)):
+        brute = sum(min(p + 1, window) for p in range(start, start + length))
+        assert _causal_pairs(start, length, window) == brute, (start, length, window)
+    assert _causal_pairs(7, 5, None) == sum(p + 1 for p in range(7, 12))
+
+
+def test_sliding_window_caps_decode_reads():
+    shape = ModelShape(**{**SHAPE.__dict__, "name": "windowed", "sliding_window": 512})
+    ex = SimExecutor(shape, HW, KV)
+    cost = ex.step_cost(step(decodes=[(0, 100), (1, 4000)]))
+    assert cost.flops == TOKEN_FLOPS * 2 + PAIR_FLOPS * (100 + 512)
+    assert cost.bytes == WEIGHT_BYTES + KV.bytes_per_token * (100 + 512 + 2)
+
+
+def test_scripted_tokens_come_back_in_order_across_preemption():
+    ex = make_executor(2, script_len=4)
+    out = ex.execute(step(prefills=[(0, 0, 3), (1, 0, 3)], sample=[0, 1]))
+    assert out.next_token_ids == [0, 1000]
+    out = ex.execute(step(decodes=[(1, 4), (0, 4)]))
+    assert out.next_token_ids == [1001, 1]
+    # Sequence 0 is preempted and recomputed: its re-prefill's sample continues the script.
+    out = ex.execute(step(prefills=[(0, 0, 5)], decodes=[(1, 5)], sample=[1, 0]))
+    assert out.next_token_ids == [1002, 2]
+    out = ex.execute(step(decodes=[(0, 6), (1, 6)]))
+    assert out.next_token_ids == [3, 1003]
+    # Past the script: deterministic fallback ids from (seq_id, position), < vocab_size.
+    out = ex.execute(step(decodes=[(0, 7), (1, 7)]))
+    assert out.next_token_ids == [
+        fallback_token_id(0, 4, SHAPE.vocab_size),
+        fallback_token_id(1, 4, SHAPE.vocab_size),
+    ]
+    assert all(0 <= t < SHAPE.vocab_size for t in out.next_token_ids)
+
+
+def test_finished_sequences_are_forgotten_and_can_be_added_again():
+    ex = make_executor(1)
+    with pytest.raises(ValueError, match="already registered"):
+        ex.add_sequence(0, [1], SP, [5])
+    ex.execute(step(finished=[0], decodes=[]))
+    with pytest.raises(KeyError):
+        ex.execute(step(decodes=[(0, 3)]))
+    ex.add_sequence(0, [1], SP, [5])
+    assert ex.execute(step(decodes=[(0, 2)])).next_token_ids == [5]
+
+
+def test_fallback_without_script_is_deterministic_and_in_vocab():
+    ex = SimExecutor(SHAPE, HW, KV)
+    ex.add_sequence(42, [1], SP)
+    got = [ex.execute(step(decodes=[(42, 2 + k)])).next_token_ids[0] for k in range(200)]
+    assert got == [fallback_token_id(42, k, SHAPE.vocab_size) for k in range(200)]
+    assert len(set(got)) > 150
+
+
+def run_trace(ex: SimExecutor) -> list[tuple[list[int], float]]:
+    trace = []
+    for i in range(8):
+        ex.add_sequence(i, [1, 2], SP, [i] * 3)
+    trace.append(
+        ex.execute(step(prefills=[(i, 0, 100 + i) for i in range(8)], sample=list(range(8))))
+    )
+    for k in range(6):
+        trace.append(ex.execute(step(decodes=[(i, 101 + i + k) for i in range(8)])))
+    return [(out.next_token_ids, out.step_time_s) for out in trace]
+
+
+def test_deterministic():
+    assert run_trace(make_executor()) == run_trace(make_executor())
+
+
+def test_execute_is_fast_with_256_decodes():
+    ex = make_executor(256, script_len=3000)
+    s = step(decodes=[(i, 1500 + i) for i in range(256)])
+    num = 2000
+    begin = time.perf_counter()
+    for _ in range(num):
+        ex.execute(s)
+    per_step = (time.perf_counter() - begin) / num
+    assert per_step < 1e-3  # typically ~20 µs; generous against slow CI machines
+
+
+def test_hardware_presets_and_unknown_name():
+    assert set(HARDWARE_PRESETS) == {"h100-sxm", "h200"}
+    assert hardware_preset("h100-sxm").hbm_bandwidth == 3.35e12
+    with pytest.raises(ConfigError, match="h100-sxm, h200"):
+        hardware_preset("a100")
+
+
+def test_kv_pool_num_blocks_formula():
+    cfg = HardwareConfig(name="h200", memory_utilization=0.9, reserve_gib=2.0)
+    weights = SHAPE.num_params * 2
+    n = kv_pool_num_blocks(HW, cfg, SHAPE, KV, weights)
+    free = int(HW.hbm_capacity * 0.9) - weights - 2 * (1 << 30)
+    assert n == free // KV.bytes_per_block
+    assert n > 0
+
+
+def test_kv_pool_refuses_a_70b_model_on_one_h100():
+    shape = model_preset("llama-3-70b")
+    kv = KVSpec.of(shape, 16, 16)
+    with pytest.raises(ConfigError, match="no room for a KV cache.*llama-3-70b weights take 131"):
+        kv_pool_num_blocks(
+            hardware_preset("h100-sxm"), HardwareConfig(), shape, kv, shape.num_params * 2
+        )
+
+
+def test_describe_names_model_hardware_and_pool():
+    info = SimExecutor(SHAPE, HW, KV, num_blocks=1000).describe()
+    assert info["model"] == "llama-3-8b"
+    assert info["hardware"] == "h200"
+    assert info["kv_pool_blocks"] == 1000
+    assert info["kv_pool_gib"] == 1000 * KV.bytes_per_block / (1 << 30)
+
+
+def test_swap_time_over_effective_pcie():
+    ex = make_executor()
+    expected = 10 * KV.bytes_per_block / (HW.pcie_bandwidth * HW.pcie_efficiency)
+    assert rel(ex.swap_time_s(10), expected) < 1e-12
