@@ -20,8 +20,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
-from enginekit.errors import ConfigError, PluginError
-from enginekit.plugins import load_all_configs, plugin_names
+from enginekit.errors import ConfigError
+from enginekit.plugins import load_all_configs
 
 PRESET_GROUPS: tuple[str, ...] = ("model", "hardware", "workload")
 CONFIG_NAME = "enginekit"
@@ -93,12 +93,13 @@ def register_configs() -> list[str]:
 
 
 def _check_plugin_value(group: str, value: str) -> None:
-    installed = plugin_names(group)
+    """Loads every plugin the value names, so an unknown, broken or doubly registered one
+    is refused before Hydra runs (with the installed names, the import error or both
+    distributions)."""
+    from enginekit.plugins import load_plugin
+
     for name in _sweep_values(value):
-        if name not in installed:
-            message = f"unknown {group} plugin {name!r}; installed: {', '.join(installed)}"
-            close = difflib.get_close_matches(name, installed, n=1)
-            raise PluginError(message + (f"; did you mean {close[0]!r}?" if close else ""))
+        load_plugin(group, name)
 
 
 def _sweep_values(value: str) -> list[str]:

@@ -122,7 +122,9 @@ class Engine:
             )
         elif num_blocks < 1:
             raise ConfigError(f"cache.num_blocks must be >= 1, got {num_blocks}")
-        executor = SimExecutor(self.shape, hardware, self.kv_spec, model_bits // 8)
+        executor = SimExecutor(
+            self.shape, hardware, self.kv_spec, model_bits // 8, num_blocks=num_blocks
+        )
         return executor, num_blocks
 
     # -- requests --------------------------------------------------------------------------
@@ -295,7 +297,7 @@ class Engine:
 
     def summary(self) -> dict[str, Any]:
         return self.metrics.summary(
-            self.kv_spec.bytes_per_block * self.kv.num_blocks,
+            self.kv_spec.bytes_per_block,
             ideal_hit_tokens=self.ideal_prefix_hit_tokens(),
         )
 

@@ -57,7 +57,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._by_seq_id: dict[int, Request] = {}
-        self._released_seq_ids: list[int] = []
+        self._finished_seq_ids: list[int] = []
+        self._preempted_seq_ids: list[int] = []
         self._num_steps = 0
 
     # -- queue -----------------------------------------------------------------------------
@@ -129,7 +130,8 @@ class Scheduler:
             if num_computed % block_size == 0:
                 self.kv.on_computed(request, num_computed)
 
-        released, self._released_seq_ids = self._released_seq_ids, []
+        finished, self._finished_seq_ids = self._finished_seq_ids, []
+        preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
         self._num_steps += 1
         return SchedulerOutput(
             step=self._num_steps,
@@ -139,7 +141,8 @@ class Scheduler:
             decode_seq_ids=decode_seq_ids,
             decode_context_lens=decode_context_lens,
             sample_seq_ids=decode_seq_ids + final_prefill_seq_ids,
-            finished_seq_ids=released,
+            finished_seq_ids=finished,
+            preempted_seq_ids=preempted,
             block_copies=[],
         )
 
@@ -162,7 +165,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.running.remove(request)
         self.waiting.appendleft(request)
-        self._released_seq_ids.append(request.seq_id)
+        self._preempted_seq_ids.append(request.seq_id)
         self.metrics.on_preemption(result.kind, result.num_tokens_to_recompute)
         return result
 
@@ -195,6 +198,6 @@ class Scheduler:
             for request in finished:
                 self.kv.release(request)
                 del by_seq_id[request.seq_id]
-                self._released_seq_ids.append(request.seq_id)
+                self._finished_seq_ids.append(request.seq_id)
             self.running = [r for r in self.running if not r.status.is_finished]
         return StepUpdate(finished, first_tokens)

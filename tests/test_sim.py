@@ -47,6 +47,7 @@ def step(
         decode_context_lens=[d[1] for d in decodes],
         sample_seq_ids=decode_ids if sample is None else sample,
         finished_seq_ids=list(finished),
+        preempted_seq_ids=[],
         block_copies=list(copies),
     )
 

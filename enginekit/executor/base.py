@@ -38,6 +38,7 @@ class SchedulerOutput(NamedTuple):
     decode_context_lens: list[int]
     sample_seq_ids: list[int]
     finished_seq_ids: list[int]  # left the engine since the last step: drop their state
+    preempted_seq_ids: list[int]  # lost their KV blocks this step; keep their tokens
     block_copies: list[BlockCopy]
 
     @property

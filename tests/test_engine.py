@@ -1,0 +1,235 @@
+"""The engine end to end on the simulated executor: exact block counts, prefix hits,
+preemption, rejection, and integrity after every step under random workloads."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from enginekit import Engine, SamplingParams
+from enginekit.errors import ConfigError, PluginError, RequestRejectedError
+
+
+def make_engine(*overrides: str) -> Engine:
+    return Engine.from_overrides(["progress=false", *overrides])
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, 32000) for _ in range(n)]
+
+
+def run_checked(engine: Engine) -> None:
+    """Steps to completion, checking every invariant after every step."""
+    engine.check_integrity()
+    for _ in range(100_000):
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
+        engine.check_integrity()
+    else:
+        raise AssertionError("engine did not finish")
+    usage = engine.kv.usage()
+    assert usage.num_used_blocks == 0
+    assert usage.num_free_blocks + usage.num_evictable_blocks == usage.num_total_blocks
+    assert engine.kv.tables.num_sequences == 0
+
+
+def test_paged_blocks_grow_one_per_block_size_tokens():
+    engine = make_engine("+prefix=none", "cache.num_blocks=64", "cache.watermark=0")
+    engine.add_request(tokens(40, 0), SamplingParams(max_tokens=10, ignore_eos=True))
+    counts = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_integrity()
+        counts.append(engine.kv.usage().num_used_blocks)
+    # step 1 prefills 40 tokens (3 blocks); step k >= 2 decodes token 40 + k - 2, so the
+    # table holds ceil((40 + k - 1) / 16) blocks; the 10th token finishes and frees them.
+    assert counts == [3, 3, 3, 3, 3, 3, 3, 3, 3, 0]
+    engine2 = make_engine("+prefix=none", "cache.num_blocks=64", "cache.watermark=0")
+    engine2.add_request(tokens(47, 0), SamplingParams(max_tokens=4, ignore_eos=True))
+    counts = []
+    while engine2.has_unfinished_requests():
+        engine2.step()
+        counts.append(engine2.kv.usage().num_used_blocks)
+    assert counts == [3, 3, 4, 0]  # token 48 fits block 3; token 49 needs block 4
+    assert engine2.kv.usage().num_free_blocks == 64
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "shared_len", "expected_hit"),
+    [
+        (100, 100, 96),  # identical prompt: all 6 full blocks, the 4-token tail is computed
+        (103, 100, 96),  # shares all but its last 3 tokens: full blocks only
+        (96, 96, 80),  # block-aligned identical prompt: the last token must be computed
+        (100, 40, 32),  # diverges inside block 3
+        (100, 10, 0),  # diverges inside block 1
+    ],
+)
+def test_block_hash_hits_whole_blocks_of_the_shared_prefix(prompt_len, shared_len, expected_hit):
+    engine = make_engine("+prefix=block_hash", "cache.num_blocks=256")
+    first = tokens(100, 1)
+    engine.add_request(first, SamplingParams(max_tokens=3, ignore_eos=True), request_id="a")
+    engine.run()
+    second = first[:shared_len] + tokens(prompt_len - shared_len, 2)
+    engine.add_request(second, SamplingParams(max_tokens=3, ignore_eos=True), request_id="b")
+    run_checked(engine)
+    assert engine.output("b").num_cached_tokens == expected_hit
+
+
+def test_requests_admitted_in_one_step_share_what_that_step_computes():
+    engine = make_engine("+prefix=block_hash", "cache.num_blocks=256")
+    prompt = tokens(100, 3)
+    engine.add_request(prompt, SamplingParams(max_tokens=2, ignore_eos=True), request_id="a")
+    engine.add_request(prompt, SamplingParams(max_tokens=2, ignore_eos=True), request_id="b")
+    engine.step()
+    assert engine.output("a").num_cached_tokens == 0
+    assert engine.output("b").num_cached_tokens == 96
+    # a holds 7 blocks; b shares a's 6 full ones and owns a copy of the partial last block
+    assert engine.kv.usage().num_used_blocks == 8
+    run_checked(engine)
+
+
+def test_extra_key_isolates_tenants():
+    engine = make_engine("+prefix=block_hash", "cache.num_blocks=256")
+    prompt = tokens(64, 4)
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    engine.add_request(prompt, params, request_id="a", extra_key=b"tenant-a")
+    engine.run()
+    engine.add_request(prompt, params, request_id="b", extra_key=b"tenant-b")
+    engine.add_request(prompt, params, request_id="c", extra_key=b"tenant-a")
+    run_checked(engine)
+    assert engine.output("b").num_cached_tokens == 0
+    assert engine.output("c").num_cached_tokens == 48
+
+
+def test_outputs_follow_the_script_and_stop_tokens():
+    engine = make_engine("cache.num_blocks=64")
+    script = [5, 6, 7, 8, 9, 10]
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=6), request_id="len",
+                       scripted_output_ids=script)  # fmt: skip
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=6, stop_token_ids=(8,)),
+                       request_id="stop", scripted_output_ids=script)  # fmt: skip
+    run_checked(engine)
+    assert engine.output("len").output_token_ids == script
+    assert engine.output("len").finish_reason == "length"
+    assert engine.output("stop").output_token_ids == [5, 6, 7, 8]
+    assert engine.output("stop").finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "max_tokens", "message"),
+    [
+        (0, 4, "prompt is empty"),
+        (8000, 193, "exceeds the model's context of 8192"),
+        (30 * 16, 16 + 1, "needs 32 KV blocks at its longest, but the whole cache has 31"),
+    ],
+)
+def test_requests_that_can_never_fit_are_rejected_up_front(prompt_len, max_tokens, message):
+    engine = make_engine("cache.num_blocks=31", "cache.watermark=0")
+    with pytest.raises(RequestRejectedError, match=message):
+        engine.add_request(tokens(prompt_len, 5), SamplingParams(max_tokens=max_tokens))
+    assert not engine.has_unfinished_requests()
+    engine.add_request(tokens(30 * 16, 5), SamplingParams(max_tokens=16))  # fits exactly
+    run_checked(engine)
+
+
+def test_token_outside_vocabulary_is_rejected():
+    engine = make_engine("cache.num_blocks=31")
+    with pytest.raises(RequestRejectedError, match=r"token ids must be in \[0, 128256\)"):
+        engine.add_request([1, 128256], SamplingParams(max_tokens=2))
+
+
+def test_bad_config_through_the_api_names_the_key():
+    with pytest.raises(ConfigError, match="cache.blok_size"):
+        make_engine("cache.blok_size=8")
+    with pytest.raises(ConfigError, match="cache.num_blocks must be >= 1"):
+        make_engine("cache.num_blocks=0")
+    with pytest.raises(PluginError, match="installed: block_hash, none"):
+        make_engine("+prefix=radix_tree")
+    with pytest.raises(ConfigError, match="model.name='llama-9'.*known: llama-2-7b"):
+        make_engine("model=llama-9")
+
+
+def _workload(engine: Engine, seed: int, num_requests: int, max_prompt: int) -> None:
+    rng = random.Random(seed)
+    bases = [tokens(rng.randrange(1, max_prompt), seed * 100 + i) for i in range(3)]
+    for i in range(num_requests):
+        base = rng.choice(bases)
+        prompt = base[: rng.randrange(1, len(base) + 1)] + tokens(rng.randrange(0, 40), i)
+        script = tokens(rng.randrange(1, 60), 10_000 + i)
+        engine.add_request(
+            prompt,
+            SamplingParams(max_tokens=len(script), ignore_eos=True),
+            request_id=str(i),
+            arrival_time=rng.choice([0.0, rng.uniform(0, 0.05)]),
+            scripted_output_ids=script,
+        )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    block_size=st.sampled_from([1, 4, 16]),
+    num_blocks_factor=st.floats(1.0, 4.0),
+    prefix=st.sampled_from(["none", "block_hash"]),
+    native=st.booleans(),
+)
+def test_random_workloads_finish_with_unconstrained_outputs_and_no_leak(
+    seed, block_size, num_blocks_factor, prefix, native
+):
+    """Small pools force evictions and preemptions; every request still finishes with the
+    tokens it gets from an unconstrained pool, and every invariant holds at every step."""
+    max_prompt = 120
+    longest = max_prompt + 40 + 60
+    num_blocks = int(num_blocks_factor * -(-longest // block_size)) + 1
+    common = [f"+prefix={prefix}", f"cache.block_size={block_size}", "cache.watermark=0",
+              "scheduler.max_num_batched_tokens=64", "scheduler.max_num_seqs=8"]  # fmt: skip
+    tight = make_engine(*common, f"cache.num_blocks={num_blocks}", f"cache.native={native}")
+    roomy = make_engine(*common, "cache.num_blocks=100000")
+    for engine in (tight, roomy):
+        _workload(engine, seed, num_requests=12, max_prompt=max_prompt)
+    run_checked(tight)
+    roomy.run()
+    assert [o.output_token_ids for o in tight.outputs()] == [
+        o.output_token_ids for o in roomy.outputs()
+    ]
+    assert all(o.finish_reason == "length" for o in tight.outputs())
+
+
+def test_tight_pool_preempts_by_recompute_and_hits_its_own_blocks_again():
+    common = ["+prefix=block_hash", "cache.watermark=0", "scheduler.max_num_seqs=4"]
+    engine = make_engine(*common, "cache.num_blocks=24")
+    for i in range(4):
+        engine.add_request(tokens(64, 20 + i), SamplingParams(max_tokens=90, ignore_eos=True),
+                           scripted_output_ids=tokens(90, 40 + i))  # fmt: skip
+    run_checked(engine)
+    summary = engine.summary()
+    assert summary["num_preemptions_total"] > 0
+    assert summary["recomputed_tokens_total"] > 0
+    assert all(len(o.output_token_ids) == 90 for o in engine.outputs())
+
+
+def test_native_and_reference_structures_give_identical_runs():
+    runs = []
+    for native in (True, False):
+        engine = make_engine("workload.num_requests=30", "cache.num_blocks=600",
+                             f"cache.native={native}")  # fmt: skip
+        engine.add_workload()
+        runs.append(engine.run())
+    (native_run, python_run) = runs
+    assert [o.output_token_ids for o in native_run.outputs] == [
+        o.output_token_ids for o in python_run.outputs
+    ]
+    assert native_run.summary == python_run.summary
+
+
+def test_shared_prefix_hit_rate_matches_the_ideal_at_block_granularity():
+    engine = make_engine("workload.num_requests=200")
+    engine.add_workload()
+    summary = engine.run().summary
+    assert summary["prefix_cache_hits"] == engine.ideal_prefix_hit_tokens()
+    assert summary["prefix_cache_hits"] >= 199 * 1200
