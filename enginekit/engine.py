@@ -312,8 +312,6 @@ class Engine:
             max_model_len=self.max_model_len,
             block_size=self.kv_spec.block_size,
             kv_bytes_per_token=self.kv_spec.bytes_per_token,
-            num_kv_blocks=self.kv.num_blocks,
-            kv_pool_gib=round(self.kv_spec.bytes_per_block * self.kv.num_blocks / 2**30, 2),
             executor=self.config.executor,
         )
         info.update(self.executor.describe())

@@ -79,7 +79,7 @@ class Scheduler:
         requests' ``num_computed_tokens`` (advanced by what is scheduled) and the cache."""
         budget = self.config.max_num_batched_tokens
         block_size = self.kv.block_size
-        decodes = self._reserve_decodes()
+        decodes, prefills = self._reserve_decodes()
         budget -= len(decodes)
 
         prefill_seq_ids: list[int] = []
@@ -100,12 +100,10 @@ class Scheduler:
             if start + num_new == request.num_tokens:
                 final_prefill_seq_ids.append(request.seq_id)
 
-        decoding = set(id(r) for r in decodes)
-        for request in self.running:
+        for request in prefills:
             if budget <= 0:
                 break
-            if id(request) not in decoding and request.num_tokens_to_compute > 0:
-                schedule_chunk(request)
+            schedule_chunk(request)
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
@@ -122,11 +120,9 @@ class Scheduler:
             schedule_chunk(request)
 
         decode_seq_ids = [r.seq_id for r in decodes]
-        decode_context_lens = []
-        for request in decodes:
-            num_computed = request.num_tokens
+        decode_context_lens = [len(r.token_ids) for r in decodes]
+        for request, num_computed in zip(decodes, decode_context_lens, strict=True):
             request.num_computed_tokens = num_computed
-            decode_context_lens.append(num_computed)
             if num_computed % block_size == 0:
                 self.kv.on_computed(request, num_computed)
 
@@ -146,19 +142,27 @@ class Scheduler:
             block_copies=[],
         )
 
-    def _reserve_decodes(self) -> list[Request]:
-        """Reserves one more token slot for every decoding request, preempting the
-        preemption plugin's victims until the rest fit. Returns the decodes that run."""
-        decodes = [r for r in self.running if len(r.token_ids) - r.num_computed_tokens == 1]
+    def _reserve_decodes(self) -> tuple[list[Request], list[Request]]:
+        """Reserves one more token slot for every decoding request (one token left to
+        compute), preempting the preemption plugin's victims until the rest fit. Returns
+        (the decodes that run, the running requests still prefilling), in priority order."""
+        decodes = []
+        prefills = []
+        for request in self.running:
+            if len(request.token_ids) - request.num_computed_tokens == 1:
+                decodes.append(request)
+            else:
+                prefills.append(request)
         while decodes:
             seq_ids = [r.seq_id for r in decodes]
             num_tokens = [len(r.token_ids) for r in decodes]
             if self.kv.try_grow(seq_ids, num_tokens):
-                return decodes
+                break
             victim = self.preemption.choose_victim(self.running)
             self._preempt(victim)
             decodes = [r for r in decodes if r is not victim]
-        return decodes
+            prefills = [r for r in prefills if r is not victim]
+        return decodes, prefills
 
     def _preempt(self, request: Request) -> PreemptionResult:
         result = self.preemption.preempt(request, self.kv)

@@ -52,6 +52,10 @@ class Allocator(ABC):
         """Drops the sequence's table and its references (last block first, so a
         sequence's tail becomes evictable before its shared head). Mutates pool and tables."""
 
-    def num_reserved_slots(self, seq_id: int) -> int:
-        """Token slots the sequence holds (blocks × block_size). Pure."""
-        return self.kv.tables.num_blocks(seq_id) * self.kv.block_size  # type: ignore[attr-defined,no-any-return]
+    def num_reserved_blocks(self) -> int:
+        """Blocks held by all tables together, a shared block once per table. Pure.
+
+        The default walks every table; an allocator may keep a running count instead.
+        """
+        tables = self.kv.tables
+        return sum(tables.num_blocks(s) for s in tables.seq_ids())  # type: ignore[attr-defined]

@@ -151,10 +151,11 @@ class KVCacheManager:
         self.prefix.on_released(request)
         return num_blocks
 
-    def num_unused_slots(self, requests: Sequence[Request]) -> int:
-        """Token slots the requests' tables hold beyond their tokens (internal waste)."""
-        reserved = self.allocator.num_reserved_slots
-        return sum(reserved(r.seq_id) - len(r.token_ids) for r in requests)
+    def num_unused_slots(self, running: Sequence[Request]) -> int:
+        """Token slots the block tables hold that no computed token fills (``running`` must
+        be every request holding a table): partial last blocks and reservations."""
+        num_slots = self.allocator.num_reserved_blocks() * self.block_size
+        return num_slots - sum([r.num_computed_tokens for r in running])
 
     # -- checks --------------------------------------------------------------------------
 
@@ -167,6 +168,12 @@ class KVCacheManager:
         holders: Counter[int] = Counter()
         for seq_id in tables.seq_ids():  # type: ignore[attr-defined]
             holders.update(tables.block_ids(seq_id))  # type: ignore[attr-defined]
+        num_reserved = self.allocator.num_reserved_blocks()
+        if num_reserved != sum(holders.values()):
+            raise KVCacheError(
+                f"the allocator counts {num_reserved} reserved blocks but the tables hold "
+                f"{sum(holders.values())}"
+            )
         for block_id, ref_count in enumerate(pool.ref_counts()):  # type: ignore[attr-defined]
             if ref_count != holders.get(block_id, 0):
                 raise KVCacheError(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from enginekit.config import AllocatorConfig
 from enginekit.interfaces import Allocator
+from enginekit.kv.context import KVContext
 from enginekit.request import Request
 
 
@@ -21,6 +22,10 @@ class PagedAllocator(Allocator):
 
     Config = PagedConfig
 
+    def __init__(self, config: PagedConfig, kv: KVContext) -> None:
+        super().__init__(config, kv)
+        self._num_reserved_blocks = 0  # == sum of table lengths; see num_reserved_blocks
+
     def num_blocks_to_admit(self, request: Request, num_cached_blocks: int) -> int:
         return self.kv.spec.num_blocks_for(request.num_tokens) - num_cached_blocks
 
@@ -28,14 +33,19 @@ class PagedAllocator(Allocator):
         num_new = self.num_blocks_to_admit(request, len(cached_block_ids))
         new_block_ids = self.kv.pool.allocate(num_new)  # type: ignore[attr-defined]
         self.kv.tables.add_sequence(request.seq_id, [*cached_block_ids, *new_block_ids])  # type: ignore[attr-defined]
+        self._num_reserved_blocks += len(cached_block_ids) + num_new
 
     def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
         return self.kv.tables.num_blocks_to_grow(seq_ids, num_tokens)  # type: ignore[attr-defined,no-any-return]
 
     def grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
-        self.kv.tables.grow(self.kv.pool, seq_ids, num_tokens)  # type: ignore[attr-defined]
+        self._num_reserved_blocks += self.kv.tables.grow(self.kv.pool, seq_ids, num_tokens)  # type: ignore[attr-defined]
 
     def release(self, seq_id: int) -> None:
         block_ids = self.kv.tables.remove_sequence(seq_id)  # type: ignore[attr-defined]
+        self._num_reserved_blocks -= len(block_ids)
         block_ids.reverse()
         self.kv.pool.free(block_ids)  # type: ignore[attr-defined]
+
+    def num_reserved_blocks(self) -> int:
+        return self._num_reserved_blocks
