@@ -39,7 +39,7 @@ def structure_step_factory(pool_cls: type, tables_cls: type) -> Callable[[], Non
     seq_ids = list(range(NUM_SEQS))
     # stagger lengths so that each step 1 in 16 sequences crosses into a new block
     lengths = [CONTEXT + i % BLOCK_SIZE for i in seq_ids]
-    for seq_id, length in zip(seq_ids, lengths):
+    for seq_id, length in zip(seq_ids, lengths, strict=True):
         tables.add_sequence(seq_id, pool.allocate(-(-length // BLOCK_SIZE)))
     width = 512
     out = np.empty((NUM_SEQS, width), dtype=np.int32)

@@ -11,9 +11,7 @@ from typing import Any
 ROOT_HASH: int
 """Parent hash of a sequence's first block."""
 
-def hash_block(
-    parent_hash: int, token_ids: Sequence[int], extra_key: bytes | None = None
-) -> int:
+def hash_block(parent_hash: int, token_ids: Sequence[int], extra_key: bytes | None = None) -> int:
     """Chained 64-bit hash of one block (spec in rust/hash.rs).
 
     Raises ValueError if parent_hash is not in [0, 2**64) or a token id is not in [0, 2**32).
@@ -187,4 +185,3 @@ class BlockTables:
     def check_integrity(self, pool: BlockPool | None = None) -> None:
         """Raises KVCacheError if a table holds an id outside the pool or a block with
         ref_count 0; without a pool, checks only that ids are non-negative."""
-

@@ -83,10 +83,10 @@ def register_configs() -> list[str]:
     for group, options in configs.items():
         for name, config_cls in options.items():
             store.store(group=group, name=name, node=config_cls)
-    options = {group: sorted(configs[group]) for group in PLUGIN_GROUPS}
+    names = {group: sorted(configs[group]) for group in PLUGIN_GROUPS}
     primary = {
         "defaults": ["enginekit_schema", "_self_"],
-        "hydra": {"help": {"template": help_text(options, problems)}},
+        "hydra": {"help": {"template": help_text(names, problems)}},
     }
     store.store(name=CONFIG_NAME, node=primary)
     return problems

@@ -116,9 +116,7 @@ class EngineConfig:
     prefix: PrefixConfig = field(default_factory=lambda: PrefixConfig(name="block_hash"))
     quantizer: QuantizerConfig = field(default_factory=lambda: QuantizerConfig(name="none"))
     eviction: EvictionConfig = field(default_factory=lambda: EvictionConfig(name="lru"))
-    preemption: PreemptionConfig = field(
-        default_factory=lambda: PreemptionConfig(name="recompute")
-    )
+    preemption: PreemptionConfig = field(default_factory=lambda: PreemptionConfig(name="recompute"))
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)

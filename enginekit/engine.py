@@ -1,8 +1,8 @@
 """Engine: the one place where config, plugins, cache, scheduler and executor meet.
 
-    engine = Engine.from_overrides(["+prefix=block_hash", "cache.num_blocks=4096"])
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
-    result = engine.run()
+engine = Engine.from_overrides(["+prefix=block_hash", "cache.num_blocks=4096"])
+engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
+result = engine.run()
 """
 
 from __future__ import annotations
@@ -94,7 +94,9 @@ class Engine:
             watermark=cfg.cache.watermark,
         )
         self.metrics = RunMetrics()
-        self.scheduler = Scheduler(cfg.scheduler, self.kv, preemption_cls(preemption_cfg), self.metrics)
+        self.scheduler = Scheduler(
+            cfg.scheduler, self.kv, preemption_cls(preemption_cfg), self.metrics
+        )
         self.clock = 0.0
         self._pending: list[tuple[float, int, Request]] = []  # heap by arrival time
         self._requests: dict[str, Request] = {}

@@ -89,7 +89,7 @@ def find_plugin(group: str, name: str) -> PluginInfo:
     return matches[0]
 
 
-def load_plugin(group: str, name: str) -> type:
+def load_plugin(group: str, name: str) -> Any:
     """Imports and checks the plugin class. Raises PluginError if it is unknown, fails to
     import, or breaks the contract (wrong base class, missing or wrong Config)."""
     from enginekit.interfaces import GROUP_INTERFACES
@@ -129,7 +129,7 @@ def _default_name(config_cls: type) -> Any:
     return None if field is None else field.default
 
 
-def complete_plugin_config(group: str, node: Any) -> tuple[type, PluginConfig]:
+def complete_plugin_config(group: str, node: Any) -> tuple[Any, PluginConfig]:
     """The plugin class named by ``node.name`` and its full Config: the plugin's defaults
     overridden by whatever ``node`` sets. Raises PluginError for an unknown plugin and
     ConfigError naming the key for an unknown key or a value of the wrong type."""

@@ -189,9 +189,7 @@ class Scheduler:
             if num_output == 1:
                 first_tokens.append(request)
             sampling = request.sampling
-            if token_id in sampling.stop_token_ids or (
-                token_id == eos and not sampling.ignore_eos
-            ):
+            if token_id in sampling.stop_token_ids or (token_id == eos and not sampling.ignore_eos):
                 request.status = RequestStatus.FINISHED_STOPPED
             elif num_output >= sampling.max_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT, SMALL
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "mru_eviction"
@@ -67,7 +66,9 @@ def test_selected_and_configured_from_the_command_line(cli, installed_plugin, tm
 
 
 def test_unknown_key_of_a_third_party_plugin_lists_its_keys(cli, installed_plugin):
-    result = cli("+eviction=mru", "eviction.keep_old=2", *SMALL, extra_pythonpath=[installed_plugin])
+    result = cli(
+        "+eviction=mru", "eviction.keep_old=2", *SMALL, extra_pythonpath=[installed_plugin]
+    )
     assert result.returncode != 0
     assert "'eviction.keep_oldest'" in result.stderr
 

@@ -3,8 +3,8 @@
 
 from enginekit.interfaces.allocator import Allocator
 from enginekit.interfaces.eviction import Eviction
-from enginekit.interfaces.prefix import PrefixCache, PrefixMatch
 from enginekit.interfaces.preemption import Preemption, PreemptionResult
+from enginekit.interfaces.prefix import PrefixCache, PrefixMatch
 from enginekit.interfaces.quantizer import Quantizer
 
 GROUP_INTERFACES: dict[str, type] = {

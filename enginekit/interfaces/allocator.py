@@ -58,4 +58,4 @@ class Allocator(ABC):
         The default walks every table; an allocator may keep a running count instead.
         """
         tables = self.kv.tables
-        return sum(tables.num_blocks(s) for s in tables.seq_ids())  # type: ignore[attr-defined]
+        return sum(tables.num_blocks(s) for s in tables.seq_ids())

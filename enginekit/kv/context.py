@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.kv.spec import KVSpec
+
+if TYPE_CHECKING:
+    from enginekit._native import BlockPool, BlockTables
 
 
 class KVContext(NamedTuple):
@@ -15,8 +18,8 @@ class KVContext(NamedTuple):
     The manager owns them; plugins mutate them only as their contracts say.
     """
 
-    pool: object
-    tables: object
+    pool: BlockPool  # or enginekit.kv.pyref.PyBlockPool: same API
+    tables: BlockTables  # or enginekit.kv.pyref.PyBlockTables
     spec: KVSpec
     max_model_len: int
 
@@ -26,4 +29,4 @@ class KVContext(NamedTuple):
 
     @property
     def num_blocks(self) -> int:
-        return self.pool.num_blocks  # type: ignore[attr-defined,no-any-return]
+        return self.pool.num_blocks

@@ -14,17 +14,21 @@ from enginekit.kv.spec import KVSpec
 from enginekit.request import Request
 
 if TYPE_CHECKING:
+    from enginekit._native import BlockPool, BlockTables
     from enginekit.interfaces import Allocator, Eviction, PrefixCache
 
 
-def make_structures(num_blocks: int, block_size: int, native: bool) -> tuple[object, object]:
-    """A BlockPool and BlockTables: the Rust ones, or their pure-Python twins."""
+def make_structures(
+    num_blocks: int, block_size: int, native: bool
+) -> tuple[BlockPool, BlockTables]:
+    """A BlockPool and BlockTables: the Rust ones, or their pure-Python twins (same API)."""
     if native:
-        from enginekit._native import BlockPool, BlockTables
-    else:
-        from enginekit.kv.pyref import PyBlockPool as BlockPool  # type: ignore[assignment]
-        from enginekit.kv.pyref import PyBlockTables as BlockTables  # type: ignore[assignment]
-    return BlockPool(num_blocks), BlockTables(block_size)
+        from enginekit import _native
+
+        return _native.BlockPool(num_blocks), _native.BlockTables(block_size)
+    from enginekit.kv import pyref
+
+    return pyref.PyBlockPool(num_blocks), pyref.PyBlockTables(block_size)  # type: ignore[return-value]
 
 
 class KVUsage(NamedTuple):
@@ -72,15 +76,15 @@ class KVCacheManager:
     def usage(self) -> KVUsage:
         pool = self.pool
         return KVUsage(
-            pool.num_blocks,  # type: ignore[attr-defined]
-            pool.num_used_blocks,  # type: ignore[attr-defined]
-            pool.num_evictable_blocks,  # type: ignore[attr-defined]
-            pool.num_free_blocks,  # type: ignore[attr-defined]
+            pool.num_blocks,
+            pool.num_used_blocks,
+            pool.num_evictable_blocks,
+            pool.num_free_blocks,
         )
 
     def num_reclaimable_blocks(self) -> int:
         """Blocks that can be handed out now: free ones plus evictable ones."""
-        return self.pool.num_free_blocks + self.pool.num_evictable_blocks  # type: ignore[attr-defined,no-any-return]
+        return self.pool.num_free_blocks + self.pool.num_evictable_blocks
 
     # -- admission -----------------------------------------------------------------------
 
@@ -94,7 +98,7 @@ class KVCacheManager:
         the request holds them, so they count against the room. Pure."""
         num_needed = self.allocator.num_blocks_to_admit(request, len(match.block_ids))
         pool = self.pool
-        num_pinned_evictable = sum(1 for b in match.block_ids if pool.ref_count(b) == 0)  # type: ignore[attr-defined]
+        num_pinned_evictable = sum(1 for b in match.block_ids if pool.ref_count(b) == 0)
         room = self.num_reclaimable_blocks() - num_pinned_evictable
         return num_needed + self.num_watermark_blocks <= room
 
@@ -105,13 +109,13 @@ class KVCacheManager:
         changing nothing, if the room is not there (call can_admit first)."""
         pool = self.pool
         for block_id in match.block_ids:
-            pool.incref(block_id)  # type: ignore[attr-defined]
+            pool.incref(block_id)
         try:
             num_needed = self.allocator.num_blocks_to_admit(request, len(match.block_ids))
             self.make_room(num_needed)
             self.allocator.admit(request, match.block_ids)
         except Exception:
-            pool.free(match.block_ids)  # type: ignore[attr-defined]
+            pool.free(match.block_ids)
             raise
         request.num_computed_tokens = match.num_tokens
 
@@ -131,7 +135,7 @@ class KVCacheManager:
 
     def make_room(self, num_blocks: int) -> None:
         """Evicts cached blocks until ``num_blocks`` are free (no-op if they already are)."""
-        shortfall = num_blocks - self.pool.num_free_blocks  # type: ignore[attr-defined]
+        shortfall = num_blocks - self.pool.num_free_blocks
         if shortfall > 0:
             evicted = self.eviction.evict(shortfall)
             self.prefix.on_evicted(evicted)
@@ -146,7 +150,7 @@ class KVCacheManager:
     def release(self, request: Request) -> int:
         """Drops every block reference of the request; returns how many blocks it held.
         Published blocks stay resident as evictable cache."""
-        num_blocks: int = self.tables.num_blocks(request.seq_id)  # type: ignore[attr-defined]
+        num_blocks: int = self.tables.num_blocks(request.seq_id)
         self.allocator.release(request.seq_id)
         self.prefix.on_released(request)
         return num_blocks
@@ -163,18 +167,18 @@ class KVCacheManager:
         """Raises KVCacheError unless the pool and tables are each consistent and every
         block's reference count equals the number of tables holding it."""
         pool, tables = self.pool, self.tables
-        pool.check_integrity()  # type: ignore[attr-defined]
-        tables.check_integrity(pool)  # type: ignore[attr-defined]
+        pool.check_integrity()
+        tables.check_integrity(pool)
         holders: Counter[int] = Counter()
-        for seq_id in tables.seq_ids():  # type: ignore[attr-defined]
-            holders.update(tables.block_ids(seq_id))  # type: ignore[attr-defined]
+        for seq_id in tables.seq_ids():
+            holders.update(tables.block_ids(seq_id))
         num_reserved = self.allocator.num_reserved_blocks()
         if num_reserved != sum(holders.values()):
             raise KVCacheError(
                 f"the allocator counts {num_reserved} reserved blocks but the tables hold "
                 f"{sum(holders.values())}"
             )
-        for block_id, ref_count in enumerate(pool.ref_counts()):  # type: ignore[attr-defined]
+        for block_id, ref_count in enumerate(pool.ref_counts()):
             if ref_count != holders.get(block_id, 0):
                 raise KVCacheError(
                     f"block {block_id} has ref_count {ref_count} but "

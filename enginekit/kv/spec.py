@@ -28,7 +28,9 @@ class KVSpec:
         if self.block_size < 1:
             raise ConfigError(f"cache.block_size must be >= 1, got {self.block_size}")
         if self.bits_per_element not in (4, 8, 16, 32):
-            raise ConfigError(f"KV bits per element must be 4, 8, 16 or 32: {self.bits_per_element}")
+            raise ConfigError(
+                f"KV bits per element must be 4, 8, 16 or 32: {self.bits_per_element}"
+            )
 
     @classmethod
     def of(

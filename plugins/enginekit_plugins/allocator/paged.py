@@ -31,21 +31,21 @@ class PagedAllocator(Allocator):
 
     def admit(self, request: Request, cached_block_ids: Sequence[int]) -> None:
         num_new = self.num_blocks_to_admit(request, len(cached_block_ids))
-        new_block_ids = self.kv.pool.allocate(num_new)  # type: ignore[attr-defined]
-        self.kv.tables.add_sequence(request.seq_id, [*cached_block_ids, *new_block_ids])  # type: ignore[attr-defined]
+        new_block_ids = self.kv.pool.allocate(num_new)
+        self.kv.tables.add_sequence(request.seq_id, [*cached_block_ids, *new_block_ids])
         self._num_reserved_blocks += len(cached_block_ids) + num_new
 
     def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
-        return self.kv.tables.num_blocks_to_grow(seq_ids, num_tokens)  # type: ignore[attr-defined,no-any-return]
+        return self.kv.tables.num_blocks_to_grow(seq_ids, num_tokens)
 
     def grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
-        self._num_reserved_blocks += self.kv.tables.grow(self.kv.pool, seq_ids, num_tokens)  # type: ignore[attr-defined]
+        self._num_reserved_blocks += self.kv.tables.grow(self.kv.pool, seq_ids, num_tokens)
 
     def release(self, seq_id: int) -> None:
-        block_ids = self.kv.tables.remove_sequence(seq_id)  # type: ignore[attr-defined]
+        block_ids = self.kv.tables.remove_sequence(seq_id)
         self._num_reserved_blocks -= len(block_ids)
         block_ids.reverse()
-        self.kv.pool.free(block_ids)  # type: ignore[attr-defined]
+        self.kv.pool.free(block_ids)
 
     def num_reserved_blocks(self) -> int:
         return self._num_reserved_blocks

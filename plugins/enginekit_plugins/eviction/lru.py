@@ -22,4 +22,4 @@ class LRUEviction(Eviction):
     Config = LRUConfig
 
     def evict(self, num_blocks: int) -> list[int]:
-        return self.kv.pool.evict_lru(num_blocks)  # type: ignore[attr-defined,no-any-return]
+        return self.kv.pool.evict_lru(num_blocks)

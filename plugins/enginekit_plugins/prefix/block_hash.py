@@ -62,7 +62,7 @@ class BlockHashPrefixCache(PrefixCache):
         if max_blocks <= 0:
             return PrefixMatch([], 0)
         hashes = self._hashes(request, max_blocks)
-        block_ids = self.kv.pool.lookup_prefix(hashes[:max_blocks])  # type: ignore[attr-defined]
+        block_ids = self.kv.pool.lookup_prefix(hashes[:max_blocks])
         return PrefixMatch(block_ids, len(block_ids) * self.kv.spec.block_size)
 
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
@@ -71,7 +71,7 @@ class BlockHashPrefixCache(PrefixCache):
         if num_full <= num_published:
             return
         hashes = self._hashes(request, num_full)
-        self.kv.tables.cache_blocks(  # type: ignore[attr-defined]
+        self.kv.tables.cache_blocks(
             self.kv.pool, request.seq_id, num_published, hashes[num_published:num_full]
         )
         self._num_published[request.seq_id] = num_full
