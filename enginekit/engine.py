@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
 from enginekit.request import Request, RequestOutput, SamplingParams
 from enginekit.scheduler import Scheduler
 
+_log = logging.getLogger("enginekit")
 DTYPE_BITS = {"bfloat16": 16, "float16": 16, "float32": 32}
 
 
@@ -149,7 +151,11 @@ class Engine:
         request_id = str(seq_id) if request_id is None else request_id
         if request_id in self._requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
-        self._check_servable(request_id, prompt_token_ids, sampling)
+        try:
+            self._check_servable(request_id, prompt_token_ids, sampling)
+        except RequestRejectedError:
+            self.metrics.on_request_rejected()
+            raise
         request = Request(
             request_id=request_id,
             seq_id=seq_id,
@@ -192,19 +198,35 @@ class Engine:
             )
 
     def add_workload(self) -> int:
-        """Queues the configured workload's requests; returns how many."""
+        """Queues the configured workload's requests; returns how many were accepted.
+
+        A request that can never be served is counted (``num_requests_rejected``) and
+        logged, and the rest run: one oversized request does not void a sweep's job."""
         from enginekit.workloads import make_workload
 
         requests = make_workload(self.config.workload, self.shape.vocab_size, self.max_model_len)
+        num_accepted = 0
+        rejections: list[str] = []
         for item in requests:
-            self.add_request(
-                item.prompt_token_ids,
-                SamplingParams(max_tokens=item.max_tokens, ignore_eos=True),
-                request_id=item.request_id,
-                arrival_time=item.arrival_time,
-                scripted_output_ids=item.output_token_ids,
+            try:
+                self.add_request(
+                    item.prompt_token_ids,
+                    SamplingParams(max_tokens=item.max_tokens, ignore_eos=True),
+                    request_id=item.request_id,
+                    arrival_time=item.arrival_time,
+                    scripted_output_ids=item.output_token_ids,
+                )
+                num_accepted += 1
+            except RequestRejectedError as exc:
+                rejections.append(str(exc))
+        if rejections:
+            _log.warning(
+                "%d of %d requests rejected; the first: %s",
+                len(rejections),
+                len(requests),
+                rejections[0],
             )
-        return len(requests)
+        return num_accepted
 
     # -- running ---------------------------------------------------------------------------
 

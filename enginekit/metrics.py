@@ -74,6 +74,7 @@ class RunMetrics:
         self._running_sum = 0
         self.num_running_peak = 0
         self.num_waiting_peak = 0
+        self.num_requests_rejected = 0
 
     # ---- request lifecycle -------------------------------------------------------------
 
@@ -84,6 +85,10 @@ class RunMetrics:
         if request_id in self._requests:
             raise EngineKitError(f"metrics: request {request_id!r} was already added")
         self._requests[request_id] = _RequestRecord(arrival_time, num_prompt_tokens)
+
+    def on_request_rejected(self) -> None:
+        """A request was refused at admission to the engine (it could never be served)."""
+        self.num_requests_rejected += 1
 
     def on_first_token(self, request_id: str, time: float) -> None:
         """Records the first output token's time; later calls (after a preemption) are ignored."""
@@ -195,6 +200,7 @@ class RunMetrics:
         total_tps = _ratio(prompt_tokens + generation_tokens, duration)
         summary: dict = {
             "num_requests": len(records),
+            "num_requests_rejected": self.num_requests_rejected,
             "num_requests_finished": len(e2e),
             "prompt_tokens_total": prompt_tokens,
             "generation_tokens_total": generation_tokens,

@@ -44,6 +44,7 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
         "tokens",
         (
             ("num_requests", "requests", _num),
+            ("num_requests_rejected", "requests rejected", _num),
             ("num_requests_finished", "requests finished", _num),
             ("prompt_tokens_total", "prompt tokens", _num),
             ("generation_tokens_total", "generated tokens", _num),

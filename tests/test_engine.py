@@ -233,3 +233,13 @@ def test_shared_prefix_hit_rate_matches_the_ideal_at_block_granularity():
     summary = engine.run().summary
     assert summary["prefix_cache_hits"] == engine.ideal_prefix_hit_tokens()
     assert summary["prefix_cache_hits"] >= 199 * 1200
+
+
+def test_workload_requests_that_can_never_fit_are_counted_and_the_rest_run(caplog):
+    engine = make_engine("workload=unique", "workload.num_requests=200", "cache.num_blocks=40")
+    accepted = engine.add_workload()
+    summary = engine.run().summary
+    assert 0 < accepted < 200
+    assert summary["num_requests_rejected"] == 200 - accepted
+    assert summary["num_requests_finished"] == accepted
+    assert "requests rejected; the first: request 'req-" in caplog.text
