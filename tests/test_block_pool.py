@@ -1,0 +1,391 @@
+"""BlockPool: the Rust core against its pure-Python twin, operation by operation.
+
+The native module is required: if ``enginekit._native`` is not built, this file fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from enginekit import _native
+from enginekit.errors import KVCacheError, OutOfBlocksError
+from enginekit.kv.pyref import PyBlockPool
+
+
+@pytest.fixture(params=[_native.BlockPool, PyBlockPool], ids=["native", "python"])
+def Pool(request: pytest.FixtureRequest) -> type:
+    return request.param
+
+
+def state(pool: Any) -> dict[str, Any]:
+    """Everything observable about a pool."""
+    return {
+        "num_blocks": pool.num_blocks,
+        "num_free_blocks": pool.num_free_blocks,
+        "num_evictable_blocks": pool.num_evictable_blocks,
+        "num_used_blocks": pool.num_used_blocks,
+        "free_block_ids": pool.free_block_ids(),
+        "evictable_block_ids": pool.evictable_block_ids(),
+        "ref_counts": pool.ref_counts(),
+        "cached_blocks": pool.cached_blocks(),
+        "block_hashes": [pool.block_hash(b) for b in range(pool.num_blocks)],
+    }
+
+
+def raises_unchanged(pool: Any, exc: type[Exception], fn: Callable[[], Any]) -> None:
+    """fn() raises exactly ``exc`` and leaves the pool as it was."""
+    before = state(pool)
+    with pytest.raises(exc) as info:
+        fn()
+    assert type(info.value) is exc
+    assert state(pool) == before
+    pool.check_integrity()
+
+
+# ---- exact behaviour, against both implementations ------------------------------------------
+
+
+def test_new_pool(Pool) -> None:
+    pool = Pool(4)
+    assert (pool.num_blocks, pool.num_free_blocks, pool.num_evictable_blocks) == (4, 4, 0)
+    assert pool.num_used_blocks == 0
+    assert pool.free_block_ids() == [0, 1, 2, 3]
+    assert pool.evictable_block_ids() == []
+    assert pool.ref_counts() == [0, 0, 0, 0]
+    assert pool.cached_blocks() == {}
+    pool.check_integrity()
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_bad_size(Pool, n: int) -> None:
+    with pytest.raises(ValueError):
+        Pool(n)
+
+
+def test_allocate_in_order(Pool) -> None:
+    pool = Pool(4)
+    assert pool.allocate(2) == [0, 1]
+    assert pool.free_block_ids() == [2, 3]
+    assert pool.ref_counts() == [1, 1, 0, 0]
+    assert pool.num_used_blocks == 2
+    assert pool.allocate(0) == []
+    assert pool.allocate(2) == [2, 3]
+    assert pool.num_free_blocks == 0
+    pool.check_integrity()
+
+
+def test_allocate_errors(Pool) -> None:
+    pool = Pool(4)
+    pool.allocate(1)
+    raises_unchanged(pool, OutOfBlocksError, lambda: pool.allocate(4))
+    raises_unchanged(pool, ValueError, lambda: pool.allocate(-1))
+
+
+def test_free_is_lifo(Pool) -> None:
+    pool = Pool(4)
+    assert pool.allocate(3) == [0, 1, 2]
+    pool.free([0, 2])
+    assert pool.free_block_ids() == [2, 0, 3]
+    assert pool.allocate(2) == [2, 0]
+    pool.decref(1)
+    assert pool.free_block_ids() == [1, 3]
+    pool.check_integrity()
+
+
+def test_free_counts_duplicates(Pool) -> None:
+    pool = Pool(4)
+    pool.allocate(2)
+    pool.incref(0)
+    assert pool.ref_count(0) == 2
+    pool.free([0, 1, 0])
+    assert pool.ref_counts() == [0, 0, 0, 0]
+    assert pool.free_block_ids() == [0, 1, 2, 3]
+
+
+def test_free_errors_change_nothing(Pool) -> None:
+    pool = Pool(4)
+    pool.allocate(2)
+    raises_unchanged(pool, KVCacheError, lambda: pool.free([0, 1, 1]))  # double free
+    raises_unchanged(pool, KVCacheError, lambda: pool.free([0, 2]))  # free block
+    raises_unchanged(pool, KVCacheError, lambda: pool.free([0, 4]))  # unknown id
+    raises_unchanged(pool, KVCacheError, lambda: pool.free([1, -1]))  # unknown id
+
+
+def test_ref_errors(Pool) -> None:
+    pool = Pool(3)
+    pool.allocate(1)
+    for bad in (3, 100, -1):
+        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.incref(b))
+        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.decref(b))
+        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.ref_count(b))
+        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.block_hash(b))
+        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.touch(b))
+        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.evict(b))
+    raises_unchanged(pool, KVCacheError, lambda: pool.incref(1))  # free block
+    raises_unchanged(pool, KVCacheError, lambda: pool.decref(1))  # ref_count already 0
+    pool.decref(0)
+    raises_unchanged(pool, KVCacheError, lambda: pool.decref(0))
+
+
+def test_cached_blocks_become_evictable_in_lru_order(Pool) -> None:
+    pool = Pool(5)
+    assert pool.allocate(4) == [0, 1, 2, 3]
+    for b in range(3):
+        assert pool.cache_block(b, 100 + b) is True
+    pool.decref(1)
+    pool.decref(0)
+    pool.decref(3)  # uncached: goes to the free stack
+    pool.decref(2)
+    assert pool.evictable_block_ids() == [1, 0, 2]
+    assert pool.free_block_ids() == [3, 4]
+    assert (pool.num_used_blocks, pool.num_evictable_blocks, pool.num_free_blocks) == (0, 3, 2)
+    assert pool.cached_blocks() == {100: 0, 101: 1, 102: 2}
+    pool.touch(1)
+    assert pool.evictable_block_ids() == [0, 2, 1]
+    pool.touch(1)
+    assert pool.evictable_block_ids() == [0, 2, 1]
+    # A prefix-cache hit takes the block off the LRU list; releasing it puts it at the end.
+    pool.incref(0)
+    assert pool.evictable_block_ids() == [2, 1]
+    assert pool.ref_count(0) == 1
+    pool.decref(0)
+    assert pool.evictable_block_ids() == [2, 1, 0]
+    # allocate never evicts.
+    raises_unchanged(pool, OutOfBlocksError, lambda: pool.allocate(3))
+    pool.check_integrity()
+
+
+def test_touch_needs_evictable(Pool) -> None:
+    pool = Pool(3)
+    pool.allocate(2)
+    pool.cache_block(0, 7)
+    raises_unchanged(pool, KVCacheError, lambda: pool.touch(0))  # used and cached
+    raises_unchanged(pool, KVCacheError, lambda: pool.touch(1))  # used
+    raises_unchanged(pool, KVCacheError, lambda: pool.touch(2))  # free
+
+
+def test_evict(Pool) -> None:
+    pool = Pool(4)
+    pool.allocate(3)
+    for b in range(3):
+        pool.cache_block(b, 10 * (b + 1))
+    pool.free([2, 0, 1])
+    assert pool.evictable_block_ids() == [2, 0, 1]
+    assert pool.evict(0) == 10
+    assert pool.lookup(10) is None
+    assert pool.block_hash(0) is None
+    assert pool.free_block_ids() == [0, 3]
+    assert pool.evictable_block_ids() == [2, 1]
+    raises_unchanged(pool, KVCacheError, lambda: pool.evict(0))
+    raises_unchanged(pool, OutOfBlocksError, lambda: pool.evict_lru(3))
+    assert pool.evict_lru(0) == []
+    assert pool.evict_lru(2) == [2, 1]
+    # Evicted oldest first, so the newest of them is allocated first.
+    assert pool.free_block_ids() == [1, 2, 0, 3]
+    assert pool.cached_blocks() == {}
+    assert pool.allocate(4) == [1, 2, 0, 3]
+    pool.check_integrity()
+
+
+def test_evict_needs_evictable(Pool) -> None:
+    pool = Pool(2)
+    pool.allocate(1)
+    pool.cache_block(0, 5)
+    raises_unchanged(pool, KVCacheError, lambda: pool.evict(0))  # used
+    raises_unchanged(pool, KVCacheError, lambda: pool.evict(1))  # free
+
+
+def test_cache_block(Pool) -> None:
+    pool = Pool(4)
+    pool.allocate(3)
+    assert pool.cache_block(0, 2**64 - 1) is True
+    assert pool.block_hash(0) == 2**64 - 1
+    assert pool.cache_block(0, 2**64 - 1) is False  # already carries it
+    assert pool.cache_block(1, 2**64 - 1) is False  # duplicate content
+    assert pool.block_hash(1) is None
+    assert pool.cache_block(1, 0) is True
+    assert pool.cached_blocks() == {2**64 - 1: 0, 0: 1}
+    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(0, 3))  # different hash
+    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(3, 3))  # ref_count 0
+    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(4, 3))  # unknown
+    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(-1, 3))  # unknown
+    raises_unchanged(pool, ValueError, lambda: pool.cache_block(2, 2**64))
+    raises_unchanged(pool, ValueError, lambda: pool.cache_block(2, -1))
+    # A block carrying a different hash raises even when the new hash names another block.
+    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(0, 0))
+    # Caching a used block does not make it evictable; releasing does.
+    assert pool.evictable_block_ids() == []
+    pool.decref(1)
+    assert pool.evictable_block_ids() == [1]
+    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(1, 0))  # ref_count 0
+    pool.check_integrity()
+
+
+def test_lookup(Pool) -> None:
+    pool = Pool(4)
+    pool.allocate(3)
+    pool.cache_block(0, 11)
+    pool.cache_block(1, 12)
+    pool.cache_block(2, 14)
+    pool.decref(1)  # evictable blocks are still found
+    before = state(pool)
+    assert pool.lookup(11) == 0
+    assert pool.lookup(12) == 1
+    assert pool.lookup(13) is None
+    assert pool.lookup_prefix([]) == []
+    assert pool.lookup_prefix([11, 12, 13, 14]) == [0, 1]
+    assert pool.lookup_prefix([13, 11]) == []
+    assert pool.lookup_prefix([14, 12, 11]) == [2, 1, 0]
+    assert state(pool) == before
+
+
+def test_check_integrity_passes_through_a_lifecycle(Pool) -> None:
+    pool = Pool(6)
+    ids = pool.allocate(4)
+    for i, b in enumerate(ids):
+        pool.check_integrity()
+        pool.cache_block(b, i)
+    pool.incref(ids[0])
+    pool.free(ids)
+    pool.check_integrity()
+    pool.evict_lru(2)
+    pool.check_integrity()
+    pool.incref(pool.lookup(3))
+    pool.check_integrity()
+
+
+# ---- the two implementations driven side by side ---------------------------------------------
+
+# Few enough values that duplicate content and conflicts are common.
+HASHES = st.integers(0, 12) | st.just(2**64 - 1)
+
+
+def outcome(fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    try:
+        return ("returned", fn(*args))
+    except Exception as exc:
+        return ("raised", type(exc))
+
+
+class PoolTwins(RuleBasedStateMachine):
+    """Same operations on the Rust pool and the Python twin, valid and invalid alike."""
+
+    @initialize(num_blocks=st.integers(1, 10), data=st.data())
+    def make(self, num_blocks: int, data: st.DataObject) -> None:
+        self.n = num_blocks
+        self.native = _native.BlockPool(num_blocks)
+        self.python = PyBlockPool(num_blocks)
+        # Start from a lived-in state: some blocks used, some cached, some evictable.
+        _, block_ids = self.both("allocate", data.draw(st.integers(0, num_blocks)))
+        for block_id in block_ids:
+            fate = data.draw(st.sampled_from(["used", "cached", "evictable", "free"]))
+            if fate in ("cached", "evictable"):
+                self.both("cache_block", block_id, block_id)
+            if fate in ("evictable", "free"):
+                self.both("decref", block_id)
+
+    def both(self, method: str, *args: Any) -> tuple[str, Any]:
+        before = state(self.python)
+        expected = outcome(getattr(self.python, method), *args)
+        if expected[0] == "raised":
+            assert state(self.python) == before, f"python {method}{args} raised but changed"
+        got = outcome(getattr(self.native, method), *args)
+        assert got == expected, f"{method}{args}: native {got}, python {expected}"
+        return expected
+
+    def block_id(self, data: st.DataObject, among: list[int] | None = None) -> int:
+        """Mostly one of ``among`` (the ids the operation is valid for); sometimes any id,
+        unknown ones (-1, num_blocks, num_blocks + 1) included."""
+        if among and data.draw(st.integers(0, 4)) > 0:
+            return data.draw(st.sampled_from(among))
+        return data.draw(st.integers(-1, self.n + 1))
+
+    def used(self) -> list[int]:
+        return [b for b, rc in enumerate(self.python.ref_counts()) if rc > 0]
+
+    @rule(data=st.data())
+    def allocate(self, data: st.DataObject) -> None:
+        free = self.python.num_free_blocks
+        self.both("allocate", data.draw(st.integers(0, free) | st.integers(-1, self.n + 1)))
+
+    @rule(data=st.data())
+    def incref(self, data: st.DataObject) -> None:
+        evictable = self.python.evictable_block_ids()
+        self.both("incref", self.block_id(data, evictable + self.used()))
+
+    @rule(data=st.data())
+    def decref(self, data: st.DataObject) -> None:
+        self.both("decref", self.block_id(data, self.used()))
+
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        used = self.used()
+        if used and data.draw(st.booleans()):
+            ids = data.draw(st.lists(st.sampled_from(used), max_size=5))  # often valid
+        else:
+            ids = data.draw(st.lists(st.integers(-1, self.n + 1), max_size=5))
+        self.both("free", ids)
+
+    @rule(data=st.data())
+    def touch(self, data: st.DataObject) -> None:
+        self.both("touch", self.block_id(data, self.python.evictable_block_ids()))
+
+    @rule(data=st.data(), block_hash=HASHES)
+    def cache_block(self, data: st.DataObject, block_hash: int) -> None:
+        self.both("cache_block", self.block_id(data, self.used()), block_hash)
+
+    @rule(data=st.data(), block_hash=HASHES)
+    def cache_and_release(self, data: st.DataObject, block_hash: int) -> None:
+        # The prefix cache's common path: a used block gets a hash and is released at once.
+        uncached = [b for b in self.used() if self.python.block_hash(b) is None]
+        if uncached:
+            block_id = data.draw(st.sampled_from(uncached))
+            if self.both("cache_block", block_id, block_hash) == ("returned", True):
+                self.both("free", [block_id] * self.python.ref_count(block_id))
+
+    @rule(data=st.data(), block_hash=st.sampled_from([-1, 2**64, 2**70]))
+    def cache_block_bad_hash(self, data: st.DataObject, block_hash: int) -> None:
+        # Only on used uncached blocks, where ValueError is the one error the contract names.
+        targets = [b for b in self.used() if self.python.block_hash(b) is None]
+        if targets:
+            self.both("cache_block", data.draw(st.sampled_from(targets)), block_hash)
+
+    @rule(block_hash=HASHES)
+    def lookup(self, block_hash: int) -> None:
+        self.both("lookup", block_hash)
+
+    @rule(hashes=st.lists(HASHES, max_size=6))
+    def lookup_prefix(self, hashes: list[int]) -> None:
+        self.both("lookup_prefix", hashes)
+
+    @rule(data=st.data())
+    def queries(self, data: st.DataObject) -> None:
+        block_id = self.block_id(data)
+        self.both("block_hash", block_id)
+        self.both("ref_count", block_id)
+
+    @rule(data=st.data())
+    def evict(self, data: st.DataObject) -> None:
+        self.both("evict", self.block_id(data, self.python.evictable_block_ids()))
+
+    @rule(data=st.data())
+    def evict_lru(self, data: st.DataObject) -> None:
+        self.both("evict_lru", data.draw(st.integers(0, self.python.num_evictable_blocks + 1)))
+
+    @invariant()
+    def same_state_and_intact(self) -> None:
+        if not hasattr(self, "native"):
+            return
+        assert state(self.native) == state(self.python)
+        self.python.check_integrity()
+        self.native.check_integrity()
+
+
+TestPoolTwins = PoolTwins.TestCase
+TestPoolTwins.settings = settings(max_examples=400, stateful_step_count=50, deadline=None)
