@@ -18,12 +18,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
 from enginekit.errors import ConfigError, RequestRejectedError
-from enginekit.executor.base import Executor
+from enginekit.executor.factory import build_executor, model_shape
 from enginekit.kv.context import KVContext
 from enginekit.kv.manager import KVCacheManager, make_structures
 from enginekit.kv.spec import KVSpec
 from enginekit.metrics import RunMetrics
-from enginekit.models.shapes import ModelShape, model_preset
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
 from enginekit.request import Request, RequestOutput, SamplingParams
 from enginekit.scheduler import Scheduler
@@ -67,7 +66,7 @@ class Engine:
             for group, plugin_cfg in self.plugin_configs.items()
         }
 
-        self.shape = _model_shape(cfg)
+        self.shape = model_shape(cfg.model)
         self.max_model_len = self.shape.max_model_len
         model_bits = _dtype_bits(cfg.model.dtype)
         quantizer_cls, quantizer_cfg = plugins["quantizer"]
@@ -81,7 +80,7 @@ class Engine:
         if not 0.0 <= cfg.cache.watermark < 1.0:
             raise ConfigError(f"cache.watermark must be in [0, 1), got {cfg.cache.watermark}")
 
-        self.executor, num_blocks = self._build_executor(cfg, model_bits)
+        self.executor, num_blocks = build_executor(cfg, self.shape, self.kv_spec, model_bits)
         pool, tables = make_structures(num_blocks, cfg.cache.block_size, cfg.cache.native)
         kv = KVContext(pool, tables, self.kv_spec, self.max_model_len)
         allocator_cls, allocator_cfg = plugins["allocator"]
@@ -97,7 +96,11 @@ class Engine:
         )
         self.metrics = RunMetrics()
         self.scheduler = Scheduler(
-            cfg.scheduler, self.kv, preemption_cls(preemption_cfg), self.metrics
+            cfg.scheduler,
+            self.kv,
+            preemption_cls(preemption_cfg),
+            self.metrics,
+            export_block_tables=self.executor.needs_block_tables,
         )
         self.clock = 0.0
         self._pending: list[tuple[float, int, Request]] = []  # heap by arrival time
@@ -110,26 +113,6 @@ class Engine:
         from enginekit.app import compose_config
 
         return cls(compose_config(list(overrides)))
-
-    def _build_executor(self, cfg: DictConfig, model_bits: int) -> tuple[Executor, int]:
-        if cfg.executor != "sim":
-            raise ConfigError(f"executor={cfg.executor!r} is not available; choose: sim")
-        from enginekit.executor.hardware import hardware_preset, kv_pool_num_blocks
-        from enginekit.executor.sim import SimExecutor
-
-        hardware = hardware_preset(cfg.hardware.name)
-        weight_bytes = self.shape.num_params * model_bits // 8
-        num_blocks = cfg.cache.num_blocks
-        if num_blocks is None:
-            num_blocks = kv_pool_num_blocks(
-                hardware, cfg.hardware, self.shape, self.kv_spec, weight_bytes
-            )
-        elif num_blocks < 1:
-            raise ConfigError(f"cache.num_blocks must be >= 1, got {num_blocks}")
-        executor = SimExecutor(
-            self.shape, hardware, self.kv_spec, model_bits // 8, num_blocks=num_blocks
-        )
-        return executor, num_blocks
 
     # -- requests --------------------------------------------------------------------------
 
@@ -343,21 +326,6 @@ class Engine:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity()
-
-
-def _model_shape(cfg: DictConfig) -> ModelShape:
-    shape = model_preset(cfg.model.name)
-    max_len = cfg.model.max_model_len
-    if max_len is None:
-        return shape
-    if not 1 <= max_len <= shape.max_model_len:
-        raise ConfigError(
-            f"model.max_model_len must be in [1, {shape.max_model_len}] for {shape.name}, "
-            f"got {max_len}"
-        )
-    from dataclasses import replace
-
-    return replace(shape, max_model_len=max_len)
 
 
 def _dtype_bits(dtype: str) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from enginekit.config import SchedulerConfig
 from enginekit.errors import ConfigError
 from enginekit.executor.base import ModelOutput, SchedulerOutput
@@ -40,6 +42,7 @@ class Scheduler:
         preemption: Preemption,
         metrics: RunMetrics,
         eos_token_id: int | None = None,
+        export_block_tables: bool = False,
     ) -> None:
         if config.max_num_seqs < 1:
             raise ConfigError(f"scheduler.max_num_seqs must be >= 1, got {config.max_num_seqs}")
@@ -54,6 +57,7 @@ class Scheduler:
         self.preemption = preemption
         self.metrics = metrics
         self.eos_token_id = eos_token_id
+        self.export_block_tables = export_block_tables
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._by_seq_id: dict[int, Request] = {}
@@ -140,7 +144,19 @@ class Scheduler:
             finished_seq_ids=finished,
             preempted_seq_ids=preempted,
             block_copies=[],
+            block_tables=(
+                self._block_tables(prefill_seq_ids + decode_seq_ids)
+                if self.export_block_tables
+                else None
+            ),
         )
+
+    def _block_tables(self, seq_ids: list[int]) -> np.ndarray:
+        tables = self.kv.tables
+        width = tables.max_num_blocks(seq_ids)
+        out = np.empty((len(seq_ids), width), dtype=np.int32)
+        tables.export_into(seq_ids, out, width)
+        return out
 
     def _reserve_decodes(self) -> tuple[list[Request], list[Request]]:
         """Reserves one more token slot for every decoding request (one token left to

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
+
+import numpy as np
 
 from enginekit.request import SamplingParams
 
@@ -17,6 +19,11 @@ from enginekit.request import SamplingParams
 class BlockCopy(NamedTuple):
     src_block_id: int
     dst_block_id: int
+
+
+class BlockSwap(NamedTuple):
+    device_block_id: int
+    host_block_id: int
 
 
 class SchedulerOutput(NamedTuple):
@@ -28,6 +35,12 @@ class SchedulerOutput(NamedTuple):
     token of decode_seq_ids[i] and attends to decode_context_lens[i] tokens (itself
     included). sample_seq_ids lists, in order, the sequences that get a new token this
     step: every decode, then every prefill whose chunk reaches the end of its tokens.
+
+    Before computing, the executor applies, in this order: ``swap_outs`` (device block to
+    host block), ``swap_ins`` (host block to device block), ``block_copies`` (copy-on-write),
+    so a device block freed by a swap-out can be reused by this very step.
+    ``block_tables`` (only for executors whose ``needs_block_tables`` is true) holds one
+    int32 row per prefill sequence then per decode sequence, padded with -1.
     """
 
     step: int
@@ -40,6 +53,9 @@ class SchedulerOutput(NamedTuple):
     finished_seq_ids: list[int]  # left the engine since the last step: drop their state
     preempted_seq_ids: list[int]  # lost their KV blocks this step; keep their tokens
     block_copies: list[BlockCopy]
+    swap_outs: Sequence[BlockSwap] = ()
+    swap_ins: Sequence[BlockSwap] = ()
+    block_tables: np.ndarray | None = None
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -65,6 +81,8 @@ class ModelOutput(NamedTuple):
 class Executor(ABC):
     """Runs steps. Holds per-sequence state between add_sequence and the step whose
     SchedulerOutput lists the sequence in finished_seq_ids."""
+
+    needs_block_tables: ClassVar[bool] = False  # ask the scheduler for block_tables
 
     @abstractmethod
     def add_sequence(

@@ -1,0 +1,52 @@
+"""Builds the configured executor, and the model shape the KV cache is sized for."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from omegaconf import DictConfig
+
+from enginekit.errors import ConfigError
+from enginekit.executor.base import Executor
+from enginekit.kv.spec import KVSpec
+from enginekit.models.shapes import ModelShape, model_preset
+
+EXECUTORS = ("sim",)
+
+
+def model_shape(model: DictConfig) -> ModelShape:
+    """The shape of ``model`` (the ``model`` config node), context capped by
+    ``model.max_model_len`` when set."""
+    shape = model_preset(model.name)
+    max_len = model.max_model_len
+    if max_len is None:
+        return shape
+    if not 1 <= max_len <= shape.max_model_len:
+        raise ConfigError(
+            f"model.max_model_len must be in [1, {shape.max_model_len}] for {shape.name}, "
+            f"got {max_len}"
+        )
+    return replace(shape, max_model_len=max_len)
+
+
+def build_executor(
+    cfg: DictConfig, shape: ModelShape, kv_spec: KVSpec, model_bits: int
+) -> tuple[Executor, int]:
+    """The executor ``cfg.executor`` names, and the number of KV blocks of the pool:
+    ``cache.num_blocks`` if set, else what the device's memory holds."""
+    if cfg.executor not in EXECUTORS:
+        raise ConfigError(
+            f"executor={cfg.executor!r} is not available; choose: {', '.join(EXECUTORS)}"
+        )
+    from enginekit.executor.hardware import hardware_preset, kv_pool_num_blocks
+    from enginekit.executor.sim import SimExecutor
+
+    hardware = hardware_preset(cfg.hardware.name)
+    weight_bytes = shape.num_params * model_bits // 8
+    num_blocks = cfg.cache.num_blocks
+    if num_blocks is None:
+        num_blocks = kv_pool_num_blocks(hardware, cfg.hardware, shape, kv_spec, weight_bytes)
+    elif num_blocks < 1:
+        raise ConfigError(f"cache.num_blocks must be >= 1, got {num_blocks}")
+    executor = SimExecutor(shape, hardware, kv_spec, model_bits // 8, num_blocks=num_blocks)
+    return executor, num_blocks
