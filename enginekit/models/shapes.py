@@ -6,9 +6,14 @@ the models our users compare against; any other shape can be given field by fiel
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from enginekit.errors import ConfigError
+
+HF_ARCHITECTURES = ("llama", "mistral", "qwen2")
+"""Hugging Face ``model_type`` values whose config.json ``from_hf_config`` reads."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,44 @@ class ModelShape:
                 f"model.num_heads ({self.num_heads}) must be a multiple of "
                 f"model.num_kv_heads ({self.num_kv_heads})"
             )
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], name: str | None = None) -> ModelShape:
+        """The shape of a Llama-family Hugging Face ``config.json`` (already parsed).
+
+        ``head_dim`` defaults to ``hidden_size // num_attention_heads`` and the KV heads to
+        the attention heads (MHA). ``sliding_window`` is kept for Mistral, and for Qwen2
+        only when ``use_sliding_window`` is set (as transformers does). ``name`` defaults to
+        the config's ``_name_or_path`` or its ``model_type``. Raises ConfigError for
+        another architecture or a missing size."""
+        model_type = config.get("model_type")
+        if model_type not in HF_ARCHITECTURES:
+            raise ConfigError(
+                f"model_type {model_type!r} is not supported; supported: "
+                f"{', '.join(HF_ARCHITECTURES)}"
+            )
+        try:
+            num_heads = int(config["num_attention_heads"])
+            hidden_size = int(config["hidden_size"])
+            head_dim = config.get("head_dim") or hidden_size // num_heads
+            window = config.get("sliding_window")
+            if model_type == "qwen2" and not config.get("use_sliding_window", False):
+                window = None
+            return cls(
+                name=name or str(config.get("_name_or_path") or model_type),
+                num_layers=int(config["num_hidden_layers"]),
+                hidden_size=hidden_size,
+                num_heads=num_heads,
+                num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+                head_dim=int(head_dim),
+                intermediate_size=int(config["intermediate_size"]),
+                vocab_size=int(config["vocab_size"]),
+                max_model_len=int(config["max_position_embeddings"]),
+                tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+                sliding_window=int(window) if window else None,
+            )
+        except KeyError as exc:
+            raise ConfigError(f"config.json of a {model_type} model lacks {exc}") from None
 
     @property
     def num_embedding_params(self) -> int:
@@ -96,6 +139,18 @@ MODEL_PRESETS: dict[str, ModelShape] = {
             intermediate_size=11008,
             vocab_size=32000,
             max_model_len=4096,
+        ),
+        # The embedded random-weight model of the torch executor (enginekit.models.tiny).
+        ModelShape(
+            name="tiny",
+            num_layers=2,
+            hidden_size=64,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            vocab_size=512,
+            max_model_len=2048,
         ),
     )
 }

@@ -1,0 +1,104 @@
+"""Loading Llama-family weights: from a local Hugging Face folder or a state dict.
+
+A folder holds ``config.json`` and one or more ``*.safetensors`` files (sharded or not);
+nothing is downloaded. Tensors are found by their Hugging Face names
+(``model.layers.{i}.self_attn.q_proj.weight`` ...; the ``model.`` prefix is optional) and
+packed into ``LlamaWeights`` (q/k/v and gate/up fused) in the requested dtype and device.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from enginekit.errors import ConfigError
+from enginekit.models.arch import ModelArch
+from enginekit.models.llama import LayerWeights, LlamaWeights
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """The parsed ``config.json`` of the folder ``path``; ConfigError if absent."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"model.path={str(path)!r}: no config.json there")
+    with config_file.open() as f:
+        config: dict[str, Any] = json.load(f)
+    return config
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of every ``*.safetensors`` file in the folder, on the CPU."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model.path={str(path)!r}: no *.safetensors files there")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def weights_from_state_dict(
+    arch: ModelArch,
+    state_dict: Mapping[str, torch.Tensor],
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> LlamaWeights:
+    """Packs HF-named tensors into ``LlamaWeights``. Raises ConfigError naming a missing
+    tensor; a missing ``lm_head.weight`` means tied embeddings only if the config ties."""
+    tensors = {name.removeprefix("model."): t for name, t in state_dict.items()}
+
+    def get(name: str) -> torch.Tensor:
+        try:
+            return tensors[name].to(device=device, dtype=dtype)
+        except KeyError:
+            raise ConfigError(f"weights lack {name!r}") from None
+
+    def maybe(name: str) -> torch.Tensor | None:
+        return get(name) if name in tensors else None
+
+    layers = []
+    for i in range(arch.shape.num_layers):
+        prefix = f"layers.{i}."
+        attn = prefix + "self_attn."
+        biases = [maybe(f"{attn}{p}_proj.bias") for p in "qkv"]
+        if any(b is not None for b in biases) and any(b is None for b in biases):
+            raise ConfigError(f"layer {i} has biases on some of q/k/v only")
+        if f"{prefix}mlp.gate_proj.bias" in tensors:
+            raise ConfigError("MLP biases are not supported")
+        layers.append(
+            LayerWeights(
+                input_norm=get(prefix + "input_layernorm.weight"),
+                qkv=torch.cat([get(f"{attn}{p}_proj.weight") for p in "qkv"]),
+                qkv_bias=None if biases[0] is None else torch.cat(biases),  # type: ignore[arg-type]
+                o=get(attn + "o_proj.weight"),
+                o_bias=maybe(attn + "o_proj.bias"),
+                post_norm=get(prefix + "post_attention_layernorm.weight"),
+                gate_up=torch.cat(
+                    [get(prefix + "mlp.gate_proj.weight"), get(prefix + "mlp.up_proj.weight")]
+                ),
+                down=get(prefix + "mlp.down_proj.weight"),
+            )
+        )
+    embed = get("embed_tokens.weight")
+    if "lm_head.weight" in tensors and not arch.shape.tie_word_embeddings:
+        lm_head = get("lm_head.weight")
+    elif arch.shape.tie_word_embeddings:
+        lm_head = embed
+    else:
+        raise ConfigError("weights lack 'lm_head.weight' and the config does not tie embeddings")
+    return LlamaWeights(embed=embed, layers=layers, norm=get("norm.weight"), lm_head=lm_head)
+
+
+def load_hf_folder(
+    path: str | Path, dtype: torch.dtype, device: torch.device | str
+) -> tuple[ModelArch, LlamaWeights]:
+    """Architecture and weights of the Hugging Face folder ``path`` (shape named after the
+    folder)."""
+    arch = ModelArch.from_hf_config(read_hf_config(path), name=Path(path).name)
+    return arch, weights_from_state_dict(arch, read_safetensors(path), dtype, device)
