@@ -9,8 +9,8 @@ The public API::
     result = engine.run()  # result.outputs, result.summary
 """
 
-from enginekit.config import EngineConfig
-from enginekit.engine import Engine, RunResult
+from typing import TYPE_CHECKING, Any
+
 from enginekit.errors import (
     ConfigError,
     EngineKitError,
@@ -20,6 +20,27 @@ from enginekit.errors import (
     RequestRejectedError,
 )
 from enginekit.request import RequestOutput, SamplingParams
+
+if TYPE_CHECKING:
+    from enginekit.config import EngineConfig
+    from enginekit.engine import Engine, RunResult
+
+_LAZY = {
+    "Engine": "enginekit.engine",
+    "RunResult": "enginekit.engine",
+    "EngineConfig": "enginekit.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Engine and friends load on first use, so ``python -m enginekit.plugins`` does not
+    import the registry module twice."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'enginekit' has no attribute {name!r}")
+
 
 __all__ = [
     "ConfigError",

@@ -21,6 +21,7 @@ from enginekit.errors import ConfigError, RequestRejectedError
 from enginekit.executor.factory import build_executor, model_shape
 from enginekit.kv.context import KVContext
 from enginekit.kv.manager import KVCacheManager, make_structures
+from enginekit.kv.restore_cost import RestoreCost
 from enginekit.kv.spec import KVSpec
 from enginekit.metrics import RunMetrics
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
@@ -98,7 +99,7 @@ class Engine:
         self.scheduler = Scheduler(
             cfg.scheduler,
             self.kv,
-            preemption_cls(preemption_cfg),
+            preemption_cls(preemption_cfg, self._restore_cost(cfg), self.kv),
             self.metrics,
             export_block_tables=self.executor.needs_block_tables,
         )
@@ -106,6 +107,11 @@ class Engine:
         self._pending: list[tuple[float, int, Request]] = []  # heap by arrival time
         self._requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
+
+    def _restore_cost(self, cfg: DictConfig) -> RestoreCost:
+        from enginekit.executor.hardware import hardware_preset
+
+        return RestoreCost.of(hardware_preset(cfg.hardware.name), self.shape, self.kv_spec)
 
     @classmethod
     def from_overrides(cls, overrides: Sequence[str] = ()) -> Engine:
@@ -325,7 +331,9 @@ class Engine:
         return info
 
     def check_integrity(self) -> None:
+        """Raises KVCacheError if any cache structure is inconsistent."""
         self.kv.check_integrity()
+        self.scheduler.preemption.check_integrity()
 
 
 def _dtype_bits(dtype: str) -> int:

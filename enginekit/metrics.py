@@ -75,6 +75,8 @@ class RunMetrics:
         self.num_running_peak = 0
         self.num_waiting_peak = 0
         self.num_requests_rejected = 0
+        self.num_swapped_out_blocks = 0
+        self.num_swapped_in_blocks = 0
 
     # ---- request lifecycle -------------------------------------------------------------
 
@@ -114,6 +116,11 @@ class RunMetrics:
         by_kind = self.num_preemptions_by_kind
         by_kind[kind] = by_kind.get(kind, 0) + 1
         self.recomputed_tokens_total += num_recomputed_tokens
+
+    def on_swap(self, num_blocks_out: int, num_blocks_in: int) -> None:
+        """Blocks copied to host memory (swap-out) or back to the device (swap-in)."""
+        self.num_swapped_out_blocks += num_blocks_out
+        self.num_swapped_in_blocks += num_blocks_in
 
     def on_step(
         self,
@@ -227,6 +234,8 @@ class RunMetrics:
             "num_preemptions_total": sum(self.num_preemptions_by_kind.values()),
             "num_preemptions_by_kind": dict(sorted(self.num_preemptions_by_kind.items())),
             "recomputed_tokens_total": self.recomputed_tokens_total,
+            "swap_out_bytes_total": self.num_swapped_out_blocks * kv_bytes_per_block,
+            "swap_in_bytes_total": self.num_swapped_in_blocks * kv_bytes_per_block,
             "time_to_first_token_seconds": latency_stats(ttft),
             "time_per_output_token_seconds": latency_stats(tpot),
             "e2e_request_latency_seconds": latency_stats(e2e),

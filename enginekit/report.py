@@ -84,6 +84,8 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
             ("num_preemptions_total", "preemptions", _num),
             ("num_preemptions_by_kind", "by kind", _num),
             ("recomputed_tokens_total", "recomputed", _unit("tokens")),
+            ("swap_out_bytes_total", "swapped out", _unit("bytes")),
+            ("swap_in_bytes_total", "swapped in", _unit("bytes")),
         ),
     ),
     (

@@ -16,6 +16,7 @@ import numpy as np
 from enginekit.config import SchedulerConfig
 from enginekit.errors import ConfigError
 from enginekit.executor.base import ModelOutput, SchedulerOutput
+from enginekit.interfaces.prefix import NO_MATCH
 from enginekit.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -111,17 +112,27 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            match = self.kv.match(request)
-            if not self.kv.can_admit(request, match):
-                break
-            self.waiting.popleft()
-            self.kv.admit(request, match)
-            if request.num_preemptions == 0:
-                request.num_cached_tokens = match.num_tokens
-                self.metrics.on_prefix_query(request.num_tokens, match.num_tokens)
+            if self.preemption.is_swapped(request):
+                if not self.kv.can_admit(request, NO_MATCH):
+                    break
+                self.waiting.popleft()
+                self.metrics.on_swap(0, self.preemption.restore(request))
+            else:
+                match = self.kv.match(request)
+                if not self.kv.can_admit(request, match):
+                    break
+                self.waiting.popleft()
+                self.kv.admit(request, match)
+                if request.num_preemptions == 0:
+                    request.num_cached_tokens = match.num_tokens
+                    self.metrics.on_prefix_query(request.num_tokens, match.num_tokens)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            schedule_chunk(request)
+            if request.num_tokens_to_compute == 1 and request.num_computed_tokens > 0:
+                decodes.append(request)  # restored from swap mid-decode
+                budget -= 1
+            else:
+                schedule_chunk(request)
 
         decode_seq_ids = [r.seq_id for r in decodes]
         decode_context_lens = [len(r.token_ids) for r in decodes]
@@ -132,6 +143,8 @@ class Scheduler:
 
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
+        copies, swap_outs, swap_ins = self.kv.take_block_ops()
+        self.preemption.on_step_end()
         self._num_steps += 1
         return SchedulerOutput(
             step=self._num_steps,
@@ -143,7 +156,9 @@ class Scheduler:
             sample_seq_ids=decode_seq_ids + final_prefill_seq_ids,
             finished_seq_ids=finished,
             preempted_seq_ids=preempted,
-            block_copies=[],
+            block_copies=copies,
+            swap_outs=swap_outs,
+            swap_ins=swap_ins,
             block_tables=(
                 self._block_tables(prefill_seq_ids + decode_seq_ids)
                 if self.export_block_tables
@@ -181,12 +196,14 @@ class Scheduler:
         return decodes, prefills
 
     def _preempt(self, request: Request) -> PreemptionResult:
-        result = self.preemption.preempt(request, self.kv)
+        result = self.preemption.preempt(request)
         request.num_preemptions += 1
         self.running.remove(request)
         self.waiting.appendleft(request)
         self._preempted_seq_ids.append(request.seq_id)
         self.metrics.on_preemption(result.kind, result.num_tokens_to_recompute)
+        if result.num_blocks_swapped:
+            self.metrics.on_swap(result.num_blocks_swapped, 0)
         return result
 
     # -- update ----------------------------------------------------------------------------

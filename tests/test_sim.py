@@ -9,7 +9,7 @@ import pytest
 
 from enginekit.config import HardwareConfig
 from enginekit.errors import ConfigError
-from enginekit.executor.base import BlockCopy, SchedulerOutput
+from enginekit.executor.base import BlockCopy, BlockSwap, SchedulerOutput
 from enginekit.executor.hardware import HARDWARE_PRESETS, hardware_preset, kv_pool_num_blocks
 from enginekit.executor.sim import (
     STEP_OVERHEAD_S,
@@ -241,5 +241,17 @@ def test_describe_names_model_hardware_and_pool():
 
 def test_swap_time_over_effective_pcie():
     ex = make_executor()
-    expected = 10 * KV.bytes_per_block / (HW.pcie_bandwidth * HW.pcie_efficiency)
+    expected = 10 * (
+        HW.pcie_latency_s + KV.bytes_per_block / (HW.pcie_bandwidth * HW.pcie_efficiency)
+    )
     assert rel(ex.swap_time_s(10), expected) < 1e-12
+
+
+def test_swaps_are_charged_to_the_step():
+    ex = make_executor(num_seqs=1)
+    plain = ex.step_cost(step(decodes=[(0, 100)])).step_time_s
+    swaps = [BlockSwap(i, i) for i in range(3)]
+    with_swaps = ex.step_cost(
+        step(decodes=[(0, 100)])._replace(swap_outs=swaps[:2], swap_ins=swaps[2:])
+    )
+    assert rel(with_swaps.step_time_s - plain, ex.swap_time_s(3)) < 1e-9

@@ -43,6 +43,13 @@ class HardwareSpec:
     compute_efficiency: float = 0.6
     memory_efficiency: float = 0.8
     pcie_efficiency: float = 0.8
+    # Fixed cost of one block's host<->device copy (a copy call per block), which is why
+    # swapping small blocks loses to recomputing them (PagedAttention, section 7.3).
+    pcie_latency_s: float = 10e-6
+
+    def block_transfer_s(self, num_bytes: int) -> float:
+        """One block of ``num_bytes`` over PCIe, one direction, latency included."""
+        return self.pcie_latency_s + num_bytes / self.effective_pcie_bandwidth
 
     def __post_init__(self) -> None:
         for key in ("peak_flops", "hbm_bandwidth", "hbm_capacity", "pcie_bandwidth"):

@@ -195,7 +195,9 @@ class SimExecutor(Executor):
         compute_s = flops / self._effective_flops
         memory_s = num_bytes / self._effective_bandwidth
         is_compute_bound = compute_s > memory_s
-        step_s = (compute_s if is_compute_bound else memory_s) + STEP_OVERHEAD_S
+        num_swapped = len(scheduled.swap_outs) + len(scheduled.swap_ins)
+        swap_s = num_swapped * self.hw.block_transfer_s(self.kv_spec.bytes_per_block)
+        step_s = (compute_s if is_compute_bound else memory_s) + swap_s + STEP_OVERHEAD_S
         return StepCost(flops, num_bytes, compute_s, memory_s, step_s, is_compute_bound)
 
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
@@ -216,7 +218,7 @@ class SimExecutor(Executor):
 
     def swap_time_s(self, num_blocks: int) -> float:
         """Time to copy ``num_blocks`` KV blocks over PCIe in one direction."""
-        return num_blocks * self.kv_spec.bytes_per_block / self.hw.effective_pcie_bandwidth
+        return num_blocks * self.hw.block_transfer_s(self.kv_spec.bytes_per_block)
 
     def describe(self) -> dict[str, object]:
         info: dict[str, object] = {

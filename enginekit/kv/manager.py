@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.errors import KVCacheError
-from enginekit.interfaces.prefix import PrefixMatch
+from enginekit.executor.base import BlockCopy, BlockSwap
+from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
 from enginekit.kv.context import KVContext
 from enginekit.kv.spec import KVSpec
 from enginekit.request import Request
@@ -60,6 +61,10 @@ class KVCacheManager:
         self.prefix = prefix
         self.eviction = eviction
         self.num_watermark_blocks = int(watermark * kv.num_blocks)
+        # Block operations decided this step, handed to the executor by take_block_ops.
+        self._copies: list[BlockCopy] = []
+        self._swap_outs: list[BlockSwap] = []
+        self._swap_ins: list[BlockSwap] = []
 
     @property
     def spec(self) -> KVSpec:
@@ -154,6 +159,41 @@ class KVCacheManager:
         self.allocator.release(request.seq_id)
         self.prefix.on_released(request)
         return num_blocks
+
+    # -- swapping -------------------------------------------------------------------------
+
+    def swap_out(self, request: Request, host_block_ids: Sequence[int]) -> None:
+        """Queues copies of the request's blocks (in logical order) to ``host_block_ids``
+        and releases the blocks; the request keeps its computed tokens. Raises
+        ValueError, changing nothing, unless there is one host block per device block."""
+        block_ids = self.tables.block_ids(request.seq_id)
+        if len(block_ids) != len(host_block_ids):
+            raise ValueError(
+                f"swap-out of sequence {request.seq_id}: {len(block_ids)} blocks, "
+                f"{len(host_block_ids)} host blocks"
+            )
+        self._swap_outs.extend(map(BlockSwap, block_ids, host_block_ids))
+        self.release(request)
+
+    def swap_in(self, request: Request, host_block_ids: Sequence[int]) -> None:
+        """Gives the request a fresh block table (through the allocator, making room) and
+        queues copies of ``host_block_ids`` into its first blocks; ``num_computed_tokens``
+        is kept. Call can_admit(request, NO_MATCH) first."""
+        num_computed = request.num_computed_tokens
+        self.admit(request, NO_MATCH)
+        request.num_computed_tokens = num_computed
+        device_block_ids = self.tables.block_ids(request.seq_id)[: len(host_block_ids)]
+        self._swap_ins.extend(map(BlockSwap, device_block_ids, host_block_ids))
+
+    def add_block_copy(self, src_block_id: int, dst_block_id: int) -> None:
+        """Queues a copy-on-write copy for the executor to do before the step computes."""
+        self._copies.append(BlockCopy(src_block_id, dst_block_id))
+
+    def take_block_ops(self) -> tuple[list[BlockCopy], list[BlockSwap], list[BlockSwap]]:
+        """(copies, swap-outs, swap-ins) queued since the last call; clears them."""
+        ops = (self._copies, self._swap_outs, self._swap_ins)
+        self._copies, self._swap_outs, self._swap_ins = [], [], []
+        return ops
 
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must

@@ -19,17 +19,21 @@ class RecomputeConfig(PreemptionConfig):
 
 
 class RecomputePreemption(Preemption):
-    """Victim: the most recently admitted request (it has done the least work and has the
-    lowest priority under first-come-first-served). Its blocks are released: the ones the
-    prefix cache published stay resident as evictable cache, so when the request is
-    admitted again its prompt and outputs so far are matched like any prompt and only the
-    rest is prefilled."""
+    """Victim: the most recently admitted request (it has the lowest priority under
+    first-come-first-served). Its blocks are released: the ones the prefix cache published
+    stay resident as evictable cache, so when the request is admitted again its prompt and
+    outputs so far are matched like any prompt and only the rest is prefilled."""
 
     Config = RecomputeConfig
 
-    def preempt(self, request: Request, kv: KVCacheManager) -> PreemptionResult:
-        num_dropped_tokens = request.num_computed_tokens
-        num_blocks = kv.release(request)
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.WAITING
-        return PreemptionResult("recompute", num_blocks, num_dropped_tokens)
+    def preempt(self, request: Request) -> PreemptionResult:
+        return recompute(request, self.kv, kind="recompute")
+
+
+def recompute(request: Request, kv: KVCacheManager, kind: str) -> PreemptionResult:
+    """Releases the request's blocks and rewinds it to prefill everything again."""
+    num_dropped_tokens = request.num_computed_tokens
+    num_blocks = kv.release(request)
+    request.num_computed_tokens = 0
+    request.status = RequestStatus.WAITING
+    return PreemptionResult(kind, num_blocks, num_dropped_tokens)
