@@ -144,7 +144,6 @@ class Scheduler:
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
         copies, swap_outs, swap_ins = self.kv.take_block_ops()
-        self.preemption.on_step_end()
         self._num_steps += 1
         return SchedulerOutput(
             step=self._num_steps,
@@ -211,6 +210,8 @@ class Scheduler:
     def update(self, scheduled: SchedulerOutput, output: ModelOutput) -> StepUpdate:
         """Appends each sampled token, finishes requests that stop and releases their
         blocks. Mutates requests, queues and the cache."""
+        self.kv.on_ops_executed()
+        self.preemption.on_step_end()
         by_seq_id = self._by_seq_id
         eos = self.eos_token_id
         finished: list[Request] = []

@@ -65,6 +65,7 @@ class KVCacheManager:
         self._copies: list[BlockCopy] = []
         self._swap_outs: list[BlockSwap] = []
         self._swap_ins: list[BlockSwap] = []
+        self._unpin_after_copy: list[int] = []  # copy-on-write sources, held until copied
 
     @property
     def spec(self) -> KVSpec:
@@ -97,31 +98,46 @@ class KVCacheManager:
         """The request's cached prefix. Pure."""
         return self.prefix.match(request)
 
+    def _split(self, match: PrefixMatch) -> tuple[list[int], int | None]:
+        """(the matched blocks the request shares, the partially matched last block whose
+        valid slots it copies into a block of its own, or None)."""
+        if match.num_tokens % self.block_size == 0:
+            return match.block_ids, None
+        return match.block_ids[:-1], match.block_ids[-1]
+
     def can_admit(self, request: Request, match: PrefixMatch) -> bool:
         """True if admitting ``request`` with ``match`` leaves at least the watermark of
         blocks reclaimable. Matched blocks that are evictable stop being reclaimable once
         the request holds them, so they count against the room. Pure."""
-        num_needed = self.allocator.num_blocks_to_admit(request, len(match.block_ids))
+        shared, _ = self._split(match)
+        num_needed = self.allocator.num_blocks_to_admit(request, len(shared))
         pool = self.pool
         num_pinned_evictable = sum(1 for b in match.block_ids if pool.ref_count(b) == 0)
         room = self.num_reclaimable_blocks() - num_pinned_evictable
         return num_needed + self.num_watermark_blocks <= room
 
     def admit(self, request: Request, match: PrefixMatch) -> None:
-        """Gives ``request`` a block table: the matched blocks (pinned first, so eviction
-        cannot take them) and fresh blocks for the rest, evicting cached blocks if the free
-        list is short. Sets ``num_computed_tokens`` to the match. Raises OutOfBlocksError,
-        changing nothing, if the room is not there (call can_admit first)."""
+        """Gives ``request`` a block table: the fully matched blocks (pinned first, so
+        eviction cannot take them), then fresh blocks for the rest, evicting cached blocks
+        if the free list is short. A match ending inside a block (token-granular prefix
+        caches) is copy-on-write: the request's first fresh block receives a copy of that
+        block, whose pin is held until the copy has run (the next ``take_block_ops``).
+        Sets ``num_computed_tokens`` to the match. Raises OutOfBlocksError, changing
+        nothing, if the room is not there (call can_admit first)."""
         pool = self.pool
+        shared, partial = self._split(match)
         for block_id in match.block_ids:
             pool.incref(block_id)
         try:
-            num_needed = self.allocator.num_blocks_to_admit(request, len(match.block_ids))
+            num_needed = self.allocator.num_blocks_to_admit(request, len(shared))
             self.make_room(num_needed)
-            self.allocator.admit(request, match.block_ids)
+            self.allocator.admit(request, shared)
         except Exception:
             pool.free(match.block_ids)
             raise
+        if partial is not None:
+            self.add_block_copy(partial, self.tables.block_id_at(request.seq_id, len(shared)))
+            self._unpin_after_copy.append(partial)
         request.num_computed_tokens = match.num_tokens
 
     # -- growth --------------------------------------------------------------------------
@@ -156,8 +172,8 @@ class KVCacheManager:
         """Drops every block reference of the request; returns how many blocks it held.
         Published blocks stay resident as evictable cache."""
         num_blocks: int = self.tables.num_blocks(request.seq_id)
+        self.prefix.on_released(request)  # first: it may still publish the request's blocks
         self.allocator.release(request.seq_id)
-        self.prefix.on_released(request)
         return num_blocks
 
     # -- swapping -------------------------------------------------------------------------
@@ -195,6 +211,12 @@ class KVCacheManager:
         self._copies, self._swap_outs, self._swap_ins = [], [], []
         return ops
 
+    def on_ops_executed(self) -> None:
+        """The executor has run the operations last taken: copy-on-write sources are
+        unpinned (a source that nothing else holds becomes evictable or free)."""
+        self.pool.free(self._unpin_after_copy)
+        self._unpin_after_copy.clear()
+
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must
         be every request holding a table): partial last blocks and reservations."""
@@ -209,18 +231,19 @@ class KVCacheManager:
         pool, tables = self.pool, self.tables
         pool.check_integrity()
         tables.check_integrity(pool)
-        holders: Counter[int] = Counter()
+        holders: Counter[int] = Counter(self._unpin_after_copy)
+        num_copy_pins = len(self._unpin_after_copy)
         for seq_id in tables.seq_ids():
-            holders.update(tables.block_ids(seq_id))
+            holders.update(b for b in tables.block_ids(seq_id) if b >= 0)  # -1: a hole
         num_reserved = self.allocator.num_reserved_blocks()
-        if num_reserved != sum(holders.values()):
+        if num_reserved != sum(holders.values()) - num_copy_pins:
             raise KVCacheError(
                 f"the allocator counts {num_reserved} reserved blocks but the tables hold "
-                f"{sum(holders.values())}"
+                f"{sum(holders.values()) - num_copy_pins}"
             )
         for block_id, ref_count in enumerate(pool.ref_counts()):
             if ref_count != holders.get(block_id, 0):
                 raise KVCacheError(
                     f"block {block_id} has ref_count {ref_count} but "
-                    f"{holders.get(block_id, 0)} block tables hold it"
+                    f"{holders.get(block_id, 0)} block tables and copy-on-write pins hold it"
                 )
