@@ -6,7 +6,7 @@ Errors are the classes of ``enginekit.errors``; a call that raises changes nothi
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT_HASH: int
 """Parent hash of a sequence's first block."""
@@ -185,3 +185,114 @@ class BlockTables:
     def check_integrity(self, pool: BlockPool | None = None) -> None:
         """Raises KVCacheError if a table holds an id outside the pool or a block with
         ref_count 0; without a pool, checks only that ids are non-negative."""
+
+class RadixMatch(NamedTuple):
+    """Result of RadixTree.match_prefix."""
+
+    num_tokens: int
+    """Length of the longest stored prefix of the query, in tokens."""
+    block_ids: list[int]
+    """The ceil(num_tokens / block_size) blocks covering positions [0, num_tokens) along the
+    path; the last may be partially matched. Where a block straddles a node boundary, the
+    deeper node's block is given (it holds the sequence's positions of both nodes)."""
+    node_id: int
+    """The node holding the last matched token; 0 (the root) if none matched."""
+
+class InsertResult(NamedTuple):
+    """Result of RadixTree.insert."""
+
+    num_new_tokens: int
+    """Tokens of the sequence that were not stored before (0 if it was a stored prefix)."""
+    new_block_refs: list[int]
+    """Every tree reference this call created, in creation order, duplicates included: the
+    caller increfs each once in the pool."""
+    node_id: int
+    """The node holding the last token of the inserted sequence (0 for an empty one)."""
+
+class RadixNode(NamedTuple):
+    """One node as RadixTree.nodes() reports it."""
+
+    node_id: int
+    parent_id: int | None
+    """None for the root."""
+    token_ids: list[int]
+    """The node's edge: positions [start, start + len) where start is the parent's end."""
+    block_ids: list[int]
+    """Blocks floor(start / block_size) ..= floor((end - 1) / block_size)."""
+    lock_count: int
+    """Locks taken on this node or on any of its descendants."""
+    stamp: int
+    """Logical time of the last insert, lock or unlock whose path went through the node."""
+
+class RadixTree:
+    """A token-granular prefix tree whose nodes reference paged KV blocks (one tree per extra
+    key, such as a tenant salt; the caller keeps them apart).
+
+    Node 0 is the root and holds no tokens. Every other node holds a non-empty edge of tokens
+    at the absolute positions [start, end) of every sequence through it and references the
+    blocks floor(start / bs) ..= floor((end - 1) / bs) (block i holds positions
+    [i * bs, (i + 1) * bs)). A block straddling a node boundary is referenced by both nodes.
+    Each node reference is one tree reference; the caller mirrors tree references as pool
+    references: incref every id of InsertResult.new_block_refs, decref every id evict returns.
+
+    Locks: lock(n) adds a lock on n; lock_count of a node counts the locks on it and on its
+    descendants; a node with lock_count > 0 is never evicted. Recency: a logical clock ticks
+    once per insert, lock and unlock, which stamp every node on the path from the root to the
+    node concerned; match_prefix changes nothing. Node ids come from a counter and are never
+    reused. A call that raises changes nothing. Token ids are in [0, 2**32), block ids in
+    [0, 2**31) (ValueError otherwise); a node id that does not exist raises KVCacheError.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        """Raises ValueError if block_size is not in [1, 2**64)."""
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_nodes(self) -> int:
+        """Nodes, the root included (1 for an empty tree)."""
+    @property
+    def num_tokens(self) -> int:
+        """Tokens stored over all edges."""
+    @property
+    def num_block_refs(self) -> int:
+        """Tree references held by all nodes."""
+    def evictable_block_refs(self) -> int:
+        """References held by non-root nodes with lock_count 0: what evict could release."""
+    def has_node(self, node_id: int) -> bool: ...
+    def match_prefix(self, token_ids: Sequence[int]) -> RadixMatch:
+        """The longest prefix of token_ids stored in the tree, at token granularity (a match
+        may end inside a node's edge). Pure: changes no stamp."""
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> InsertResult:
+        """Stores token_ids; the token at position p lives in block_ids[p // block_size].
+
+        Nodes already on the path keep their own blocks (the caller's ids for that range are
+        ignored). Where the sequence leaves a node's edge midway, that node is split: the upper
+        part (the prefix) becomes a NEW node, with the original's lock count and stamp; the
+        original id keeps the lower part and its own locks; if the split point is inside a
+        block, that block gains a reference (it is in new_block_refs). A new leaf references
+        the caller's blocks for its range. A sequence that ends inside an edge splits nothing.
+        Stamps the whole path. Raises ValueError for a bad token or block id, or if block_ids
+        holds fewer than ceil(len(token_ids) / block_size) ids (extra ones are ignored).
+        """
+    def lock(self, node_id: int) -> None:
+        """+1 lock on the node (+1 lock_count on it and every ancestor); stamps the path.
+        Locking the root is allowed and protects nothing. Raises KVCacheError for an unknown
+        node."""
+    def unlock(self, node_id: int) -> None:
+        """Undoes one lock(node_id) of that same node (a split keeps the locks on the original
+        id); stamps the path. Raises KVCacheError for an unknown node or one without locks of
+        its own."""
+    def evict(self, num_blocks: int) -> list[int]:
+        """Removes unlocked leaves, least recent stamp first (ties: lower node id), a parent
+        that becomes an unlocked leaf included, until at least num_blocks references were
+        released or nothing evictable is left (never raises for too large a count); returns
+        every released reference, node by node, each node's blocks in order: the caller
+        decrefs each once. Raises ValueError if num_blocks is negative."""
+    def nodes(self) -> list[RadixNode]:
+        """Every node, sorted by id."""
+    def check_integrity(self) -> None:
+        """Raises KVCacheError naming the first broken invariant: parent and child links agree;
+        children are keyed by their first token, hence distinct; every node is reachable from
+        the root; every non-root node holds tokens, starts at its parent's end and holds
+        exactly the blocks its positions span; lock_count = own locks + the children's
+        lock_counts; no stamp is newer than its parent's; the counters match the nodes."""

@@ -1,14 +1,23 @@
-//! Host-side KV-cache bookkeeping of enginekit: block pool, block tables, block hashing.
+//! Host-side KV-cache bookkeeping of enginekit: block pool, block tables, block hashing and a
+//! token-granular radix tree over blocks.
 //!
-//! The modules `hash`, `block_pool` and `block_table` are pure Rust; `py` (feature `python`)
-//! wraps them for Python as `enginekit._native`, converting types and errors only.
+//! The modules `hash`, `block_pool`, `block_table` and `radix` are pure Rust; `py` and the
+//! `py_*` modules (feature `python`) wrap them for Python as `enginekit._native`, converting
+//! types and errors only.
 
 pub mod block_pool;
 pub mod block_table;
 pub mod hash;
+pub mod radix;
 
 #[cfg(feature = "python")]
 mod py;
+#[cfg(feature = "python")]
+mod py_pool;
+#[cfg(feature = "python")]
+mod py_radix;
+#[cfg(feature = "python")]
+mod py_tables;
 
 #[cfg(feature = "python")]
 #[pyo3::pymodule]

@@ -1,0 +1,213 @@
+//! Python wrapper of [`BlockPool`]: argument conversion and error mapping only.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::block_pool::{BlockPool, MAX_BLOCKS};
+use crate::py::{
+    as_u64, cache_err, collect_ints, count, for_each_item, guard, hash_arg, to_py, value_err,
+    OutOfBlocksError,
+};
+
+#[pyclass(name = "BlockPool", module = "enginekit._native")]
+pub struct PyBlockPool {
+    pub(crate) inner: BlockPool,
+    /// Scratch for `free`, reused across calls.
+    ids: Vec<u32>,
+}
+
+impl PyBlockPool {
+    /// A pool block id: an int outside the pool is an unknown block.
+    fn block_arg(&self, obj: &Bound<'_, PyAny>) -> PyResult<u32> {
+        match as_u64(obj)? {
+            Some(v) if v < u64::from(self.inner.num_blocks()) => Ok(v as u32),
+            _ => Err(self.unknown_block(obj)),
+        }
+    }
+
+    fn unknown_block(&self, obj: &Bound<'_, PyAny>) -> PyErr {
+        cache_err(format!(
+            "unknown block {obj} (pool has {} blocks)",
+            self.inner.num_blocks()
+        ))
+    }
+}
+
+#[pymethods]
+impl PyBlockPool {
+    #[new]
+    fn new(num_blocks: &Bound<'_, PyAny>) -> PyResult<Self> {
+        guard(|| {
+            let n = match as_u64(num_blocks)? {
+                Some(v) if v <= u64::from(MAX_BLOCKS) => v as u32,
+                _ => {
+                    return Err(value_err(format!(
+                        "num_blocks must be in [1, {MAX_BLOCKS}], got {num_blocks}"
+                    )))
+                }
+            };
+            Ok(PyBlockPool {
+                inner: BlockPool::new(n).map_err(to_py)?,
+                ids: Vec::new(),
+            })
+        })
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> PyResult<u32> {
+        guard(|| Ok(self.inner.num_blocks()))
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> PyResult<u32> {
+        guard(|| Ok(self.inner.num_free_blocks()))
+    }
+
+    #[getter]
+    fn num_evictable_blocks(&self) -> PyResult<u32> {
+        guard(|| Ok(self.inner.num_evictable_blocks()))
+    }
+
+    #[getter]
+    fn num_used_blocks(&self) -> PyResult<u32> {
+        guard(|| Ok(self.inner.num_used_blocks()))
+    }
+
+    fn allocate(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let n = count(num_blocks, "num_blocks")?;
+            if n == u64::MAX {
+                return Err(OutOfBlocksError::new_err(format!(
+                    "cannot allocate {num_blocks} blocks: only {} free",
+                    self.inner.num_free_blocks()
+                )));
+            }
+            self.inner.allocate(n).map_err(to_py)
+        })
+    }
+
+    fn incref(&mut self, block_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let b = self.block_arg(block_id)?;
+            self.inner.incref(b).map_err(to_py)
+        })
+    }
+
+    fn decref(&mut self, block_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let b = self.block_arg(block_id)?;
+            self.inner.decref(b).map_err(to_py)
+        })
+    }
+
+    fn free(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let mut ids = std::mem::take(&mut self.ids);
+            let max = u64::from(self.inner.num_blocks()) - 1;
+            let r = collect_ints(block_ids, &mut ids, max, |x| self.unknown_block(x))
+                .and_then(|()| self.inner.free(&ids).map_err(to_py));
+            self.ids = ids;
+            r
+        })
+    }
+
+    fn touch(&mut self, block_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let b = self.block_arg(block_id)?;
+            self.inner.touch(b).map_err(to_py)
+        })
+    }
+
+    fn cache_block(
+        &mut self,
+        block_id: &Bound<'_, PyAny>,
+        block_hash: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        guard(|| {
+            let b = self.block_arg(block_id)?;
+            let h = hash_arg(block_hash, "block_hash")?;
+            self.inner.cache_block(b, h).map_err(to_py)
+        })
+    }
+
+    fn lookup(&self, block_hash: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
+        guard(|| Ok(as_u64(block_hash)?.and_then(|h| self.inner.lookup(h))))
+    }
+
+    fn lookup_prefix(&self, block_hashes: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let mut out = Vec::new();
+            let mut hit = true;
+            for_each_item(block_hashes, |x| {
+                if hit {
+                    match as_u64(x)?.and_then(|h| self.inner.lookup(h)) {
+                        Some(b) => out.push(b),
+                        None => hit = false,
+                    }
+                }
+                Ok(())
+            })?;
+            Ok(out)
+        })
+    }
+
+    fn block_hash(&self, block_id: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        guard(|| {
+            let b = self.block_arg(block_id)?;
+            self.inner.block_hash(b).map_err(to_py)
+        })
+    }
+
+    fn ref_count(&self, block_id: &Bound<'_, PyAny>) -> PyResult<u32> {
+        guard(|| {
+            let b = self.block_arg(block_id)?;
+            self.inner.ref_count(b).map_err(to_py)
+        })
+    }
+
+    fn evict(&mut self, block_id: &Bound<'_, PyAny>) -> PyResult<u64> {
+        guard(|| {
+            let b = self.block_arg(block_id)?;
+            self.inner.evict(b).map_err(to_py)
+        })
+    }
+
+    fn evict_lru(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let n = count(num_blocks, "num_blocks")?;
+            if n == u64::MAX {
+                return Err(OutOfBlocksError::new_err(format!(
+                    "cannot evict {num_blocks} blocks: only {} evictable",
+                    self.inner.num_evictable_blocks()
+                )));
+            }
+            self.inner.evict_lru(n).map_err(to_py)
+        })
+    }
+
+    fn free_block_ids(&self) -> PyResult<Vec<u32>> {
+        guard(|| Ok(self.inner.free_block_ids()))
+    }
+
+    fn evictable_block_ids(&self) -> PyResult<Vec<u32>> {
+        guard(|| Ok(self.inner.evictable_block_ids()))
+    }
+
+    fn ref_counts(&self) -> PyResult<Vec<u32>> {
+        guard(|| Ok(self.inner.ref_counts().to_vec()))
+    }
+
+    fn cached_blocks<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        guard(|| {
+            let d = PyDict::new(py);
+            for (h, b) in self.inner.cached_blocks() {
+                d.set_item(h, b)?;
+            }
+            Ok(d)
+        })
+    }
+
+    fn check_integrity(&self) -> PyResult<()> {
+        guard(|| self.inner.check_integrity().map_err(to_py))
+    }
+}

@@ -1,0 +1,188 @@
+//! Python wrapper of [`RadixTree`]: argument conversion and error mapping only.
+//!
+//! Results are named tuples (`RadixMatch`, `InsertResult`, `RadixNode`), created once in
+//! [`register`] and added to the module, so they compare equal to plain tuples and to the
+//! pure-Python twin's NamedTuples.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::py::{
+    as_u64, cache_err, count, guard, table_block_ids, to_py, token_ids_arg, value_err,
+};
+use crate::radix::RadixTree;
+
+const RESULT_TYPES: [(&str, [&str; 3]); 2] = [
+    ("RadixMatch", ["num_tokens", "block_ids", "node_id"]),
+    (
+        "InsertResult",
+        ["num_new_tokens", "new_block_refs", "node_id"],
+    ),
+];
+const NODE_FIELDS: [&str; 6] = [
+    "node_id",
+    "parent_id",
+    "token_ids",
+    "block_ids",
+    "lock_count",
+    "stamp",
+];
+
+#[pyclass(name = "RadixTree", module = "enginekit._native")]
+pub struct PyRadixTree {
+    inner: RadixTree,
+    /// The named tuple types of the module: RadixMatch, InsertResult, RadixNode.
+    match_type: Py<PyAny>,
+    insert_type: Py<PyAny>,
+    node_type: Py<PyAny>,
+}
+
+/// An existing node's id: an int outside u64 is an unknown node.
+fn node_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    as_u64(obj)?.ok_or_else(|| cache_err(format!("unknown node {obj}")))
+}
+
+#[pymethods]
+impl PyRadixTree {
+    #[new]
+    fn new(py: Python<'_>, block_size: &Bound<'_, PyAny>) -> PyResult<Self> {
+        guard(|| {
+            let bs = as_u64(block_size)?.ok_or_else(|| {
+                value_err(format!(
+                    "block_size must be in [1, 2**64), got {block_size}"
+                ))
+            })?;
+            let inner = RadixTree::new(bs).map_err(to_py)?;
+            let module = py.import("enginekit._native")?;
+            Ok(PyRadixTree {
+                inner,
+                match_type: module.getattr("RadixMatch")?.unbind(),
+                insert_type: module.getattr("InsertResult")?.unbind(),
+                node_type: module.getattr("RadixNode")?.unbind(),
+            })
+        })
+    }
+
+    #[getter]
+    fn block_size(&self) -> PyResult<u64> {
+        guard(|| Ok(self.inner.block_size()))
+    }
+
+    #[getter]
+    fn num_nodes(&self) -> PyResult<usize> {
+        guard(|| Ok(self.inner.num_nodes()))
+    }
+
+    #[getter]
+    fn num_tokens(&self) -> PyResult<u64> {
+        guard(|| Ok(self.inner.num_tokens()))
+    }
+
+    #[getter]
+    fn num_block_refs(&self) -> PyResult<u64> {
+        guard(|| Ok(self.inner.num_block_refs()))
+    }
+
+    fn evictable_block_refs(&self) -> PyResult<u64> {
+        guard(|| Ok(self.inner.evictable_block_refs()))
+    }
+
+    fn has_node(&self, node_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        guard(|| Ok(as_u64(node_id)?.is_some_and(|n| self.inner.has_node(n))))
+    }
+
+    fn match_prefix(&self, py: Python<'_>, token_ids: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        guard(|| {
+            let tokens = token_ids_arg(token_ids)?;
+            let m = self.inner.match_prefix(&tokens);
+            Ok(self
+                .match_type
+                .bind(py)
+                .call1((m.num_tokens, m.block_ids, m.node_id))?
+                .unbind())
+        })
+    }
+
+    fn insert(
+        &mut self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        block_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        guard(|| {
+            let tokens = token_ids_arg(token_ids)?;
+            let blocks = table_block_ids(block_ids)?;
+            let r = self.inner.insert(&tokens, &blocks).map_err(to_py)?;
+            Ok(self
+                .insert_type
+                .bind(py)
+                .call1((r.num_new_tokens, r.new_block_refs, r.node_id))?
+                .unbind())
+        })
+    }
+
+    fn lock(&mut self, node_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let n = node_arg(node_id)?;
+            self.inner.lock(n).map_err(to_py)
+        })
+    }
+
+    fn unlock(&mut self, node_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let n = node_arg(node_id)?;
+            self.inner.unlock(n).map_err(to_py)
+        })
+    }
+
+    fn evict(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let n = count(num_blocks, "num_blocks")?;
+            Ok(self.inner.evict(n))
+        })
+    }
+
+    fn nodes(&self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        guard(|| {
+            let node_type = self.node_type.bind(py);
+            self.inner
+                .nodes()
+                .into_iter()
+                .map(|n| {
+                    let fields = (
+                        n.node_id,
+                        n.parent_id,
+                        n.token_ids,
+                        n.block_ids,
+                        n.lock_count,
+                        n.stamp,
+                    );
+                    Ok(node_type.call1(fields)?.unbind())
+                })
+                .collect()
+        })
+    }
+
+    fn check_integrity(&self) -> PyResult<()> {
+        guard(|| self.inner.check_integrity().map_err(to_py))
+    }
+}
+
+/// Adds the result types and `RadixTree` to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let namedtuple = py.import("collections")?.getattr("namedtuple")?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("module", "enginekit._native")?;
+    for (name, fields) in RESULT_TYPES {
+        m.add(
+            name,
+            namedtuple.call((name, fields.to_vec()), Some(&kwargs))?,
+        )?;
+    }
+    m.add(
+        "RadixNode",
+        namedtuple.call(("RadixNode", NODE_FIELDS.to_vec()), Some(&kwargs))?,
+    )?;
+    m.add_class::<PyRadixTree>()
+}

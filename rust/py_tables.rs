@@ -1,0 +1,296 @@
+//! Python wrapper of [`BlockTables`]: argument conversion and error mapping only.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+
+use crate::block_table::{BlockTables, MAX_BLOCK_ID};
+use crate::py::{
+    as_i32, as_u64, bad_table_block, cache_err, collect_ints, count, for_each_item, guard,
+    new_seq_arg, seq_arg, seq_ids_into, table_block_ids, to_py, value_err,
+};
+use crate::py_pool::PyBlockPool;
+
+#[pyclass(name = "BlockTables", module = "enginekit._native")]
+pub struct PyBlockTables {
+    inner: BlockTables,
+    /// Scratch for batch calls, reused across calls.
+    seqs: Vec<u64>,
+    toks: Vec<u64>,
+}
+
+impl PyBlockTables {
+    /// A logical index into an existing sequence's table; an int outside u64 is out of range.
+    fn index_arg(&self, seq_id: u64, index: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let len = self.inner.num_blocks(seq_id).map_err(to_py)?;
+        as_u64(index)?.ok_or_else(|| {
+            cache_err(format!(
+                "index {index} out of range for sequence {seq_id} with {len} blocks"
+            ))
+        })
+    }
+
+    /// Converts a batch of (seq_ids, num_tokens) into the scratch vectors.
+    fn batch_args(
+        &mut self,
+        seq_ids: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        seq_ids_into(seq_ids, &mut self.seqs)?;
+        self.toks.clear();
+        let toks = &mut self.toks;
+        for_each_item(num_tokens, |x| {
+            toks.push(count(x, "num_tokens")?);
+            Ok(())
+        })
+    }
+}
+
+#[pymethods]
+impl PyBlockTables {
+    #[new]
+    fn new(block_size: &Bound<'_, PyAny>) -> PyResult<Self> {
+        guard(|| {
+            let bs = as_u64(block_size)?.ok_or_else(|| {
+                value_err(format!(
+                    "block_size must be in [1, 2**64), got {block_size}"
+                ))
+            })?;
+            Ok(PyBlockTables {
+                inner: BlockTables::new(bs).map_err(to_py)?,
+                seqs: Vec::new(),
+                toks: Vec::new(),
+            })
+        })
+    }
+
+    #[getter]
+    fn block_size(&self) -> PyResult<u64> {
+        guard(|| Ok(self.inner.block_size()))
+    }
+
+    #[getter]
+    fn num_sequences(&self) -> PyResult<usize> {
+        guard(|| Ok(self.inner.num_sequences()))
+    }
+
+    fn has_sequence(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        guard(|| Ok(as_u64(seq_id)?.is_some_and(|s| self.inner.has_sequence(s))))
+    }
+
+    #[pyo3(signature = (seq_id, block_ids = None))]
+    fn add_sequence(
+        &mut self,
+        seq_id: &Bound<'_, PyAny>,
+        block_ids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        guard(|| {
+            let s = new_seq_arg(seq_id)?;
+            let ids = match block_ids {
+                Some(b) => table_block_ids(b)?,
+                None => Vec::new(),
+            };
+            self.inner.add_sequence(s, &ids).map_err(to_py)
+        })
+    }
+
+    fn remove_sequence(&mut self, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            self.inner.remove_sequence(s).map_err(to_py)
+        })
+    }
+
+    fn append_blocks(
+        &mut self,
+        seq_id: &Bound<'_, PyAny>,
+        block_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            self.inner.num_blocks(s).map_err(to_py)?;
+            let ids = table_block_ids(block_ids)?;
+            self.inner.append_blocks(s, &ids).map_err(to_py)
+        })
+    }
+
+    fn truncate(
+        &mut self,
+        seq_id: &Bound<'_, PyAny>,
+        num_blocks: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            self.inner.num_blocks(s).map_err(to_py)?;
+            let n = count(num_blocks, "num_blocks")?;
+            self.inner.truncate(s, n).map_err(to_py)
+        })
+    }
+
+    fn fork(
+        &mut self,
+        parent_id: &Bound<'_, PyAny>,
+        child_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let p = seq_arg(parent_id)?;
+            self.inner.num_blocks(p).map_err(to_py)?;
+            let c = new_seq_arg(child_id)?;
+            self.inner.fork(p, c).map_err(to_py)
+        })
+    }
+
+    fn set_block(
+        &mut self,
+        seq_id: &Bound<'_, PyAny>,
+        index: &Bound<'_, PyAny>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<u32> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            let i = self.index_arg(s, index)?;
+            let b = match as_u64(block_id)? {
+                Some(v) if v <= u64::from(MAX_BLOCK_ID) => v as u32,
+                _ => {
+                    // Report a bad index before a bad block id, as the core does.
+                    self.inner.block_id_at(s, i).map_err(to_py)?;
+                    return Err(bad_table_block(block_id));
+                }
+            };
+            self.inner.set_block(s, i, b).map_err(to_py)
+        })
+    }
+
+    fn block_ids(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            Ok(self.inner.block_ids(s).map_err(to_py)?.to_vec())
+        })
+    }
+
+    fn block_id_at(&self, seq_id: &Bound<'_, PyAny>, index: &Bound<'_, PyAny>) -> PyResult<u32> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            let i = self.index_arg(s, index)?;
+            self.inner.block_id_at(s, i).map_err(to_py)
+        })
+    }
+
+    fn num_blocks(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            self.inner.num_blocks(s).map_err(to_py)
+        })
+    }
+
+    fn num_blocks_to_grow(
+        &mut self,
+        seq_ids: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        guard(|| {
+            self.batch_args(seq_ids, num_tokens)?;
+            self.inner
+                .num_blocks_to_grow(&self.seqs, &self.toks)
+                .map_err(to_py)
+        })
+    }
+
+    fn grow(
+        &mut self,
+        mut pool: PyRefMut<'_, PyBlockPool>,
+        seq_ids: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        guard(|| {
+            self.batch_args(seq_ids, num_tokens)?;
+            self.inner
+                .grow(&mut pool.inner, &self.seqs, &self.toks)
+                .map_err(to_py)
+        })
+    }
+
+    fn cache_blocks(
+        &self,
+        mut pool: PyRefMut<'_, PyBlockPool>,
+        seq_id: &Bound<'_, PyAny>,
+        first_index: &Bound<'_, PyAny>,
+        block_hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            let first = self.index_arg(s, first_index)?;
+            let mut hashes = Vec::new();
+            collect_ints(block_hashes, &mut hashes, u64::MAX, |x| {
+                value_err(format!("block_hash {x} is not in [0, 2**64)"))
+            })?;
+            self.inner
+                .cache_blocks(&mut pool.inner, s, first, &hashes)
+                .map_err(to_py)
+        })
+    }
+
+    fn max_num_blocks(&mut self, seq_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        guard(|| {
+            seq_ids_into(seq_ids, &mut self.seqs)?;
+            self.inner.max_num_blocks(&self.seqs).map_err(to_py)
+        })
+    }
+
+    #[pyo3(
+        signature = (seq_ids, out, width, pad = None),
+        text_signature = "($self, seq_ids, out, width, pad=-1)"
+    )]
+    fn export_into(
+        &mut self,
+        py: Python<'_>,
+        seq_ids: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        width: &Bound<'_, PyAny>,
+        pad: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        guard(|| {
+            seq_ids_into(seq_ids, &mut self.seqs)?;
+            let width = match as_u64(width)?.and_then(|w| usize::try_from(w).ok()) {
+                Some(w) => w,
+                None => {
+                    return Err(value_err(format!(
+                        "width must be non-negative, got {width}"
+                    )))
+                }
+            };
+            let pad = match pad {
+                None => -1,
+                Some(p) => match as_i32(p)? {
+                    Some(v) => v,
+                    None => return Err(value_err(format!("pad {p} is not in [-2**31, 2**31)"))),
+                },
+            };
+            let buf = PyBuffer::<i32>::get(out).map_err(|e| {
+                value_err(format!(
+                    "out must be a writable C-contiguous int32 buffer: {e}"
+                ))
+            })?;
+            let cells = match buf.as_mut_slice(py) {
+                Some(c) => c,
+                None if buf.readonly() => return Err(value_err("out is read-only".into())),
+                None => return Err(value_err("out is not C-contiguous".into())),
+            };
+            self.inner
+                .export_into(&self.seqs, cells, width, pad)
+                .map_err(to_py)
+        })
+    }
+
+    fn seq_ids(&self) -> PyResult<Vec<u64>> {
+        guard(|| Ok(self.inner.seq_ids()))
+    }
+
+    #[pyo3(signature = (pool = None))]
+    fn check_integrity(&self, pool: Option<PyRef<'_, PyBlockPool>>) -> PyResult<()> {
+        guard(|| {
+            self.inner
+                .check_integrity(pool.as_ref().map(|p| &p.inner))
+                .map_err(to_py)
+        })
+    }
+}

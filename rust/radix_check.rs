@@ -1,0 +1,123 @@
+//! `RadixTree::check_integrity`: every invariant re-derived from the nodes.
+
+use std::collections::BTreeSet;
+
+use super::{RadixTree, ROOT};
+use crate::block_pool::{cache_err, KvResult};
+use crate::block_table::MAX_BLOCK_ID;
+
+impl RadixTree {
+    /// Checks every invariant; the error names the first broken one.
+    pub fn check_integrity(&self) -> KvResult<()> {
+        let fail = |msg: String| cache_err(format!("radix tree integrity: {msg}"));
+        let Some(root) = self.nodes.get(&ROOT) else {
+            return fail("no root".into());
+        };
+        if !root.tokens.is_empty() || !root.blocks.is_empty() || root.start != 0 {
+            return fail("the root holds tokens or blocks".into());
+        }
+        // Walk from the root: every node reached once, through its parent's children map.
+        let mut seen = 0usize;
+        let mut stack = vec![ROOT];
+        let (mut tokens, mut refs, mut evictable_refs) = (0u64, 0u64, 0u64);
+        let mut candidates = BTreeSet::new();
+        while let Some(id) = stack.pop() {
+            seen += 1;
+            if seen > self.nodes.len() {
+                return fail("the parent links form a cycle".into());
+            }
+            let n = self.node(id);
+            if id != ROOT {
+                if id >= self.next_id {
+                    return fail(format!("node {id} has an id not yet handed out"));
+                }
+                if n.tokens.is_empty() {
+                    return fail(format!("node {id} holds no tokens"));
+                }
+                let want = self.span(n.start, n.end());
+                if n.blocks.len() != want {
+                    return fail(format!(
+                        "node {id} covers positions [{}, {}) but holds {} blocks, not {want}",
+                        n.start,
+                        n.end(),
+                        n.blocks.len()
+                    ));
+                }
+                if let Some(b) = n.blocks.iter().find(|&&b| b > MAX_BLOCK_ID) {
+                    return fail(format!("node {id} holds invalid block id {b}"));
+                }
+                if n.stamp > self.node(n.parent).stamp {
+                    return fail(format!("node {id} is more recent than its parent"));
+                }
+                tokens += n.tokens.len() as u64;
+                refs += n.blocks.len() as u64;
+                if n.lock_count == 0 {
+                    evictable_refs += n.blocks.len() as u64;
+                    if n.children.is_empty() {
+                        candidates.insert((n.stamp, id));
+                    }
+                }
+            }
+            if n.stamp > self.clock {
+                return fail(format!("node {id} has a stamp from the future"));
+            }
+            let mut child_locks = 0u64;
+            for (&first, &c) in &n.children {
+                let Some(child) = self.nodes.get(&c) else {
+                    return fail(format!("node {id} has unknown child {c}"));
+                };
+                if child.parent != id || c == ROOT {
+                    return fail(format!("child {c} of node {id} names another parent"));
+                }
+                if child.tokens.first() != Some(&first) {
+                    return fail(format!(
+                        "child {c} of node {id} is keyed by the wrong token"
+                    ));
+                }
+                if child.start != n.end() {
+                    return fail(format!(
+                        "child {c} starts at {}, not at its parent's end {}",
+                        child.start,
+                        n.end()
+                    ));
+                }
+                child_locks += child.lock_count;
+                stack.push(c);
+            }
+            if n.lock_count != n.own_locks + child_locks {
+                return fail(format!(
+                    "node {id} has lock_count {} but {} own locks and {child_locks} below",
+                    n.lock_count, n.own_locks
+                ));
+            }
+        }
+        if seen != self.nodes.len() {
+            return fail(format!(
+                "{} nodes are not reachable from the root",
+                self.nodes.len() - seen
+            ));
+        }
+        if tokens != self.num_tokens {
+            return fail(format!(
+                "num_tokens is {} but nodes hold {tokens}",
+                self.num_tokens
+            ));
+        }
+        if refs != self.num_block_refs {
+            return fail(format!(
+                "num_block_refs is {} but nodes hold {refs}",
+                self.num_block_refs
+            ));
+        }
+        if evictable_refs != self.num_evictable_refs {
+            return fail(format!(
+                "evictable_block_refs is {} but unlocked nodes hold {evictable_refs}",
+                self.num_evictable_refs
+            ));
+        }
+        if candidates != self.evictable {
+            return fail("the eviction set is not the set of unlocked leaves".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,373 @@
+//! Unit tests of the radix tree (module `radix`).
+
+use super::*;
+
+fn tree(bs: u64) -> RadixTree {
+    RadixTree::new(bs).unwrap()
+}
+
+fn cache_msg<T: std::fmt::Debug>(r: KvResult<T>) -> String {
+    match r {
+        Err(KvError::Cache(m)) => m,
+        other => panic!("expected KvError::Cache, got {other:?}"),
+    }
+}
+
+fn value_msg<T: std::fmt::Debug>(r: KvResult<T>) -> String {
+    match r {
+        Err(KvError::Value(m)) => m,
+        other => panic!("expected KvError::Value, got {other:?}"),
+    }
+}
+
+fn node(id: u64, parent: Option<u64>, t: &[u32], b: &[u32], locks: u64, stamp: u64) -> RadixNode {
+    RadixNode {
+        node_id: id,
+        parent_id: parent,
+        token_ids: t.to_vec(),
+        block_ids: b.to_vec(),
+        lock_count: locks,
+        stamp,
+    }
+}
+
+fn m(num_tokens: u64, block_ids: &[u32], node_id: u64) -> RadixMatch {
+    RadixMatch {
+        num_tokens,
+        block_ids: block_ids.to_vec(),
+        node_id,
+    }
+}
+
+/// Tokens 0..10 and a sequence sharing the first 6 of them, 12 tokens long.
+fn seqs() -> (Vec<u32>, Vec<u32>) {
+    let a: Vec<u32> = (0..10).collect();
+    let mut b: Vec<u32> = (0..6).collect();
+    b.extend(100..106);
+    (a, b)
+}
+
+/// The example of the stub: block_size 4, a mid-block split at position 6.
+fn split_example() -> RadixTree {
+    let (a, b) = seqs();
+    let mut t = tree(4);
+    let r = t.insert(&a, &[7, 8, 9]).unwrap();
+    assert_eq!(
+        r,
+        InsertResult {
+            num_new_tokens: 10,
+            new_block_refs: vec![7, 8, 9],
+            node_id: 1
+        }
+    );
+    let r = t.insert(&b, &[7, 20, 21]).unwrap();
+    assert_eq!(
+        r,
+        InsertResult {
+            num_new_tokens: 6,
+            new_block_refs: vec![8, 20, 21],
+            node_id: 3
+        }
+    );
+    t.check_integrity().unwrap();
+    t
+}
+
+#[test]
+fn new_tree() {
+    let t = tree(4);
+    assert_eq!(t.block_size(), 4);
+    assert_eq!(
+        (t.num_nodes(), t.num_tokens(), t.num_block_refs()),
+        (1, 0, 0)
+    );
+    assert_eq!(t.evictable_block_refs(), 0);
+    assert_eq!(t.nodes(), vec![node(0, None, &[], &[], 0, 0)]);
+    assert_eq!(t.match_prefix(&[1, 2]), m(0, &[], 0));
+    assert!(t.has_node(0) && !t.has_node(1));
+    t.check_integrity().unwrap();
+    assert_eq!(
+        value_msg(RadixTree::new(0)),
+        "block_size must be in [1, 2**64), got 0"
+    );
+}
+
+#[test]
+fn mid_block_split() {
+    let (a, b) = seqs();
+    let mut t = split_example();
+    assert_eq!(
+        t.nodes(),
+        vec![
+            node(0, None, &[], &[], 0, 2),
+            node(1, Some(2), &a[6..], &[8, 9], 0, 1),
+            node(2, Some(0), &a[..6], &[7, 8], 0, 2),
+            node(3, Some(2), &b[6..], &[20, 21], 0, 2),
+        ]
+    );
+    assert_eq!(
+        (t.num_nodes(), t.num_tokens(), t.num_block_refs()),
+        (4, 16, 6)
+    );
+    assert_eq!(t.evictable_block_refs(), 6);
+    assert_eq!(t.match_prefix(&a), m(10, &[7, 8, 9], 1));
+    assert_eq!(t.match_prefix(&b), m(12, &[7, 20, 21], 3));
+    assert_eq!(t.match_prefix(&a[..5]), m(5, &[7, 8], 2));
+    assert_eq!(t.match_prefix(&b[..7]), m(7, &[7, 20], 3));
+    assert_eq!(t.match_prefix(&a[..4]), m(4, &[7], 2));
+    let mut longer = a.clone();
+    longer.extend([1, 2, 3]);
+    assert_eq!(t.match_prefix(&longer), m(10, &[7, 8, 9], 1));
+    assert_eq!(t.match_prefix(&[0, 1, 2, 99]), m(3, &[7], 2));
+    assert_eq!(t.match_prefix(&[5]), m(0, &[], 0));
+    assert_eq!(t.match_prefix(&[]), m(0, &[], 0));
+    // Oldest leaf first: node 1 (stamp 1) releases its two references.
+    assert_eq!(t.evict(1), vec![8, 9]);
+    assert_eq!(t.match_prefix(&a), m(6, &[7, 8], 2));
+    t.check_integrity().unwrap();
+    // Then node 3, and its parent 2 that became a leaf.
+    assert_eq!(t.evict(100), vec![20, 21, 7, 8]);
+    assert_eq!(t.nodes(), vec![node(0, None, &[], &[], 0, 2)]);
+    assert_eq!((t.num_tokens(), t.num_block_refs()), (0, 0));
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn split_on_a_block_boundary_adds_no_reference() {
+    let mut t = tree(4);
+    let a: Vec<u32> = (0..12).collect();
+    let mut b: Vec<u32> = (0..8).collect();
+    b.push(50);
+    t.insert(&a, &[1, 2, 3]).unwrap();
+    let r = t.insert(&b, &[1, 2, 4]).unwrap();
+    assert_eq!(r.new_block_refs, vec![4]);
+    assert_eq!(r.num_new_tokens, 1);
+    let ns = t.nodes();
+    assert_eq!(ns[1].block_ids, vec![3]);
+    assert_eq!(ns[2].block_ids, vec![1, 2]);
+    assert_eq!(t.num_block_refs(), 4);
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn insert_existing_or_prefix_adds_nothing_but_stamps() {
+    let (a, _) = seqs();
+    let mut t = tree(4);
+    t.insert(&a, &[7, 8, 9]).unwrap();
+    let r = t.insert(&a[..3], &[40]).unwrap();
+    assert_eq!(
+        r,
+        InsertResult {
+            num_new_tokens: 0,
+            new_block_refs: vec![],
+            node_id: 1
+        }
+    );
+    assert_eq!(t.num_nodes(), 2); // no split for a sequence ending inside an edge
+    assert_eq!(t.nodes()[1].stamp, 2);
+    let r = t.insert(&[], &[]).unwrap();
+    assert_eq!(r.node_id, ROOT);
+    assert_eq!(t.nodes()[0].stamp, 3);
+    // Extending a leaf adds a child, not a longer edge; the caller's blocks for the new range.
+    let mut longer = a.clone();
+    longer.extend([10, 11, 12]);
+    let r = t.insert(&longer, &[0, 0, 30, 31]).unwrap();
+    assert_eq!(r.new_block_refs, vec![30, 31]);
+    assert_eq!(r.node_id, 2);
+    assert_eq!(t.match_prefix(&longer), m(13, &[7, 8, 30, 31], 2));
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn insert_errors_change_nothing() {
+    let mut t = split_example();
+    let before = t.nodes();
+    assert_eq!(
+        value_msg(t.insert(&[1, 2, 3, 4, 5], &[1])),
+        "block_ids holds 1 blocks, fewer than the 2 that 5 tokens need"
+    );
+    assert_eq!(
+        value_msg(t.insert(&[1], &[MAX_BLOCK_ID + 1])),
+        "block id 2147483648 is not in [0, 2**31)"
+    );
+    assert_eq!(t.nodes(), before);
+    // Extra blocks are ignored.
+    t.insert(&[1], &[5, 6]).unwrap();
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn locks_protect_and_propagate() {
+    let (a, b) = seqs();
+    let mut t = split_example();
+    t.lock(3).unwrap();
+    let ns = t.nodes();
+    assert_eq!(
+        (ns[0].lock_count, ns[2].lock_count, ns[3].lock_count),
+        (1, 1, 1)
+    );
+    assert_eq!(ns[1].lock_count, 0);
+    assert_eq!((ns[0].stamp, ns[2].stamp, ns[3].stamp), (3, 3, 3));
+    assert_eq!(t.evictable_block_refs(), 2);
+    // Only node 1 can go.
+    assert_eq!(t.evict(10), vec![8, 9]);
+    assert_eq!(t.evict(10), Vec::<u32>::new());
+    assert_eq!(t.match_prefix(&b).num_tokens, 12);
+    assert_eq!(
+        cache_msg(t.unlock(2)),
+        "node 2 is not locked: cannot unlock"
+    );
+    assert_eq!(cache_msg(t.lock(1)), "unknown node 1");
+    assert_eq!(cache_msg(t.unlock(99)), "unknown node 99");
+    t.unlock(3).unwrap();
+    assert_eq!(t.evictable_block_refs(), 4);
+    assert_eq!(
+        cache_msg(t.unlock(3)),
+        "node 3 is not locked: cannot unlock"
+    );
+    t.check_integrity().unwrap();
+    // Locking the root is allowed and protects nothing.
+    t.lock(ROOT).unwrap();
+    assert_eq!(t.evictable_block_refs(), 4);
+    t.unlock(ROOT).unwrap();
+    // A split of a locked node: the upper part inherits its lock count.
+    t.insert(&a, &[7, 8, 9]).unwrap(); // node 4 under 2
+    t.lock(4).unwrap();
+    let mut c: Vec<u32> = (0..3).collect();
+    c.push(77);
+    let r = t.insert(&c, &[60]).unwrap();
+    assert_eq!(r.new_block_refs, vec![7, 60]);
+    let upper = t.nodes().into_iter().find(|n| n.node_id == 5).unwrap();
+    assert_eq!((upper.token_ids, upper.lock_count), (vec![0, 1, 2], 1));
+    assert_eq!(t.evictable_block_refs(), 3); // node 3 (20, 21) and node 6 (60)
+    t.check_integrity().unwrap();
+    t.unlock(4).unwrap();
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn evict_order_is_stamp_then_id() {
+    let mut t = tree(2);
+    t.insert(&[1, 1], &[10]).unwrap(); // node 1, stamp 1
+    t.insert(&[2, 2], &[20]).unwrap(); // node 2, stamp 2
+    t.insert(&[3, 3], &[30]).unwrap(); // node 3, stamp 3
+    t.lock(1).unwrap(); // stamp 4
+    t.unlock(1).unwrap(); // stamp 5: node 1 is now the most recent
+    assert_eq!(t.evictable_block_refs(), 3);
+    assert_eq!(t.evict(2), vec![20, 30]);
+    assert_eq!(t.evict(0), Vec::<u32>::new());
+    assert_eq!(t.evict(u64::MAX), vec![10]);
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn evict_releases_at_least_what_was_asked() {
+    let mut t = tree(1);
+    t.insert(&[1, 2, 3], &[4, 5, 6]).unwrap();
+    t.insert(&[9], &[7]).unwrap();
+    // The oldest leaf holds three references: all released for a request of one.
+    assert_eq!(t.evict(1), vec![4, 5, 6]);
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn deep_paths_and_many_branches() {
+    let mut t = tree(3);
+    let base: Vec<u32> = (0..40).collect();
+    let mut refs = 0u64;
+    for cut in (1..40).step_by(3) {
+        let mut s = base[..cut].to_vec();
+        s.push(1000 + cut as u32);
+        s.push(7);
+        let blocks: Vec<u32> = (0..s.len() as u32).map(|i| i + 100 * cut as u32).collect();
+        let r = t.insert(&s, &blocks).unwrap();
+        refs += r.new_block_refs.len() as u64;
+        t.check_integrity().unwrap();
+        assert_eq!(t.match_prefix(&s).num_tokens, s.len() as u64);
+    }
+    let blocks: Vec<u32> = (0..14).collect();
+    let r = t.insert(&base, &blocks).unwrap();
+    refs += r.new_block_refs.len() as u64;
+    assert_eq!(t.num_block_refs(), refs);
+    let got = t.match_prefix(&base);
+    assert_eq!(got.num_tokens, 40);
+    assert_eq!(got.block_ids.len(), 14);
+    let released = t.evict(u64::MAX);
+    assert_eq!(released.len() as u64, refs);
+    assert_eq!(t.num_nodes(), 1);
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn large_inserts_are_fast() {
+    // 1000 sequences of 1000 tokens sharing prefixes of varying length: linear work.
+    let mut t = tree(16);
+    let base: Vec<u32> = (0..1000).collect();
+    let blocks: Vec<u32> = (0..63).collect();
+    for i in 0..1000u32 {
+        let mut s = base.clone();
+        let at = (i as usize * 7919) % 1000;
+        s[at] = 5000 + i;
+        t.insert(&s, &blocks).unwrap();
+        assert_eq!(t.match_prefix(&s).num_tokens, 1000);
+    }
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn integrity_detects_corruption() {
+    let fresh = split_example;
+    let mut t = fresh();
+    t.node_mut(1).blocks.push(3);
+    assert!(cache_msg(t.check_integrity()).contains("holds 3 blocks"));
+    let mut t = fresh();
+    t.node_mut(1).start = 7;
+    assert!(cache_msg(t.check_integrity()).contains("parent's end"));
+    let mut t = fresh();
+    t.node_mut(3).lock_count = 1;
+    assert!(cache_msg(t.check_integrity()).contains("lock_count"));
+    let mut t = fresh();
+    t.node_mut(3).parent = 1;
+    assert!(cache_msg(t.check_integrity()).contains("another parent"));
+    let mut t = fresh();
+    t.node_mut(1).stamp = 2;
+    assert!(cache_msg(t.check_integrity()).contains("eviction set"));
+    let mut t = fresh();
+    t.node_mut(1).stamp = 5;
+    assert!(cache_msg(t.check_integrity()).contains("more recent"));
+    let mut t = fresh();
+    t.num_tokens += 1;
+    assert!(cache_msg(t.check_integrity()).contains("num_tokens"));
+    let mut t = fresh();
+    t.num_evictable_refs += 1;
+    assert!(cache_msg(t.check_integrity()).contains("evictable_block_refs"));
+    let mut t = fresh();
+    t.num_block_refs += 1;
+    assert!(cache_msg(t.check_integrity()).contains("num_block_refs"));
+    let mut t = fresh();
+    t.node_mut(0).children.clear();
+    assert!(cache_msg(t.check_integrity()).contains("not reachable"));
+    let mut t = fresh();
+    let first = t.node(1).tokens[0];
+    t.node_mut(1).tokens[0] = first + 1;
+    assert!(cache_msg(t.check_integrity()).contains("wrong token"));
+    let mut t = fresh();
+    t.node_mut(1).tokens.clear();
+    assert!(cache_msg(t.check_integrity()).contains("wrong token"));
+    let mut t = fresh();
+    t.node_mut(0).children.clear();
+    t.node_mut(1).tokens.clear();
+    t.node_mut(0).children.insert(7, 1);
+    t.node_mut(1).parent = 0;
+    t.node_mut(1).start = 0;
+    assert!(cache_msg(t.check_integrity()).contains("wrong token"));
+    let mut t = fresh();
+    t.node_mut(2).children.insert(555, 99);
+    assert!(cache_msg(t.check_integrity()).contains("unknown child"));
+    let mut t = fresh();
+    t.node_mut(0).tokens.push(1);
+    assert!(cache_msg(t.check_integrity()).contains("root"));
+    let mut t = fresh();
+    t.nodes.remove(&ROOT);
+    assert!(cache_msg(t.check_integrity()).contains("no root"));
+}

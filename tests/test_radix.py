@@ -1,0 +1,395 @@
+"""RadixTree: the Rust core against its pure-Python twin, operation by operation.
+
+The native module is required: if ``enginekit._native`` is not built, this file fails.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from enginekit import _native
+from enginekit.errors import KVCacheError
+from enginekit.kv.pyref import PyRadixTree
+
+
+@pytest.fixture(params=[_native.RadixTree, PyRadixTree], ids=["native", "python"])
+def Tree(request: pytest.FixtureRequest) -> type:
+    return request.param
+
+
+def state(tree: Any) -> dict[str, Any]:
+    """Everything observable about a tree."""
+    return {
+        "block_size": tree.block_size,
+        "num_nodes": tree.num_nodes,
+        "num_tokens": tree.num_tokens,
+        "num_block_refs": tree.num_block_refs,
+        "evictable_block_refs": tree.evictable_block_refs(),
+        "nodes": [tuple(n) for n in tree.nodes()],
+    }
+
+
+def raises_unchanged(tree: Any, exc: type[Exception], fn: Callable[[], Any]) -> str:
+    """fn() raises exactly ``exc`` and leaves the tree as it was; returns the message."""
+    before = state(tree)
+    with pytest.raises(exc) as info:
+        fn()
+    assert type(info.value) is exc
+    assert state(tree) == before
+    tree.check_integrity()
+    return str(info.value)
+
+
+A = list(range(10))
+B = list(range(6)) + list(range(100, 106))  # shares 6 tokens with A, 12 long
+
+
+def split_example(Tree: type) -> Any:
+    """block_size 4: A with blocks [7, 8, 9], then B (diverging at 6) with [7, 20, 21]."""
+    tree = Tree(4)
+    assert tree.insert(A, [7, 8, 9]) == (10, [7, 8, 9], 1)
+    # Split at position 6, inside block 1: the upper half [0, 6) becomes node 2 holding blocks
+    # 7 and 8; node 1 keeps [6, 10) with blocks 8 and 9, so block 8 gains a reference. The new
+    # leaf 3 holds [6, 12) with the caller's blocks 20 and 21.
+    assert tree.insert(B, [7, 20, 21]) == (6, [8, 20, 21], 3)
+    tree.check_integrity()
+    return tree
+
+
+# ---- exact behaviour, against both implementations ------------------------------------------
+
+
+def test_new_tree(Tree) -> None:
+    tree = Tree(4)
+    assert state(tree) == {
+        "block_size": 4,
+        "num_nodes": 1,
+        "num_tokens": 0,
+        "num_block_refs": 0,
+        "evictable_block_refs": 0,
+        "nodes": [(0, None, [], [], 0, 0)],
+    }
+    assert tree.match_prefix([1, 2, 3]) == (0, [], 0)
+    assert tree.has_node(0) and not tree.has_node(1) and not tree.has_node(-1)
+    tree.check_integrity()
+    for bad in (0, -1, 2**64):
+        with pytest.raises(ValueError):
+            Tree(bad)
+    assert Tree(2**64 - 1).block_size == 2**64 - 1
+
+
+def test_results_are_named_tuples(Tree) -> None:
+    tree = Tree(4)
+    r = tree.insert(A, [7, 8, 9])
+    assert (r.num_new_tokens, r.new_block_refs, r.node_id) == (10, [7, 8, 9], 1)
+    m = tree.match_prefix(A[:5])
+    assert (m.num_tokens, m.block_ids, m.node_id) == (5, [7, 8], 1)
+    root, leaf = tree.nodes()
+    assert (leaf.node_id, leaf.parent_id, leaf.token_ids, leaf.block_ids) == (1, 0, A, [7, 8, 9])
+    assert (leaf.lock_count, leaf.stamp, root.parent_id) == (0, 1, None)
+
+
+def test_mid_block_split(Tree) -> None:
+    tree = split_example(Tree)
+    assert state(tree) == {
+        "block_size": 4,
+        "num_nodes": 4,
+        "num_tokens": 16,
+        "num_block_refs": 6,
+        "evictable_block_refs": 6,
+        "nodes": [
+            (0, None, [], [], 0, 2),
+            (1, 2, A[6:], [8, 9], 0, 1),
+            (2, 0, A[:6], [7, 8], 0, 2),
+            (3, 2, B[6:], [20, 21], 0, 2),
+        ],
+    }
+    assert tree.match_prefix(A) == (10, [7, 8, 9], 1)
+    assert tree.match_prefix(B) == (12, [7, 20, 21], 3)
+    assert tree.match_prefix(A[:5]) == (5, [7, 8], 2)
+    assert tree.match_prefix(A[:4]) == (4, [7], 2)
+    assert tree.match_prefix(B[:7]) == (7, [7, 20], 3)
+    assert tree.match_prefix(A + [1, 2]) == (10, [7, 8, 9], 1)
+    assert tree.match_prefix([0, 1, 2, 99]) == (3, [7], 2)
+    assert tree.match_prefix([]) == (0, [], 0)
+    # Oldest leaf first: node 1 (stamp 1); one request releases the whole node.
+    assert tree.evict(1) == [8, 9]
+    assert tree.match_prefix(A) == (6, [7, 8], 2)
+    # Then leaf 3, then its parent 2, which became an unlocked leaf.
+    assert tree.evict(3) == [20, 21, 7, 8]
+    assert state(tree)["nodes"] == [(0, None, [], [], 0, 2)]
+    tree.check_integrity()
+
+
+def test_split_on_a_block_boundary_adds_no_reference(Tree) -> None:
+    tree = Tree(4)
+    tree.insert(list(range(12)), [1, 2, 3])
+    assert tree.insert(list(range(8)) + [50], [1, 2, 4]) == (1, [4], 3)
+    nodes = tree.nodes()
+    assert (nodes[1].block_ids, nodes[2].block_ids, nodes[3].block_ids) == ([3], [1, 2], [4])
+    assert tree.num_block_refs == 4
+    tree.check_integrity()
+
+
+def test_insert_of_a_stored_prefix_only_stamps(Tree) -> None:
+    tree = Tree(4)
+    tree.insert(A, [7, 8, 9])
+    assert tree.insert(A[:3], [40]) == (0, [], 1)  # ends inside node 1's edge: no split
+    assert tree.num_nodes == 2
+    assert tree.nodes()[1].stamp == 2
+    assert tree.insert([], []) == (0, [], 0)
+    assert tree.nodes()[0].stamp == 3
+    # Extending a leaf adds a child; the new range takes the caller's blocks.
+    assert tree.insert(A + [10, 11, 12], [0, 0, 30, 31]) == (3, [30, 31], 2)
+    assert tree.match_prefix(A + [10, 11, 12]) == (13, [7, 8, 30, 31], 2)
+    tree.check_integrity()
+
+
+def test_insert_errors_change_nothing(Tree) -> None:
+    tree = split_example(Tree)
+    msg = raises_unchanged(tree, ValueError, lambda: tree.insert([1, 2, 3, 4, 5], [1]))
+    assert msg == "block_ids holds 1 blocks, fewer than the 2 that 5 tokens need"
+    for bad in (-1, 2**31):
+        msg = raises_unchanged(tree, ValueError, lambda b=bad: tree.insert([1], [b]))
+        assert msg == f"block id {bad} is not in [0, 2**31)"
+    for bad in (-1, 2**32):
+        msg = raises_unchanged(tree, ValueError, lambda b=bad: tree.insert([1, b], [1]))
+        assert msg == f"token id {bad} is not in [0, 2**32)"
+        raises_unchanged(tree, ValueError, lambda b=bad: tree.match_prefix([0, b]))
+    # Extra blocks are ignored.
+    assert tree.insert([1], [5, 6]) == (1, [5], 4)
+    tree.check_integrity()
+
+
+def test_locks(Tree) -> None:
+    tree = split_example(Tree)
+    tree.lock(3)
+    locks = {n.node_id: (n.lock_count, n.stamp) for n in tree.nodes()}
+    assert locks == {0: (1, 3), 1: (0, 1), 2: (1, 3), 3: (1, 3)}
+    assert tree.evictable_block_refs() == 2
+    assert tree.evict(10) == [8, 9]  # only node 1 can go
+    assert tree.evict(10) == []
+    assert tree.match_prefix(B) == (12, [7, 20, 21], 3)
+    msg = raises_unchanged(tree, KVCacheError, lambda: tree.unlock(2))  # locked only below
+    assert msg == "node 2 is not locked: cannot unlock"
+    for unknown in (1, 99, -1, 2**64):
+        msg = raises_unchanged(tree, KVCacheError, lambda n=unknown: tree.lock(n))
+        assert msg == f"unknown node {unknown}"
+        raises_unchanged(tree, KVCacheError, lambda n=unknown: tree.unlock(n))
+    tree.unlock(3)
+    assert tree.evictable_block_refs() == 4
+    raises_unchanged(tree, KVCacheError, lambda: tree.unlock(3))
+    tree.lock(0)  # the root may be locked; it protects nothing
+    assert tree.evictable_block_refs() == 4
+    tree.unlock(0)
+    tree.check_integrity()
+
+
+def test_split_of_a_locked_node(Tree) -> None:
+    tree = Tree(4)
+    tree.insert(A, [7, 8, 9])
+    tree.lock(1)
+    tree.lock(1)
+    # Diverge at 3: the new upper node 2 inherits lock_count 2; node 1 keeps its own locks.
+    assert tree.insert([0, 1, 2, 77], [7]) == (1, [7, 7], 3)
+    nodes = {n.node_id: n for n in tree.nodes()}
+    assert (nodes[2].token_ids, nodes[2].lock_count, nodes[1].lock_count) == ([0, 1, 2], 2, 2)
+    assert nodes[3].lock_count == 0
+    assert tree.evictable_block_refs() == 1
+    raises_unchanged(tree, KVCacheError, lambda: tree.unlock(2))
+    assert tree.evict(5) == [7]
+    tree.unlock(1)
+    tree.unlock(1)
+    assert tree.evictable_block_refs() == 4
+    assert tree.evict(1) == [7, 8, 9]  # node 1, the only leaf
+    assert tree.evict(1) == [7]
+    assert tree.num_nodes == 1
+    tree.check_integrity()
+
+
+def test_evict_order_stamp_then_id(Tree) -> None:
+    tree = Tree(2)
+    tree.insert([1, 1], [10])  # node 1, stamp 1
+    tree.insert([2, 2], [20])  # node 2, stamp 2
+    tree.insert([3, 3], [30])  # node 3, stamp 3
+    tree.lock(1)
+    tree.unlock(1)  # node 1 now the most recent
+    assert tree.evict(2) == [20, 30]
+    assert tree.evict(0) == []
+    assert tree.evict(2**70) == [10]
+    raises_unchanged(tree, ValueError, lambda: tree.evict(-1))
+    tree.insert([5, 5, 1], [50, 51])  # node 4
+    tree.insert([5, 5, 2], [50, 52])  # split: node 5 = [5, 5]; leaf 6 = [2]
+    assert [n.stamp for n in tree.nodes()[1:]] == [6, 7, 7]
+    tree.insert([5, 5, 3], [50, 53])  # leaf 7, stamp 8; leaf 6 keeps stamp 7
+    tree.lock(4)
+    tree.unlock(4)  # leaf 4 and its parent now stamp 10
+    assert tree.evict(1) == [52]
+    assert tree.evict(1) == [53]
+    assert tree.evict(1) == [51]
+    assert tree.evict(1) == [50]
+
+
+def test_deep_path(Tree) -> None:
+    tree = Tree(3)
+    base = list(range(40))
+    total = 0
+    for cut in range(1, 40, 3):
+        seq = base[:cut] + [1000 + cut, 7]
+        result = tree.insert(seq, [100 * cut + i for i in range(len(seq))])
+        total += len(result.new_block_refs)
+        assert tree.match_prefix(seq).num_tokens == len(seq)
+        tree.check_integrity()
+    result = tree.insert(base, list(range(14)))
+    total += len(result.new_block_refs)
+    assert tree.num_block_refs == total
+    assert tree.match_prefix(base).num_tokens == 40
+    assert len(tree.match_prefix(base).block_ids) == 14
+    assert len(tree.evict(10**9)) == total
+    assert tree.num_nodes == 1
+
+
+def test_native_is_fast_on_long_shared_prefixes() -> None:
+    tree = _native.RadixTree(16)
+    base = list(range(4000))
+    blocks = list(range(250))
+    for i in range(400):
+        seq = list(base)
+        seq[(i * 7919) % 4000] = 10_000 + i
+        tree.insert(seq, blocks)
+        assert tree.match_prefix(seq).num_tokens == 4000
+    tree.check_integrity()
+
+
+# ---- the two implementations driven side by side ---------------------------------------------
+
+
+def outcome(fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    try:
+        result = fn(*args)
+    except Exception as exc:
+        return ("raised", (type(exc), str(exc)))
+    if isinstance(result, tuple):  # the named tuples compare as tuples
+        result = tuple(result)
+    return ("returned", result)
+
+
+TOKENS = st.integers(0, 4)
+
+
+class RadixTwins(RuleBasedStateMachine):
+    """Same operations on the Rust tree and the Python twin, valid and invalid alike.
+
+    Sequences are drawn from a few shared bases over a tiny alphabet, so prefixes are shared,
+    edges split (inside blocks and on their boundaries) and paths grow deep. The driver keeps
+    the caller's ledger of tree references: + new_block_refs, - evicted ids.
+    """
+
+    @initialize(
+        block_size=st.integers(1, 4),
+        bases=st.lists(st.lists(TOKENS, min_size=1, max_size=20), min_size=1, max_size=3),
+    )
+    def make(self, block_size: int, bases: list[list[int]]) -> None:
+        self.bs = block_size
+        self.bases = bases
+        self.native = _native.RadixTree(block_size)
+        self.python = PyRadixTree(block_size)
+        self.refs: Counter[int] = Counter()
+        self.seen_nodes = [0]  # node ids returned by calls (some may be evicted since)
+        self.next_block = 0
+
+    def both(self, method: str, *args: Any) -> tuple[str, Any]:
+        before = state(self.python)
+        expected = outcome(getattr(self.python, method), *args)
+        if expected[0] == "raised":
+            assert state(self.python) == before, f"python {method}{args} raised but changed"
+        got = outcome(getattr(self.native, method), *args)
+        assert got == expected, f"{method}{args}: native {got}, python {expected}"
+        return expected
+
+    def sequence(self, data: st.DataObject) -> list[int]:
+        base = data.draw(st.sampled_from(self.bases))
+        cut = data.draw(st.integers(0, len(base)))
+        tail = data.draw(st.lists(TOKENS, max_size=6))
+        return base[:cut] + tail
+
+    def node_id(self, data: st.DataObject) -> int:
+        if data.draw(st.integers(0, 5)) > 0:
+            return data.draw(st.sampled_from(self.seen_nodes))
+        return data.draw(st.sampled_from([-1, 2**64, self.python.num_nodes + 50]))
+
+    @rule(data=st.data())
+    def insert(self, data: st.DataObject) -> None:
+        seq = self.sequence(data)
+        need = -(-len(seq) // self.bs)
+        # Fresh ids mostly; sometimes the ids of a matching path (the usual caller).
+        blocks = list(range(self.next_block, self.next_block + need))
+        self.next_block += need
+        if data.draw(st.booleans()):
+            matched = self.python.match_prefix(seq).block_ids
+            blocks[: len(matched)] = matched
+        blocks += data.draw(st.lists(st.integers(0, 3), max_size=2))  # extra ids are ignored
+        kind = data.draw(st.sampled_from(["ok"] * 6 + ["short", "bad_block", "bad_token"]))
+        if kind == "short" and blocks:
+            blocks = blocks[: data.draw(st.integers(0, need - 1))] if need else blocks
+        elif kind == "bad_block":
+            blocks.insert(
+                data.draw(st.integers(0, len(blocks))), data.draw(st.sampled_from([-1, 2**31]))
+            )
+        elif kind == "bad_token":
+            bad = data.draw(st.sampled_from([-1, 2**32]))
+            seq.insert(data.draw(st.integers(0, len(seq))), bad)
+        result = self.both("insert", seq, blocks)
+        if result[0] == "returned":
+            num_new, refs, node_id = result[1]
+            self.refs.update(refs)
+            self.seen_nodes.append(node_id)
+
+    @rule(data=st.data())
+    def match(self, data: st.DataObject) -> None:
+        seq = self.sequence(data)
+        if data.draw(st.integers(0, 9)) == 0:
+            seq.append(-1)
+        result = self.both("match_prefix", seq)
+        if result[0] == "returned":
+            self.seen_nodes.append(result[1][2])
+
+    @rule(data=st.data())
+    def lock(self, data: st.DataObject) -> None:
+        self.both("lock", self.node_id(data))
+
+    @rule(data=st.data())
+    def unlock(self, data: st.DataObject) -> None:
+        self.both("unlock", self.node_id(data))
+
+    @rule(data=st.data())
+    def evict(self, data: st.DataObject) -> None:
+        result = self.both("evict", data.draw(st.integers(-1, 8)))
+        if result[0] == "returned":
+            self.refs.subtract(result[1])
+
+    @rule(data=st.data())
+    def has_node(self, data: st.DataObject) -> None:
+        self.both("has_node", self.node_id(data))
+
+    @invariant()
+    def same_state_and_intact(self) -> None:
+        if not hasattr(self, "native"):
+            return
+        assert state(self.native) == state(self.python)
+        self.native.check_integrity()
+        self.python.check_integrity()
+        # The caller's ledger matches the references the nodes hold.
+        held = Counter(b for n in self.python.nodes() for b in n.block_ids)
+        assert +self.refs == held
+
+
+TestRadixTwins = RadixTwins.TestCase
+TestRadixTwins.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
