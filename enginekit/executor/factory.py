@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -11,13 +12,19 @@ from enginekit.executor.base import Executor
 from enginekit.kv.spec import KVSpec
 from enginekit.models.shapes import ModelShape, model_preset
 
-EXECUTORS = ("sim",)
+EXECUTORS = ("sim", "torch")
 
 
 def model_shape(model: DictConfig) -> ModelShape:
-    """The shape of ``model`` (the ``model`` config node), context capped by
-    ``model.max_model_len`` when set."""
-    shape = model_preset(model.name)
+    """The shape of ``model`` (the ``model`` config node): from ``model.path``'s config.json
+    when set, else the preset ``model.name``; context capped by ``model.max_model_len``."""
+    if model.get("path"):
+        from enginekit.models.weights import read_hf_config
+
+        path = Path(model.path)
+        shape = ModelShape.from_hf_config(read_hf_config(path), name=path.name)
+    else:
+        shape = model_preset(model.name)
     max_len = model.max_model_len
     if max_len is None:
         return shape
@@ -38,6 +45,10 @@ def build_executor(
         raise ConfigError(
             f"executor={cfg.executor!r} is not available; choose: {', '.join(EXECUTORS)}"
         )
+    if cfg.executor == "torch":
+        from enginekit.executor.torch_factory import build_torch_executor
+
+        return build_torch_executor(cfg, shape, kv_spec, model_bits)
     from enginekit.executor.hardware import hardware_preset, kv_pool_num_blocks
     from enginekit.executor.sim import SimExecutor
 
@@ -50,3 +61,10 @@ def build_executor(
         raise ConfigError(f"cache.num_blocks must be >= 1, got {num_blocks}")
     executor = SimExecutor(shape, hardware, kv_spec, model_bits // 8, num_blocks=num_blocks)
     return executor, num_blocks
+
+
+def executor_eos_token_id(executor: Executor) -> int | None:
+    """The EOS id the scheduler stops on: the model's for executors that run one (an
+    ``eos_token_id`` attribute), None for the simulator."""
+    eos = getattr(executor, "eos_token_id", None)
+    return None if eos is None else int(eos)

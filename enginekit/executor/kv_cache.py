@@ -1,0 +1,100 @@
+"""PagedKVCache: the device KV pool, the host swap pool, and the step's block operations.
+
+Both pools have the layout of ``enginekit.kernels.layout`` (one contiguous block holds
+every layer's K and V), so a block moves with one copy. The host pool is allocated on
+the first swap-out (a run without swaps costs no host memory) and is pinned only where
+CUDA exists. The scheduler owns both id spaces: it names device blocks by their pool
+index and host blocks by theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from enginekit.executor.base import BlockCopy, BlockSwap
+from enginekit.kernels import reference
+from enginekit.kernels.layout import allocate_pool
+from enginekit.kernels.ops import PagedOps
+from enginekit.kv.spec import KVSpec
+
+
+class PagedKVCache:
+    """``pool`` [num_blocks, layers, 2, kv_heads, block_size, head_dim] on ``device``;
+    ``host_pool`` likewise with ``num_host_blocks`` blocks on the CPU (None until used)."""
+
+    def __init__(
+        self,
+        spec: KVSpec,
+        num_blocks: int,
+        num_host_blocks: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        ops: PagedOps,
+    ) -> None:
+        self.spec = spec
+        self.num_blocks = num_blocks
+        self.num_host_blocks = num_host_blocks
+        self.dtype = dtype
+        self.device = device
+        self.ops = ops
+        self.pool = allocate_pool(spec, num_blocks, dtype, device)
+        self.host_pool: torch.Tensor | None = None
+
+    def _host(self) -> torch.Tensor:
+        if self.host_pool is None:
+            if self.num_host_blocks < 1:
+                raise RuntimeError("a swap was scheduled but the host swap pool has no blocks")
+            self.host_pool = allocate_pool(
+                self.spec,
+                self.num_host_blocks,
+                self.dtype,
+                "cpu",
+                pin_memory=torch.cuda.is_available(),
+            )
+        return self.host_pool
+
+    def _ids(self, ids: Sequence[int], device: torch.device | str) -> torch.Tensor:
+        return torch.tensor(list(ids), dtype=torch.int64, device=device)
+
+    def swap_out(self, swaps: Sequence[BlockSwap]) -> None:
+        """Copies device blocks to host blocks. Mutates the host pool."""
+        if swaps:
+            host = self._host()
+            reference.swap_blocks(
+                self.pool,
+                host,
+                self._ids([s.device_block_id for s in swaps], self.device),
+                self._ids([s.host_block_id for s in swaps], "cpu"),
+            )
+
+    def swap_in(self, swaps: Sequence[BlockSwap]) -> None:
+        """Copies host blocks to device blocks. Mutates the device pool."""
+        if swaps:
+            reference.swap_blocks(
+                self._host(),
+                self.pool,
+                self._ids([s.host_block_id for s in swaps], "cpu"),
+                self._ids([s.device_block_id for s in swaps], self.device),
+            )
+
+    def copy(self, copies: Sequence[BlockCopy]) -> None:
+        """Copy-on-write copies inside the device pool. Mutates the device pool."""
+        if copies:
+            self.ops.copy_blocks(
+                self.pool,
+                self._ids([c.src_block_id for c in copies], self.device),
+                self._ids([c.dst_block_id for c in copies], self.device),
+            )
+
+    def apply(
+        self,
+        swap_outs: Sequence[BlockSwap],
+        swap_ins: Sequence[BlockSwap],
+        copies: Sequence[BlockCopy],
+    ) -> None:
+        """A step's block operations in the contract's order: swap-outs, swap-ins, copies."""
+        self.swap_out(swap_outs)
+        self.swap_in(swap_ins)
+        self.copy(copies)

@@ -1,0 +1,138 @@
+"""TorchExecutor: real tokens from a Llama-family model over paged KV tensors.
+
+Per step: forget ``finished_seq_ids``; apply swap-outs, swap-ins and copy-on-write block
+copies (in that order); build the flat batch (prefill chunks, then decodes) from the
+scheduler's block tables; run the forward, which writes the new tokens' K/V and attends
+over the pool; sample one token for each ``sample_seq_ids`` entry. ``step_time_s`` is the
+measured wall time of all of it (the device is synchronised by reading the tokens back).
+
+Per-sequence state lives from ``add_sequence`` until ``finished_seq_ids`` lists the
+sequence: its tokens (prompt, then every token sampled for it), its sampling parameters
+and its generator. A preempted sequence keeps all of it; when the scheduler prefills it
+again, the chunk tokens come from prompt + outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from enginekit.executor.base import Executor, ModelOutput, SchedulerOutput
+from enginekit.executor.batch import build_batch
+from enginekit.executor.kv_cache import PagedKVCache
+from enginekit.executor.sampler import request_seed, sample
+from enginekit.kernels.ops import PagedOps
+from enginekit.kv.spec import KVSpec
+from enginekit.models.llama import LlamaModel
+from enginekit.request import SamplingParams
+
+
+@dataclass
+class _Sequence:
+    token_ids: list[int]
+    sampling: SamplingParams
+    generator: torch.Generator
+    num_prompt_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
+
+
+class TorchExecutor(Executor):
+    """Runs ``model`` on ``device`` with a pool of ``num_blocks`` KV blocks (and
+    ``num_host_blocks`` host blocks for swapping). ``eos_token_id`` is the model's, for
+    the scheduler. ``num_steps`` and ``busy_time_s`` accumulate over non-empty steps."""
+
+    needs_block_tables = True
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_spec: KVSpec,
+        num_blocks: int,
+        ops: PagedOps,
+        *,
+        num_host_blocks: int = 0,
+        base_seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.kv_spec = kv_spec
+        self.device = model.device
+        self.ops = ops
+        self.cache = PagedKVCache(
+            kv_spec, num_blocks, num_host_blocks, model.dtype, model.device, ops
+        )
+        self.base_seed = base_seed
+        self.eos_token_id = model.arch.eos_token_id
+        self._sequences: dict[int, _Sequence] = {}
+        self.num_steps = 0
+        self.busy_time_s = 0.0
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._sequences)
+
+    def add_sequence(
+        self,
+        seq_id: int,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        scripted_output_ids: Sequence[int] | None = None,
+    ) -> None:
+        """Registers ``seq_id`` (``scripted_output_ids`` is ignored: the model decides).
+        Raises ValueError if it is already registered."""
+        if seq_id in self._sequences:
+            raise ValueError(f"sequence {seq_id} is already registered with the executor")
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(request_seed(self.base_seed, seq_id, sampling))
+        self._sequences[seq_id] = _Sequence(list(prompt_token_ids), sampling, generator)
+
+    def output_token_ids(self, seq_id: int) -> list[int]:
+        """The tokens sampled so far for a registered sequence."""
+        seq = self._sequences[seq_id]
+        return seq.token_ids[seq.num_prompt_tokens :]
+
+    def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
+        """Forgets ``finished_seq_ids`` (unknown ids ignored), applies the block operations,
+        runs the forward and samples. Mutates the KV pools and the sampled sequences'
+        tokens and generators. Raises KeyError for a scheduled sequence never added."""
+        started = time.perf_counter()
+        sequences = self._sequences
+        for seq_id in scheduled.finished_seq_ids:
+            sequences.pop(seq_id, None)
+        self.cache.apply(scheduled.swap_outs, scheduled.swap_ins, scheduled.block_copies)
+        if scheduled.is_empty:
+            return ModelOutput([], time.perf_counter() - started)
+        token_ids = {
+            seq_id: sequences[seq_id].token_ids
+            for seq_id in (*scheduled.prefill_seq_ids, *scheduled.decode_seq_ids)
+        }
+        batch = build_batch(scheduled, token_ids, self.kv_spec.block_size, self.device)
+        logits = self.model.forward(batch, self.cache.pool, self.ops)
+        sampled = [sequences[seq_id] for seq_id in scheduled.sample_seq_ids]
+        tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled])
+        for seq, token in zip(sampled, tokens, strict=True):
+            seq.token_ids.append(token)
+        elapsed = time.perf_counter() - started
+        self.num_steps += 1
+        self.busy_time_s += elapsed
+        return ModelOutput(tokens, elapsed)
+
+    def describe(self) -> dict[str, object]:
+        shape = self.model.arch.shape
+        return {
+            "executor": "torch",
+            "device": str(self.device),
+            "model": shape.name,
+            "architecture": self.model.arch.model_type,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "kernels": self.ops.name,
+            "kv_bytes_per_token": self.kv_spec.bytes_per_token,
+            "block_size": self.kv_spec.block_size,
+            "kv_pool_blocks": self.cache.num_blocks,
+            "kv_pool_gib": self.cache.num_blocks * self.kv_spec.bytes_per_block / (1 << 30),
+            "swap_pool_blocks": self.cache.num_host_blocks,
+        }
