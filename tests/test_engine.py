@@ -301,3 +301,34 @@ def test_swap_prefers_recompute_where_it_is_cheaper():
     summary = engine.summary()
     assert summary["num_preemptions_by_kind"] == {"recompute": summary["num_preemptions_total"]}
     assert summary["swap_out_bytes_total"] == 0
+
+
+def test_multiturn_prefills_only_each_new_message():
+    engine = make_engine("workload=multiturn", "workload.num_requests=30",
+                         "workload.max_output_len=300")  # fmt: skip
+    engine.add_workload()
+    run_checked_engine = engine.run()
+    outputs = {o.request_id: o for o in run_checked_engine.outputs}
+    summary = run_checked_engine.summary
+    assert summary["num_requests_finished"] == 30
+    for rid, out in outputs.items():
+        session, turn = rid[1:].split("-t")
+        if turn != "0":
+            previous = outputs[f"s{session}-t{int(turn) - 1}"]
+            assert out.prompt_token_ids[: len(previous.prompt_token_ids)] == (
+                previous.prompt_token_ids
+            )
+            assert out.arrival_time > previous.finish_time
+            # everything of the previous turn but its last (never computed) token, in blocks
+            reusable = len(previous.prompt_token_ids) + len(previous.output_token_ids) - 1
+            assert out.num_cached_tokens == reusable // 16 * 16
+    assert summary["prefix_cache_hits"] == engine.ideal_prefix_hit_tokens()
+
+
+def test_odd_lengths_block_hash_reuses_whole_blocks_of_each_document():
+    engine = make_engine("workload=odd_lengths", "workload.num_requests=40",
+                         "workload.max_output_len=300")  # fmt: skip
+    engine.add_workload()
+    summary = engine.run().summary
+    assert summary["prefix_cache_hits"] == engine.ideal_prefix_hit_tokens()
+    assert summary["prefix_cache_hits"] < engine.ideal_prefix_hit_tokens(block_size=1)

@@ -25,10 +25,15 @@ def test_seeded_and_reproducible(name):
     c = make_workload(small(name=name, arrival_rate=5.0, seed=1), VOCAB, 8192)
     assert a == b
     assert a != c
-    assert [r.request_id for r in a] == [f"req-{i}" for i in range(200)]
+    ids = [r.request_id for r in a]
+    if name == "multiturn":  # conversation s<k>, turn t<j>
+        assert len(set(ids)) == 200 and ids[0] == "s0-t0"
+    else:
+        assert ids == [f"req-{i}" for i in range(200)]
     # The arrival stream is independent of the token streams.
     d = make_workload(small(name=name, arrival_rate=50.0), VOCAB, 8192)
     assert [r.prompt_token_ids for r in d] == [r.prompt_token_ids for r in a]
+    assert [r.arrival_time for r in d] != [r.arrival_time for r in a]
 
 
 def test_shared_prefix_lengths_and_sharing():
@@ -111,7 +116,7 @@ def test_arrivals():
 
 
 def test_unknown_workload_lists_names():
-    with pytest.raises(ConfigError, match="shared_prefix, unique"):
+    with pytest.raises(ConfigError, match="shared_prefix, unique, odd_lengths, multiturn"):
         make_workload(small(name="sharegpt"), VOCAB, 8192)
 
 
@@ -145,3 +150,41 @@ def test_ideal_hits_take_bare_prompts_in_list_order():
     # [1,2] of the first is hit by the second (cap 2 blocks; [3,4] is new) and third (cap 1).
     assert ideal_prefix_hit_tokens(prompts, 2) == 2 + 2
     assert ideal_prefix_hit_tokens(prompts, 1) == 3 + 3
+
+
+def test_odd_lengths_share_documents_of_lengths_off_the_block_grid():
+    reqs = make_workload(small(name="odd_lengths", num_documents=4, max_suffix_len=5), VOCAB, 8192)
+    for k in range(4):
+        group = [r.prompt_token_ids for r in reqs[k::4]]
+        document_len = 0  # the group's common prefix is its document
+        while (
+            all(len(p) > document_len for p in group) and len({p[document_len] for p in group}) == 1
+        ):
+            document_len += 1
+        assert document_len % 16 != 0
+        assert all(1 <= len(p) - document_len <= 5 for p in group)
+    # a token-granular ideal beats the block-granular one on these prompts
+    assert ideal_prefix_hit_tokens(reqs, 1) > ideal_prefix_hit_tokens(reqs, 16)
+
+
+def test_multiturn_conversations_follow_their_previous_turn():
+    cfg = small(name="multiturn", min_turns=3, max_turns=5, message_len=50, think_time_s=2.0,
+                min_output_len=10, max_output_len=40)  # fmt: skip
+    reqs = make_workload(cfg, VOCAB, 8192)
+    assert len(reqs) == 200
+    by_id = {r.request_id: r for r in reqs}
+    firsts = [r for r in reqs if r.follows is None]
+    system = firsts[0].prompt_token_ids[: cfg.shared_prefix_len]
+    assert all(r.prompt_token_ids[: cfg.shared_prefix_len] == system for r in firsts)
+    for r in reqs:
+        if r.follows is not None:
+            previous = by_id[r.follows]
+            session, turn = r.request_id[1:].split("-t")
+            assert previous.request_id == f"s{session}-t{int(turn) - 1}"
+            assert 25 <= len(r.prompt_token_ids) <= 75  # the new message only
+            assert r.think_time_s >= 0
+    turns = {}
+    for r in reqs:
+        session = r.request_id.split("-")[0]
+        turns[session] = turns.get(session, 0) + 1
+    assert all(3 <= n <= 5 for n in list(turns.values())[:-1])  # the last may be cut short

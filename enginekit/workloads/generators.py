@@ -18,6 +18,8 @@ Workloads (``config.name``):
     at least 1. (Close to ShareGPT-v3 under a Llama tokenizer: a heavy right tail, median
     well under the mean.) Every token is random, so prompts share no prefix beyond chance.
 
+(``odd_lengths`` and ``multiturn`` are described in enginekit.workloads.sessions.)
+
 Both cap every request at ``max_model_len``: the prompt at ``max_model_len - 1`` tokens, then
 the output at ``max_model_len - prompt``. Token ids are uniform in ``[0, vocab_size)``, so
 a run should stop on ``max_tokens`` (``ignore_eos``), not on an EOS id drawn by chance.
@@ -36,23 +38,14 @@ import numpy as np
 
 from enginekit.config import WorkloadConfig
 from enginekit.errors import ConfigError
+from enginekit.workloads import sessions
+from enginekit.workloads.request import WorkloadRequest
 
 UNIQUE_PROMPT_MEAN = 200.0
 UNIQUE_PROMPT_SIGMA = 1.0
 UNIQUE_OUTPUT_MEAN = 180.0
 UNIQUE_OUTPUT_SIGMA = 0.9
 UNIQUE_PROMPT_SPREAD = 0.25  # shared_prefix: unique part is mean × U(1 - spread, 1 + spread)
-
-
-class WorkloadRequest(NamedTuple):
-    """One generated request. ``output_token_ids`` is what the simulator will "generate";
-    ``max_tokens == len(output_token_ids)``."""
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    output_token_ids: tuple[int, ...]
-    arrival_time: float
-    max_tokens: int
 
 
 class _Streams(NamedTuple):
@@ -113,7 +106,13 @@ _LengthFn = Callable[[WorkloadConfig, _Streams, int], tuple[list[int], np.ndarra
 _GENERATORS: MappingProxyType[str, _LengthFn] = MappingProxyType(
     {"shared_prefix": _shared_prefix_lengths, "unique": _unique_lengths}
 )
-WORKLOADS: tuple[str, ...] = tuple(_GENERATORS)
+_SessionFn = Callable[
+    [WorkloadConfig, np.random.Generator, list[float], int, int], list[WorkloadRequest]
+]
+_SESSION_GENERATORS: MappingProxyType[str, _SessionFn] = MappingProxyType(
+    {"odd_lengths": sessions.odd_lengths, "multiturn": sessions.multiturn}
+)
+WORKLOADS: tuple[str, ...] = (*_GENERATORS, *_SESSION_GENERATORS)
 
 
 def _arrival_times(config: WorkloadConfig, rng: np.random.Generator) -> list[float]:
@@ -133,12 +132,10 @@ def make_workload(
     """The ``config.num_requests`` requests of workload ``config.name``, in arrival order,
     with ids ``req-0 .. req-{n-1}``. Pure and deterministic in its arguments. Raises
     ConfigError for an unknown name (listing the workloads) or an invalid field."""
-    try:
-        lengths_fn = _GENERATORS[config.name]
-    except KeyError:
+    if config.name not in WORKLOADS:
         raise ConfigError(
             f"workload.name={config.name!r} is not a known workload; known: {', '.join(WORKLOADS)}"
-        ) from None
+        )
     if config.num_requests < 0:
         raise ConfigError(f"workload.num_requests must be >= 0, got {config.num_requests}")
     if vocab_size < 1 or max_model_len < 2:
@@ -147,6 +144,11 @@ def make_workload(
             f"and {max_model_len}"
         )
     lengths_seed, tokens_seed, arrivals_seed = np.random.SeedSequence(config.seed).spawn(3)
+    if config.name in _SESSION_GENERATORS:
+        rng = np.random.default_rng(tokens_seed)
+        arrivals = _arrival_times(config, np.random.default_rng(arrivals_seed))
+        return _SESSION_GENERATORS[config.name](config, rng, arrivals, vocab_size, max_model_len)
+    lengths_fn = _GENERATORS[config.name]
     streams = _Streams(
         np.random.default_rng(lengths_seed),
         np.random.default_rng(tokens_seed),

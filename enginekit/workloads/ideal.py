@@ -29,8 +29,9 @@ def ideal_prefix_hit_tokens(
     or bare prompts (sequences of token ids) taken in list order, with no outputs.
 
     A request hits the longest run of whole leading blocks of its prompt that was a leading
-    run of blocks of an earlier request's prompt (of its prompt + output with
-    ``include_outputs``, as if every earlier request had finished), capped at
+    run of blocks of an earlier request's prompt (of its prompt and its output but the last,
+    sampled token with ``include_outputs``, as if every earlier request had finished),
+    capped at
     ``(len(prompt) - 1) // block_size`` blocks because an engine always computes the last
     prompt token. Returns hit blocks × ``block_size`` summed over requests;
     ``block_size=1`` gives the token-granular (radix) ideal.
@@ -43,7 +44,8 @@ def ideal_prefix_hit_tokens(
     if requests and hasattr(requests[0], "prompt_token_ids"):
         reqs = cast(Sequence[_HasTokens], requests)
         for i in sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_time):
-            output = tuple(reqs[i].output_token_ids) if include_outputs else ()
+            # The last output token is sampled, never computed into the cache.
+            output = tuple(reqs[i].output_token_ids)[:-1] if include_outputs else ()
             items.append((tuple(reqs[i].prompt_token_ids), output))
     else:
         items = [(tuple(prompt), ()) for prompt in cast(Sequence[Sequence[int]], requests)]
