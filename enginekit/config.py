@@ -66,11 +66,16 @@ PLUGIN_BASE_CONFIGS: dict[str, type[PluginConfig]] = {
 
 @dataclass
 class ModelConfig:
-    """The model: a preset shape by name (see enginekit.models.shapes)."""
+    """The model: a preset shape by name (see enginekit.models.shapes), or a local Hugging
+    Face folder (``path``: config.json + *.safetensors of a Llama, Mistral or Qwen2 model)
+    whose config.json gives the shape. The torch executor runs ``path``'s weights, or the
+    embedded random-weight ``tiny`` model (weights seeded by ``seed``)."""
 
     name: str = "llama-3-8b"
     max_model_len: int | None = None  # None: the model's own context length
     dtype: str = "bfloat16"  # weights and, without a quantizer, KV: bfloat16 | float16 | float32
+    path: str | None = None  # local Hugging Face folder; overrides name's preset shape
+    seed: int = 0  # tiny's weights; also the base of per-request sampling seeds (torch)
 
 
 @dataclass
@@ -88,6 +93,12 @@ class CacheConfig:
     num_blocks: int | None = None  # None: sized from device memory after weights and reserve
     watermark: float = 0.01  # share of blocks admission keeps free for running sequences
     native: bool = True  # Rust structures; false runs their pure-Python reference twins
+    # torch executor, when num_blocks is None: KV pool budget in GiB. None: 1 GiB on CPU;
+    # on CUDA, free memory after the weights × hardware.memory_utilization - reserve_gib.
+    memory_gib: float | None = None
+    # torch executor: host swap pool in GiB (allocated at the first swap-out). None: the
+    # preemption plugin's swap_space_gib when it has one, else no swap pool.
+    swap_gib: float | None = None
 
 
 @dataclass
@@ -122,5 +133,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    executor: str = "sim"
+    executor: str = "sim"  # sim | torch
+    device: str = "cpu"  # torch executor: cpu | cuda | cuda:N
+    kernels: str = "auto"  # torch executor: auto (triton on CUDA) | triton | reference
     progress: bool = True  # a progress bar on stderr while the run goes

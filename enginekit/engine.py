@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
 from enginekit.errors import ConfigError, RequestRejectedError
-from enginekit.executor.factory import build_executor, model_shape
+from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
 from enginekit.kv.context import KVContext
 from enginekit.kv.manager import KVCacheManager, make_structures
 from enginekit.kv.restore_cost import RestoreCost
@@ -101,6 +101,7 @@ class Engine:
             self.kv,
             preemption_cls(preemption_cfg, self._restore_cost(cfg), self.kv),
             self.metrics,
+            eos_token_id=executor_eos_token_id(self.executor),
             export_block_tables=self.executor.needs_block_tables,
         )
         self.clock = 0.0
