@@ -117,8 +117,14 @@ class WorkloadConfig:
     arrival_rate: float | None = None  # requests/s, Poisson; None: all arrive at time 0
     shared_prefix_len: int = 1200  # shared_prefix: system prompt every request starts with
     unique_prompt_len: int = 600  # shared_prefix: mean unique tokens after it
-    min_output_len: int = 200  # shared_prefix: output length range
+    min_output_len: int = 200  # output length range (every workload but unique)
     max_output_len: int = 900
+    num_documents: int = 8  # odd_lengths: distinct shared documents
+    max_suffix_len: int = 8  # odd_lengths: unique tokens after the document, 1..this
+    min_turns: int = 3  # multiturn: turns per conversation
+    max_turns: int = 8
+    message_len: int = 120  # multiturn: mean tokens of a user message
+    think_time_s: float = 5.0  # multiturn: mean pause between a reply and the next message
 
 
 @dataclass

@@ -27,6 +27,7 @@ from enginekit.metrics import RunMetrics
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
 from enginekit.request import Request, RequestOutput, SamplingParams
 from enginekit.scheduler import Scheduler
+from enginekit.workloads.request import WorkloadRequest
 
 _log = logging.getLogger("enginekit")
 DTYPE_BITS = {"bfloat16": 16, "float16": 16, "float32": 32}
@@ -108,6 +109,7 @@ class Engine:
         self._pending: list[tuple[float, int, Request]] = []  # heap by arrival time
         self._requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
+        self._followers: dict[str, list[WorkloadRequest]] = {}  # turns waiting on a turn
 
     def _restore_cost(self, cfg: DictConfig) -> RestoreCost:
         from enginekit.executor.hardware import hardware_preset
@@ -198,6 +200,9 @@ class Engine:
         num_accepted = 0
         rejections: list[str] = []
         for item in requests:
+            if item.follows is not None:
+                self._followers.setdefault(item.follows, []).append(item)
+                continue
             try:
                 self.add_request(
                     item.prompt_token_ids,
@@ -217,6 +222,28 @@ class Engine:
                 rejections[0],
             )
         return num_accepted
+
+    def _add_followers(self, finished: Request) -> None:
+        """Queues the turns that follow ``finished``: each arrives its think time from now,
+        with ``finished``'s prompt and output in front of its own message."""
+        for item in self._followers.pop(finished.request_id, ()):
+            try:
+                self.add_request(
+                    finished.token_ids + list(item.prompt_token_ids),
+                    SamplingParams(max_tokens=item.max_tokens, ignore_eos=True),
+                    request_id=item.request_id,
+                    arrival_time=self.clock + item.think_time_s,
+                    scripted_output_ids=item.output_token_ids,
+                )
+            except RequestRejectedError as exc:
+                _log.warning("rejected %s", exc)
+                self._drop_followers(item.request_id)
+
+    def _drop_followers(self, request_id: str) -> None:
+        """The turns after a rejected turn never come: counted as rejected too."""
+        for item in self._followers.pop(request_id, ()):
+            self.metrics.on_request_rejected()
+            self._drop_followers(item.request_id)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -263,6 +290,7 @@ class Engine:
             self.metrics.on_request_finished(
                 request.request_id, self.clock, request.num_output_tokens
             )
+            self._add_followers(request)
         usage = self.kv.usage()
         running = self.scheduler.running
         self.metrics.on_step(
@@ -301,13 +329,17 @@ class Engine:
     def output(self, request_id: str) -> RequestOutput:
         return RequestOutput.of(self._requests[request_id])
 
-    def ideal_prefix_hit_tokens(self) -> int:
-        """Hits a perfect, unbounded block-granular prefix cache would get on the requests
-        added so far."""
+    def ideal_prefix_hit_tokens(self, block_size: int | None = None) -> int:
+        """Hits a perfect, unbounded prefix cache of ``block_size`` granularity (default:
+        the cache's) would get on the requests added so far, each seeing the prompts and
+        outputs of every request that arrived before it."""
         from enginekit.workloads import ideal_prefix_hit_tokens
 
-        prompts = [r.prompt_token_ids for r in self._requests.values()]
-        return ideal_prefix_hit_tokens(prompts, self.kv_spec.block_size)
+        return ideal_prefix_hit_tokens(
+            list(self._requests.values()),
+            block_size or self.kv_spec.block_size,
+            include_outputs=True,
+        )
 
     def summary(self) -> dict[str, Any]:
         return self.metrics.summary(
