@@ -42,7 +42,7 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int) -> None:
-        """Raises ValueError if num_blocks < 1."""
+        """Raises ValueError if num_blocks is not in [1, 2**31 - 1] (block ids are int32)."""
     @property
     def num_blocks(self) -> int: ...
     @property
@@ -57,6 +57,18 @@ class BlockPool:
 
         Raises OutOfBlocksError if num_blocks > num_free_blocks, ValueError if negative.
         """
+    def allocate_run(self, num_blocks: int) -> list[int]:
+        """First fit: the lowest b such that blocks b .. b + num_blocks - 1 are all free (free
+        means on the free stack; evictable blocks are not free, and this never evicts). Takes
+        them off the free stack, keeping the order of the rest of the stack; each gets
+        ref_count 1; returns [b, b + 1, ..., b + num_blocks - 1] ([] for 0).
+
+        Raises ValueError if negative; OutOfBlocksError "cannot allocate N blocks: only K
+        free" if num_blocks > num_free_blocks, else "no run of N consecutive free blocks
+        (longest: K)" when fragmentation prevents it.
+        """
+    def longest_free_run(self) -> int:
+        """Length of the longest run of consecutive free block ids (0 if none is free)."""
     def incref(self, block_id: int) -> None:
         """Adds a reference. An evictable block leaves the LRU list (a prefix-cache hit).
 
@@ -93,7 +105,8 @@ class BlockPool:
     def ref_count(self, block_id: int) -> int:
         """Raises KVCacheError for an unknown id."""
     def evict(self, block_id: int) -> int:
-        """Evictable -> free: drops the block's hash and returns it.
+        """Evictable -> free: drops the block's hash and returns that hash (not the block id);
+        the block is pushed on the free stack, so it is the next one allocated.
 
         Raises KVCacheError if the block is not evictable.
         """
@@ -119,52 +132,86 @@ class BlockTables:
 
     Holds no references itself: callers incref/decref in the BlockPool. ``grow`` and
     ``cache_blocks`` take the pool to do a whole batch in one call.
+
+    Ids and counts: a table entry is a block id in [0, 2**31) (so every table exports to
+    int32); any other value raises ValueError. A new sequence id (add_sequence, fork's child)
+    must be in [0, 2**64), else ValueError; naming a sequence that does not exist (a negative
+    or huge id included) raises KVCacheError. A negative count (num_blocks, num_tokens, width)
+    raises ValueError. Arguments are checked left to right before the state is looked at.
+
+    Holes: release_front turns leading entries into holes, for a sliding-window policy that
+    releases the blocks a sequence can no longer attend to. A hole keeps its logical slot:
+    num_blocks, max_num_blocks, grow and num_blocks_to_grow count it (grow never refills it).
+    block_ids and block_id_at show a hole as -1; export_into writes it as ``pad``; fork copies
+    holes; set_block and cache_blocks refuse a hole index with KVCacheError; check_integrity
+    skips holes. remove_sequence, truncate and fork return the block ids the caller must free
+    or incref, so they skip holes. Holes always form a prefix of a table.
     """
 
     def __init__(self, block_size: int) -> None:
-        """Raises ValueError if block_size < 1."""
+        """Raises ValueError if block_size is not in [1, 2**64)."""
     @property
     def block_size(self) -> int: ...
     @property
     def num_sequences(self) -> int: ...
     def has_sequence(self, seq_id: int) -> bool: ...
     def add_sequence(self, seq_id: int, block_ids: Sequence[int] = ()) -> None:
-        """Raises KVCacheError if seq_id already exists."""
+        """Raises KVCacheError if seq_id already exists; ValueError for a seq_id not in
+        [0, 2**64) or a block id not in [0, 2**31)."""
     def remove_sequence(self, seq_id: int) -> list[int]:
-        """Forgets the sequence; returns its blocks in logical order (the caller frees them).
+        """Forgets the sequence; returns its blocks in logical order, holes skipped (the caller
+        frees them).
 
         Raises KVCacheError for an unknown seq_id (as do all methods below).
         """
     def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None: ...
     def truncate(self, seq_id: int, num_blocks: int) -> list[int]:
-        """Keeps the first num_blocks blocks; returns the removed ones in logical order.
+        """Keeps the first num_blocks entries; returns the removed blocks in logical order,
+        holes skipped.
 
-        Raises KVCacheError if num_blocks exceeds the table's length.
+        Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
         """
-    def fork(self, parent_id: int, child_id: int) -> list[int]:
-        """The child gets a copy of the parent's table; returns it (the caller increfs).
+    def release_front(self, seq_id: int, num_blocks: int) -> list[int]:
+        """Makes the first num_blocks entries holes; returns the block ids that were there and
+        not holes yet, in logical order (the caller frees them). Entries already holes are
+        skipped, so releasing a shorter or equal front again returns [].
 
-        Raises KVCacheError if the parent is unknown or the child exists.
+        Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
+        """
+    def num_holes(self, seq_id: int) -> int:
+        """Holes in the table (they are its first num_holes entries)."""
+    def fork(self, parent_id: int, child_id: int) -> list[int]:
+        """The child gets a copy of the parent's table, holes included; returns its block ids,
+        holes skipped (the caller increfs them).
+
+        Raises KVCacheError if the parent is unknown or the child exists; ValueError if
+        child_id is not in [0, 2**64).
         """
     def set_block(self, seq_id: int, index: int, block_id: int) -> int:
         """Replaces logical block ``index`` (copy-on-write); returns the old block id.
 
-        Raises KVCacheError if index is out of range.
+        Raises KVCacheError if index is out of range or a hole (checked first), ValueError
+        for a block id not in [0, 2**31).
         """
-    def block_ids(self, seq_id: int) -> list[int]: ...
+    def block_ids(self, seq_id: int) -> list[int]:
+        """The table in logical order, holes as -1."""
     def block_id_at(self, seq_id: int, index: int) -> int:
-        """Raises KVCacheError if index is out of range."""
-    def num_blocks(self, seq_id: int) -> int: ...
+        """The entry at index, -1 for a hole. Raises KVCacheError if index is out of range."""
+    def num_blocks(self, seq_id: int) -> int:
+        """Logical length of the table: holes count."""
     def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
         """Sum over the batch of max(0, ceil(num_tokens / block_size) - num_blocks(seq)).
 
-        Raises ValueError if the two sequences differ in length.
+        A sequence listed twice counts twice, so this is an upper bound on what grow allocates.
+        Raises ValueError if the two sequences differ in length or a num_tokens is negative.
         """
     def grow(self, pool: BlockPool, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
         """Allocates from ``pool`` and appends so that each sequence holds at least
         ceil(num_tokens / block_size) blocks; returns the number of blocks allocated.
 
-        All or nothing: raises OutOfBlocksError if the batch needs more than
+        Sequences are served in batch order, each taking the next blocks the pool hands out. A
+        sequence listed twice grows once, to the largest of its targets (num_blocks_to_grow
+        counts it twice). All or nothing: raises OutOfBlocksError if the batch needs more than
         pool.num_free_blocks, and KVCacheError for an unknown seq_id, changing nothing.
         """
     def cache_blocks(
@@ -172,19 +219,21 @@ class BlockTables:
     ) -> int:
         """pool.cache_block(block_id_at(seq_id, first_index + i), block_hashes[i]) for each i;
         returns how many returned True. Checked first: raises KVCacheError if the range
-        passes the table's end, changing nothing."""
+        passes the table's end or holds a hole, ValueError for a hash not in [0, 2**64),
+        changing nothing; a cache_block error midway undoes this call's recordings."""
     def max_num_blocks(self, seq_ids: Sequence[int]) -> int:
         """The longest table among seq_ids (0 for an empty batch)."""
     def export_into(self, seq_ids: Sequence[int], out: Any, width: int, pad: int = -1) -> None:
         """Writes the batch's tables row by row into ``out``, a writable C-contiguous buffer of
         int32 (e.g. a numpy array of shape (len(seq_ids), width)); rows shorter than width are
-        padded with ``pad``. Raises ValueError if out is too small, not int32, or a table is
+        padded with ``pad``, and holes are written as ``pad``. Raises ValueError if out is too small, not int32, or a table is
         longer than width; KVCacheError for an unknown seq_id."""
     def seq_ids(self) -> list[int]:
         """Every sequence id, ascending."""
     def check_integrity(self, pool: BlockPool | None = None) -> None:
         """Raises KVCacheError if a table holds an id outside the pool or a block with
-        ref_count 0; without a pool, checks only that ids are non-negative."""
+        ref_count 0; without a pool, checks only that ids are valid entries. Holes are
+        skipped, but must form a prefix of their table."""
 
 class RadixMatch(NamedTuple):
     """Result of RadixTree.match_prefix."""

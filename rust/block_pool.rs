@@ -184,6 +184,54 @@ impl BlockPool {
         Ok(())
     }
 
+    /// Free means on the free stack: `ref_count == 0` and not cached.
+    fn is_free(&self, b: usize) -> bool {
+        self.ref_count[b] == 0 && self.hash[b].is_none()
+    }
+
+    /// Length of the longest run of consecutive free block ids.
+    pub fn longest_free_run(&self) -> u32 {
+        let (mut best, mut cur) = (0u32, 0u32);
+        for b in 0..self.ref_count.len() {
+            cur = if self.is_free(b) { cur + 1 } else { 0 };
+            best = best.max(cur);
+        }
+        best
+    }
+
+    /// First fit: the lowest `b` such that blocks `b .. b + num_blocks` are all free. Takes them
+    /// off the free stack, keeping the order of the rest; each gets ref_count 1. Never evicts.
+    pub fn allocate_run(&mut self, num_blocks: u64) -> KvResult<Vec<u32>> {
+        if num_blocks > self.free.len() as u64 {
+            return Err(self.out_of_blocks(num_blocks));
+        }
+        if num_blocks == 0 {
+            return Ok(Vec::new());
+        }
+        let n = num_blocks as usize;
+        let mut cur = 0usize;
+        let mut start = None;
+        for b in 0..self.ref_count.len() {
+            cur = if self.is_free(b) { cur + 1 } else { 0 };
+            if cur == n {
+                start = Some(b + 1 - n);
+                break;
+            }
+        }
+        let Some(start) = start else {
+            return Err(KvError::OutOfBlocks(format!(
+                "no run of {num_blocks} consecutive free blocks (longest: {})",
+                self.longest_free_run()
+            )));
+        };
+        let run = start as u32..(start + n) as u32;
+        self.free.retain(|b| !run.contains(b));
+        for b in run.clone() {
+            self.ref_count[b as usize] = 1;
+        }
+        Ok(run.collect())
+    }
+
     /// Adds a reference; an evictable block leaves the LRU list (a prefix-cache hit).
     pub fn incref(&mut self, block_id: u32) -> KvResult<()> {
         let b = self.check_id(block_id)?;
@@ -582,6 +630,40 @@ mod tests {
         p.allocate_into(2, &mut v).unwrap();
         assert_eq!(v, vec![9, 2, 3]);
         assert_eq!(p.num_free_blocks(), 0);
+        p.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn allocate_run_first_fit() {
+        let mut p = mixed(); // 0, 1 evictable; 2, 3 used; 4, 5 free
+        assert_eq!(p.longest_free_run(), 2);
+        assert_eq!(
+            p.allocate_run(3).unwrap_err(),
+            KvError::OutOfBlocks("cannot allocate 3 blocks: only 2 free".into())
+        );
+        p.evict(1).unwrap(); // free stack top: 1, then 4, 5
+        assert_eq!(p.free_block_ids(), vec![1, 4, 5]);
+        assert_eq!(
+            p.allocate_run(3).unwrap_err(),
+            KvError::OutOfBlocks("no run of 3 consecutive free blocks (longest: 2)".into())
+        );
+        assert_eq!(p.allocate_run(0).unwrap(), Vec::<u32>::new());
+        assert_eq!(p.allocate_run(2).unwrap(), vec![4, 5]);
+        assert_eq!(p.free_block_ids(), vec![1]);
+        assert_eq!(p.ref_counts(), &[0, 0, 1, 1, 1, 1]);
+        assert_eq!(p.allocate_run(1).unwrap(), vec![1]);
+        assert_eq!(p.longest_free_run(), 0);
+        p.check_integrity().unwrap();
+
+        let mut p = pool(8);
+        p.allocate(8).unwrap();
+        p.free(&[6, 1, 2, 4, 5, 7]).unwrap(); // stack top first: 7, 5, 4, 2, 1, 6
+        assert_eq!(p.longest_free_run(), 4);
+        assert_eq!(p.allocate_run(2).unwrap(), vec![1, 2]);
+        assert_eq!(p.free_block_ids(), vec![7, 5, 4, 6]);
+        assert_eq!(p.allocate_run(2).unwrap(), vec![4, 5]);
+        assert_eq!(p.free_block_ids(), vec![7, 6]);
+        assert_eq!(p.allocate_run(2).unwrap(), vec![6, 7]);
         p.check_integrity().unwrap();
     }
 

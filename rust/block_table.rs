@@ -3,6 +3,10 @@
 //! The tables hold no references themselves: callers incref/decref in the [`BlockPool`].
 //! `grow` and `cache_blocks` take the pool to handle a whole batch in one call. Every stored
 //! block id is at most `i32::MAX`, so any table exports to an int32 buffer.
+//!
+//! Holes: `release_front` turns leading entries into holes ([`HOLE`]), for a sliding window
+//! that drops blocks a sequence can no longer attend to. A hole keeps its logical slot (the
+//! table's length counts it) but references no block; holes always form a prefix of a table.
 //! A call that errors changes nothing.
 
 use std::cell::Cell;
@@ -13,6 +17,14 @@ use crate::hash::FastBuild;
 
 /// Largest block id a table accepts (ids must fit an int32 export).
 pub const MAX_BLOCK_ID: u32 = i32::MAX as u32;
+
+/// A released entry: outside the valid ids, shown to Python as -1.
+pub const HOLE: u32 = u32::MAX;
+
+/// The entries that are blocks, holes skipped.
+fn held(entries: &[u32]) -> Vec<u32> {
+    entries.iter().copied().filter(|&b| b != HOLE).collect()
+}
 
 #[derive(Debug, Clone)]
 pub struct BlockTables {
@@ -96,10 +108,11 @@ impl BlockTables {
         Ok(())
     }
 
-    /// Forgets the sequence; returns its blocks in logical order (the caller frees them).
+    /// Forgets the sequence; returns its blocks in logical order, holes skipped (the caller
+    /// frees them).
     pub fn remove_sequence(&mut self, seq_id: u64) -> KvResult<Vec<u32>> {
         match self.tables.remove(&seq_id) {
-            Some(t) => Ok(t),
+            Some(t) => Ok(held(&t)),
             None => unknown(seq_id),
         }
     }
@@ -111,7 +124,8 @@ impl BlockTables {
         Ok(())
     }
 
-    /// Keeps the first `num_blocks` blocks; returns the removed ones in logical order.
+    /// Keeps the first `num_blocks` entries; returns the removed blocks in logical order, holes
+    /// skipped.
     pub fn truncate(&mut self, seq_id: u64, num_blocks: u64) -> KvResult<Vec<u32>> {
         let t = self.table_mut(seq_id)?;
         if num_blocks > t.len() as u64 {
@@ -120,10 +134,36 @@ impl BlockTables {
                 t.len()
             ));
         }
-        Ok(t.split_off(num_blocks as usize))
+        Ok(held(&t.split_off(num_blocks as usize)))
     }
 
-    /// The child gets a copy of the parent's table; returns it (the caller increfs).
+    /// Makes the first `num_blocks` entries holes; returns the blocks that were there and not
+    /// holes yet, in logical order (the caller frees them).
+    pub fn release_front(&mut self, seq_id: u64, num_blocks: u64) -> KvResult<Vec<u32>> {
+        let t = self.table_mut(seq_id)?;
+        if num_blocks > t.len() as u64 {
+            return cache_err(format!(
+                "cannot release {num_blocks} blocks of sequence {seq_id}: it has {}",
+                t.len()
+            ));
+        }
+        let front = &mut t[..num_blocks as usize];
+        let released = held(front);
+        front.fill(HOLE);
+        Ok(released)
+    }
+
+    /// Holes at the front of the table.
+    pub fn num_holes(&self, seq_id: u64) -> KvResult<usize> {
+        Ok(self
+            .table(seq_id)?
+            .iter()
+            .take_while(|&&b| b == HOLE)
+            .count())
+    }
+
+    /// The child gets a copy of the parent's table, holes included; returns its blocks, holes
+    /// skipped (the caller increfs them).
     pub fn fork(&mut self, parent_id: u64, child_id: u64) -> KvResult<Vec<u32>> {
         let t = self.table(parent_id)?.clone();
         if self.tables.contains_key(&child_id) {
@@ -131,8 +171,14 @@ impl BlockTables {
                 "cannot fork sequence {parent_id}: child {child_id} already exists"
             ));
         }
-        self.tables.insert(child_id, t.clone());
-        Ok(t)
+        let blocks = held(&t);
+        self.tables.insert(child_id, t);
+        Ok(blocks)
+    }
+
+    /// The error of a call that needs a block where the table has a hole.
+    pub fn hole_error(seq_id: u64, index: u64) -> KvError {
+        KvError::Cache(format!("block {index} of sequence {seq_id} is a hole"))
     }
 
     fn index_err<T>(seq_id: u64, index: u64, len: usize) -> KvResult<T> {
@@ -141,20 +187,26 @@ impl BlockTables {
         ))
     }
 
-    /// Replaces logical block `index` (copy-on-write); returns the old block id.
+    /// Replaces logical block `index` (copy-on-write); returns the old block id. A hole cannot
+    /// be replaced.
     pub fn set_block(&mut self, seq_id: u64, index: u64, block_id: u32) -> KvResult<u32> {
         let t = self.table_mut(seq_id)?;
         if index >= t.len() as u64 {
             return Self::index_err(seq_id, index, t.len());
         }
+        if t[index as usize] == HOLE {
+            return Err(Self::hole_error(seq_id, index));
+        }
         check_block_ids(&[block_id])?;
         Ok(std::mem::replace(&mut t[index as usize], block_id))
     }
 
+    /// The table, holes as [`HOLE`].
     pub fn block_ids(&self, seq_id: u64) -> KvResult<&[u32]> {
         Ok(self.table(seq_id)?)
     }
 
+    /// The entry at `index`: a block id or [`HOLE`].
     pub fn block_id_at(&self, seq_id: u64, index: u64) -> KvResult<u32> {
         let t = self.table(seq_id)?;
         match t.get(usize::try_from(index).unwrap_or(usize::MAX)) {
@@ -163,6 +215,7 @@ impl BlockTables {
         }
     }
 
+    /// Logical length: holes count.
     pub fn num_blocks(&self, seq_id: u64) -> KvResult<usize> {
         Ok(self.table(seq_id)?.len())
     }
@@ -251,6 +304,9 @@ impl BlockTables {
             ));
         }
         let blocks = &t[first_index as usize..][..block_hashes.len()];
+        if let Some(i) = blocks.iter().position(|&b| b == HOLE) {
+            return Err(Self::hole_error(seq_id, first_index + i as u64));
+        }
         // Blocks recorded by this call, to undo on error. Each block is recorded at most once:
         // a second cache_block on it returns false or errors.
         let mut recorded: Vec<u32> = Vec::new();
@@ -279,7 +335,7 @@ impl BlockTables {
     }
 
     /// Writes the batch's tables row by row (row stride `width`) into `out`, padding each row
-    /// with `pad`. Checks everything before writing anything.
+    /// with `pad`; a hole is written as `pad` too. Checks everything before writing anything.
     pub fn export_into(
         &self,
         seq_ids: &[u64],
@@ -313,7 +369,7 @@ impl BlockTables {
             let t = &self.tables[&s];
             // Ids are <= MAX_BLOCK_ID, so the casts are lossless.
             for (cell, &b) in row.iter().zip(t) {
-                cell.set(b as i32);
+                cell.set(if b == HOLE { pad } else { b as i32 });
             }
             for cell in &row[t.len()..] {
                 cell.set(pad);
@@ -330,10 +386,17 @@ impl BlockTables {
     }
 
     /// Every held id is inside the pool with ref_count > 0; without a pool, only that ids are
-    /// valid table entries (non-negative as int32).
+    /// valid table entries (non-negative as int32). Holes are skipped but must form a prefix.
     pub fn check_integrity(&self, pool: Option<&BlockPool>) -> KvResult<()> {
         for s in self.seq_ids() {
-            for (i, &b) in self.tables[&s].iter().enumerate() {
+            let t = &self.tables[&s];
+            let holes = t.iter().take_while(|&&b| b == HOLE).count();
+            for (i, &b) in t.iter().enumerate().skip(holes) {
+                if b == HOLE {
+                    return cache_err(format!(
+                        "block tables integrity: sequence {s} block {i} is a hole after a block"
+                    ));
+                }
                 if b > MAX_BLOCK_ID {
                     return cache_err(format!(
                         "block tables integrity: sequence {s} block {i} holds invalid id {b}"
@@ -615,6 +678,65 @@ mod tests {
     }
 
     #[test]
+    fn release_front_makes_holes() {
+        let (mut bt, mut pool) = setup();
+        bt.grow(&mut pool, &[1], &[16]).unwrap(); // seq 1 -> 0, 1, 3, 4
+        assert_eq!(bt.num_holes(1).unwrap(), 0);
+        assert_eq!(bt.release_front(1, 2).unwrap(), vec![0, 1]);
+        pool.free(&[0, 1]).unwrap();
+        assert_eq!(bt.block_ids(1).unwrap(), &[HOLE, HOLE, 3, 4]);
+        assert_eq!(bt.block_id_at(1, 0).unwrap(), HOLE);
+        assert_eq!(
+            (bt.num_holes(1).unwrap(), bt.num_blocks(1).unwrap()),
+            (2, 4)
+        );
+        // Already-holes are skipped; 0 and a shorter front change nothing.
+        assert_eq!(bt.release_front(1, 1).unwrap(), Vec::<u32>::new());
+        assert_eq!(bt.release_front(1, 0).unwrap(), Vec::<u32>::new());
+        assert_eq!(bt.release_front(1, 3).unwrap(), vec![3]);
+        pool.decref(3).unwrap();
+        bt.check_integrity(Some(&pool)).unwrap();
+        bt.check_integrity(None).unwrap();
+        assert_eq!(
+            msg(bt.release_front(1, 5)),
+            "cannot release 5 blocks of sequence 1: it has 4"
+        );
+        assert_eq!(msg(bt.release_front(9, 0)), "unknown sequence 9");
+        assert_eq!(msg(bt.num_holes(9)), "unknown sequence 9");
+        // Holes keep their slots: growth counts them.
+        assert_eq!(bt.num_blocks_to_grow(&[1], &[20]).unwrap(), 1);
+        assert_eq!(bt.grow(&mut pool, &[1], &[20]).unwrap(), 1);
+        assert_eq!(bt.block_ids(1).unwrap(), &[HOLE, HOLE, HOLE, 4, 3]);
+        // Holes refuse set_block and cache_blocks, before anything changes.
+        assert_eq!(
+            msg(bt.set_block(1, 2, 7)),
+            "block 2 of sequence 1 is a hole"
+        );
+        assert_eq!(
+            msg(bt.cache_blocks(&mut pool, 1, 2, &[5, 6])),
+            "block 2 of sequence 1 is a hole"
+        );
+        assert_eq!(bt.cache_blocks(&mut pool, 1, 3, &[5, 6]).unwrap(), 2);
+        assert_eq!(bt.set_block(1, 4, 1).unwrap(), 3);
+        // Export writes holes as pad.
+        let mut buf = vec![9i32; 6];
+        let cells = Cell::from_mut(&mut buf[..]).as_slice_of_cells();
+        bt.export_into(&[1], cells, 6, -7).unwrap();
+        assert_eq!(buf, vec![-7, -7, -7, 4, 1, -7]);
+        // Fork copies holes and returns only blocks; truncate and remove skip holes.
+        assert_eq!(bt.fork(1, 5).unwrap(), vec![4, 1]);
+        assert_eq!(bt.block_ids(5).unwrap(), &[HOLE, HOLE, HOLE, 4, 1]);
+        assert_eq!(bt.truncate(5, 4).unwrap(), vec![1]);
+        assert_eq!(bt.truncate(5, 1).unwrap(), vec![4]);
+        assert_eq!(bt.remove_sequence(5).unwrap(), Vec::<u32>::new());
+        assert_eq!(bt.remove_sequence(1).unwrap(), vec![4, 1]);
+        // A hole after a block breaks integrity.
+        bt.add_sequence(6, &[2]).unwrap();
+        bt.tables.get_mut(&6).unwrap().push(HOLE);
+        assert!(msg(bt.check_integrity(None)).contains("hole after a block"));
+    }
+
+    #[test]
     fn integrity_against_pool() {
         let (mut bt, pool) = setup();
         bt.check_integrity(Some(&pool)).unwrap();
@@ -626,7 +748,7 @@ mod tests {
         bt.set_block(3, 0, 10).unwrap();
         assert!(msg(bt.check_integrity(Some(&pool))).contains("outside the pool of 10 blocks"));
         bt.check_integrity(None).unwrap();
-        bt.tables.get_mut(&3).unwrap()[0] = u32::MAX;
+        bt.tables.get_mut(&3).unwrap()[0] = MAX_BLOCK_ID + 1;
         assert!(msg(bt.check_integrity(None)).contains("invalid id"));
         pool.check_integrity().unwrap();
     }

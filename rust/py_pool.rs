@@ -86,6 +86,23 @@ impl PyBlockPool {
         })
     }
 
+    fn allocate_run(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let n = count(num_blocks, "num_blocks")?;
+            if n == u64::MAX {
+                return Err(OutOfBlocksError::new_err(format!(
+                    "cannot allocate {num_blocks} blocks: only {} free",
+                    self.inner.num_free_blocks()
+                )));
+            }
+            self.inner.allocate_run(n).map_err(to_py)
+        })
+    }
+
+    fn longest_free_run(&self) -> PyResult<u32> {
+        guard(|| Ok(self.inner.longest_free_run()))
+    }
+
     fn incref(&mut self, block_id: &Bound<'_, PyAny>) -> PyResult<()> {
         guard(|| {
             let b = self.block_arg(block_id)?;

@@ -3,12 +3,22 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 
-use crate::block_table::{BlockTables, MAX_BLOCK_ID};
+use crate::block_table::{BlockTables, HOLE, MAX_BLOCK_ID};
 use crate::py::{
     as_i32, as_u64, bad_table_block, cache_err, collect_ints, count, for_each_item, guard,
     new_seq_arg, seq_arg, seq_ids_into, table_block_ids, to_py, value_err,
 };
 use crate::py_pool::PyBlockPool;
+
+/// A table entry as Python sees it: a block id, or -1 for a hole.
+fn entry(b: u32) -> i32 {
+    if b == HOLE {
+        -1
+    } else {
+        // Entries other than holes are <= MAX_BLOCK_ID = i32::MAX.
+        b as i32
+    }
+}
 
 #[pyclass(name = "BlockTables", module = "enginekit._native")]
 pub struct PyBlockTables {
@@ -126,6 +136,26 @@ impl PyBlockTables {
         })
     }
 
+    fn release_front(
+        &mut self,
+        seq_id: &Bound<'_, PyAny>,
+        num_blocks: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            self.inner.num_blocks(s).map_err(to_py)?;
+            let n = count(num_blocks, "num_blocks")?;
+            self.inner.release_front(s, n).map_err(to_py)
+        })
+    }
+
+    fn num_holes(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            self.inner.num_holes(s).map_err(to_py)
+        })
+    }
+
     fn fork(
         &mut self,
         parent_id: &Bound<'_, PyAny>,
@@ -151,8 +181,10 @@ impl PyBlockTables {
             let b = match as_u64(block_id)? {
                 Some(v) if v <= u64::from(MAX_BLOCK_ID) => v as u32,
                 _ => {
-                    // Report a bad index before a bad block id, as the core does.
-                    self.inner.block_id_at(s, i).map_err(to_py)?;
+                    // Report a bad index or a hole before a bad block id, as the core does.
+                    if self.inner.block_id_at(s, i).map_err(to_py)? == HOLE {
+                        return Err(to_py(BlockTables::hole_error(s, i)));
+                    }
                     return Err(bad_table_block(block_id));
                 }
             };
@@ -160,18 +192,19 @@ impl PyBlockTables {
         })
     }
 
-    fn block_ids(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    fn block_ids(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
         guard(|| {
             let s = seq_arg(seq_id)?;
-            Ok(self.inner.block_ids(s).map_err(to_py)?.to_vec())
+            let t = self.inner.block_ids(s).map_err(to_py)?;
+            Ok(t.iter().map(|&b| entry(b)).collect())
         })
     }
 
-    fn block_id_at(&self, seq_id: &Bound<'_, PyAny>, index: &Bound<'_, PyAny>) -> PyResult<u32> {
+    fn block_id_at(&self, seq_id: &Bound<'_, PyAny>, index: &Bound<'_, PyAny>) -> PyResult<i32> {
         guard(|| {
             let s = seq_arg(seq_id)?;
             let i = self.index_arg(s, index)?;
-            self.inner.block_id_at(s, i).map_err(to_py)
+            Ok(entry(self.inner.block_id_at(s, i).map_err(to_py)?))
         })
     }
 

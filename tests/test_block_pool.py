@@ -35,6 +35,7 @@ def state(pool: Any) -> dict[str, Any]:
         "ref_counts": pool.ref_counts(),
         "cached_blocks": pool.cached_blocks(),
         "block_hashes": [pool.block_hash(b) for b in range(pool.num_blocks)],
+        "longest_free_run": pool.longest_free_run(),
     }
 
 
@@ -46,6 +47,17 @@ def raises_unchanged(pool: Any, exc: type[Exception], fn: Callable[[], Any]) -> 
     assert type(info.value) is exc
     assert state(pool) == before
     pool.check_integrity()
+
+
+def raises_unchanged_msg(pool: Any, exc: type[Exception], fn: Callable[[], Any]) -> Exception:
+    """As raises_unchanged; returns the exception (for its message)."""
+    before = state(pool)
+    with pytest.raises(exc) as info:
+        fn()
+    assert type(info.value) is exc
+    assert state(pool) == before
+    pool.check_integrity()
+    return info.value
 
 
 # ---- exact behaviour, against both implementations ------------------------------------------
@@ -85,6 +97,43 @@ def test_allocate_errors(Pool) -> None:
     pool.allocate(1)
     raises_unchanged(pool, OutOfBlocksError, lambda: pool.allocate(4))
     raises_unchanged(pool, ValueError, lambda: pool.allocate(-1))
+
+
+def test_allocate_run_first_fit(Pool) -> None:
+    pool = Pool(6)
+    assert pool.allocate(4) == [0, 1, 2, 3]
+    pool.cache_block(0, 100)
+    pool.cache_block(1, 101)
+    pool.free([0, 1])  # 0, 1 evictable (not free); 2, 3 used; 4, 5 free
+    assert pool.longest_free_run() == 2
+    msg = str(raises_unchanged_msg(pool, OutOfBlocksError, lambda: pool.allocate_run(3)))
+    assert msg == "cannot allocate 3 blocks: only 2 free"
+    pool.evict(1)
+    assert pool.free_block_ids() == [1, 4, 5]
+    msg = str(raises_unchanged_msg(pool, OutOfBlocksError, lambda: pool.allocate_run(3)))
+    assert msg == "no run of 3 consecutive free blocks (longest: 2)"
+    raises_unchanged(pool, ValueError, lambda: pool.allocate_run(-1))
+    assert pool.allocate_run(0) == []
+    assert pool.allocate_run(2) == [4, 5]
+    assert pool.free_block_ids() == [1]
+    assert pool.ref_counts() == [0, 0, 1, 1, 1, 1]
+    assert pool.allocate_run(1) == [1]
+    assert pool.longest_free_run() == 0
+    pool.check_integrity()
+
+
+def test_allocate_run_keeps_the_free_stack_order(Pool) -> None:
+    pool = Pool(8)
+    pool.allocate(8)
+    pool.free([6, 1, 2, 4, 5, 7])
+    assert pool.free_block_ids() == [7, 5, 4, 2, 1, 6]
+    assert pool.longest_free_run() == 4
+    assert pool.allocate_run(2) == [1, 2]
+    assert pool.free_block_ids() == [7, 5, 4, 6]
+    assert pool.allocate_run(3) == [4, 5, 6]
+    assert pool.free_block_ids() == [7]
+    assert pool.allocate(1) == [7]
+    pool.check_integrity()
 
 
 def test_free_is_lifo(Pool) -> None:
@@ -313,6 +362,11 @@ class PoolTwins(RuleBasedStateMachine):
     def allocate(self, data: st.DataObject) -> None:
         free = self.python.num_free_blocks
         self.both("allocate", data.draw(st.integers(0, free) | st.integers(-1, self.n + 1)))
+
+    @rule(data=st.data())
+    def allocate_run(self, data: st.DataObject) -> None:
+        run = self.python.longest_free_run()
+        self.both("allocate_run", data.draw(st.integers(0, run) | st.integers(-1, self.n + 1)))
 
     @rule(data=st.data())
     def incref(self, data: st.DataObject) -> None:

@@ -50,6 +50,7 @@ def tables_state(tables: Any) -> dict[str, Any]:
         "block_size": tables.block_size,
         "num_sequences": tables.num_sequences,
         "tables": {s: tables.block_ids(s) for s in tables.seq_ids()},
+        "holes": {s: tables.num_holes(s) for s in tables.seq_ids()},
         "seq_ids": tables.seq_ids(),
     }
 
@@ -320,6 +321,62 @@ def test_export_into_errors(impl) -> None:
     refused((ValueError, BufferError), np.full((2, 8), 7, np.int32)[:, ::2], [5, 6], 4)
 
 
+def test_release_front_makes_holes(impl) -> None:
+    Pool, Tables = impl
+    pool, tables = Pool(10), Tables(4)
+    tables.add_sequence(1, pool.allocate(4))  # 0, 1, 2, 3
+    assert tables.num_holes(1) == 0
+    assert tables.release_front(1, 2) == [0, 1]
+    pool.free([0, 1])
+    assert tables.block_ids(1) == [-1, -1, 2, 3]
+    assert tables.block_id_at(1, 1) == -1
+    assert (tables.num_holes(1), tables.num_blocks(1), tables.max_num_blocks([1])) == (2, 4, 4)
+    # Entries already holes are skipped.
+    assert tables.release_front(1, 1) == []
+    assert tables.release_front(1, 0) == []
+    assert tables.release_front(1, 3) == [2]
+    pool.decref(2)
+    tables.check_integrity(pool)
+    tables.check_integrity()
+    ru = lambda exc, fn: raises_unchanged(pool, tables, exc, fn)  # noqa: E731
+    ru(KVCacheError, lambda: tables.release_front(1, 5))
+    ru(ValueError, lambda: tables.release_front(1, -1))
+    ru(KVCacheError, lambda: tables.release_front(9, 0))
+    ru(KVCacheError, lambda: tables.num_holes(9))
+    # Holes keep their logical slots: growth counts them and never refills them.
+    assert tables.num_blocks_to_grow([1], [20]) == 1
+    assert tables.grow(pool, [1], [20]) == 1
+    assert tables.block_ids(1) == [-1, -1, -1, 3, 2]
+    # set_block and cache_blocks refuse a hole, before anything else about the call.
+    ru(KVCacheError, lambda: tables.set_block(1, 2, 7))
+    ru(KVCacheError, lambda: tables.set_block(1, 2, -5))
+    ru(KVCacheError, lambda: tables.cache_blocks(pool, 1, 2, [5, 6]))
+    assert tables.cache_blocks(pool, 1, 3, [5, 6]) == 2
+    (fresh,) = pool.allocate(1)
+    assert tables.set_block(1, 4, fresh) == 2
+    pool.decref(2)
+    # Export writes holes as pad.
+    out = np.full((1, 6), 9, np.int32)
+    tables.export_into([1], out, 6, pad=-7)
+    assert out.tolist() == [[-7, -7, -7, 3, fresh, -7]]
+    # fork copies holes and returns only blocks; truncate and remove_sequence skip holes.
+    assert tables.fork(1, 5) == [3, fresh]
+    for b in (3, fresh):
+        pool.incref(b)
+    assert tables.block_ids(5) == [-1, -1, -1, 3, fresh]
+    assert tables.num_holes(5) == 3
+    tables.check_integrity(pool)
+    assert tables.truncate(5, 4) == [fresh]
+    assert tables.truncate(5, 1) == [3]
+    assert tables.block_ids(5) == [-1]
+    assert tables.remove_sequence(5) == []
+    pool.free([3, fresh])
+    assert tables.remove_sequence(1) == [3, fresh]
+    pool.free([3, fresh])
+    assert pool.num_used_blocks == 0
+    pool.check_integrity()
+
+
 def test_check_integrity(impl) -> None:
     Pool, Tables = impl
     pool, tables = Pool(4), Tables(4)
@@ -419,6 +476,26 @@ class TablesTwins(RuleBasedStateMachine):
         if kind == "raised":
             self.release(ids)
 
+    @rule(seq_id=SEQ_IDS, data=st.data())
+    def add_sequence_run(self, seq_id: int, data: st.DataObject) -> None:
+        run = self.python[0].longest_free_run()
+        k = data.draw(st.integers(0, run + 1))
+        kind, ids = self.both(lambda p, t: p.allocate_run(k), f"allocate_run({k})")
+        if kind == "raised":
+            return
+        kind, _ = self.both(lambda p, t: t.add_sequence(seq_id, ids), f"add_sequence({seq_id})")
+        if kind == "raised":
+            self.release(ids)
+
+    @rule(data=st.data())
+    @precondition(has_sequences)
+    def release_front(self, data: st.DataObject) -> None:
+        seq_id = self.seq(data)
+        n = data.draw(st.integers(-1, len(self.table(seq_id)) + 1))
+        kind, ids = self.both(lambda p, t: t.release_front(seq_id, n), f"release({seq_id}, {n})")
+        if kind == "returned":
+            self.release(ids)
+
     @rule(data=st.data())
     @precondition(has_sequences)
     def remove_sequence(self, data: st.DataObject) -> None:
@@ -477,6 +554,7 @@ class TablesTwins(RuleBasedStateMachine):
         self.both(lambda p, t: t.has_sequence(seq_id), "has_sequence")
         self.both(lambda p, t: t.block_ids(seq_id), "block_ids")
         self.both(lambda p, t: t.num_blocks(seq_id), "num_blocks")
+        self.both(lambda p, t: t.num_holes(seq_id), "num_holes")
         self.both(lambda p, t: t.block_id_at(seq_id, index), f"block_id_at({index})")
 
     @rule(data=st.data())
@@ -510,7 +588,7 @@ class TablesTwins(RuleBasedStateMachine):
         if not table:
             return
         first = data.draw(st.integers(0, len(table) - 1))
-        if any(pool.block_hash(b) is not None for b in table[first:]):
+        if any(b != -1 and pool.block_hash(b) is not None for b in table[first:]):
             return
         hashes = data.draw(st.lists(st.sampled_from(HASHES), max_size=len(table) - first - 1))
         hashes.insert(

@@ -120,6 +120,48 @@ class PyBlockPool:
             self._ref_counts[block_id] = 1
         return block_ids
 
+    def _is_free(self, block_id: int) -> bool:
+        return self._ref_counts[block_id] == 0 and self._hashes[block_id] is None
+
+    def longest_free_run(self) -> int:
+        """Length of the longest run of consecutive free block ids."""
+        best = current = 0
+        for block_id in range(self._num_blocks):
+            current = current + 1 if self._is_free(block_id) else 0
+            best = max(best, current)
+        return best
+
+    def allocate_run(self, num_blocks: int) -> list[int]:
+        """First fit: the lowest b such that blocks b .. b + num_blocks - 1 are all free (not
+        evictable: never evicts). Takes them off the free stack, keeping the order of the
+        rest; each gets ref_count 1; returns [b, b + 1, ...].
+
+        Raises ValueError if negative; OutOfBlocksError "cannot allocate N blocks: only K
+        free" if num_blocks > num_free_blocks, else "no run of N consecutive free blocks
+        (longest: K)" when fragmentation prevents it.
+        """
+        num_blocks = _check_count("num_blocks", num_blocks)
+        if num_blocks > len(self._free_stack):
+            raise OutOfBlocksError(
+                f"cannot allocate {num_blocks} blocks: only {len(self._free_stack)} free"
+            )
+        if num_blocks == 0:
+            return []
+        for start in range(self._num_blocks - num_blocks + 1):
+            run = range(start, start + num_blocks)
+            if all(self._is_free(b) for b in run):
+                break
+        else:
+            raise OutOfBlocksError(
+                f"no run of {num_blocks} consecutive free blocks "
+                f"(longest: {self.longest_free_run()})"
+            )
+        taken = set(run)
+        self._free_stack = [b for b in self._free_stack if b not in taken]
+        for block_id in run:
+            self._ref_counts[block_id] = 1
+        return list(run)
+
     def incref(self, block_id: int) -> None:
         """Adds a reference. An evictable block leaves the LRU list (a prefix-cache hit).
 

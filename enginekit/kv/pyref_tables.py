@@ -20,7 +20,10 @@ from enginekit.kv.pyref_pool import (
     _check_hash,
 )
 
-__all__ = ["PyBlockTables"]
+__all__ = ["HOLE", "PyBlockTables"]
+
+HOLE = -1
+"""A released table entry (see release_front); block_ids and block_id_at show it as -1."""
 
 
 class PyBlockTables:
@@ -38,6 +41,12 @@ class PyBlockTables:
       value raises ValueError. Whether they lie inside a pool is check_integrity's business.
     - arguments are checked in order, left to right, before the state is looked at; a bad
       count (negative num_blocks, num_tokens or width) raises ValueError.
+
+    Holes: release_front turns leading entries into holes (HOLE, i.e. -1), for a sliding window
+    that drops blocks a sequence can no longer attend to. A hole keeps its logical slot
+    (num_blocks counts it, grow does not refill it) but references no block, so the lists
+    handed back for the caller to free or incref (remove_sequence, truncate, fork) skip holes.
+    Holes always form a prefix of a table.
     """
 
     def __init__(self, block_size: int) -> None:
@@ -116,13 +125,14 @@ class PyBlockTables:
         self._tables[seq_id] = entries
 
     def remove_sequence(self, seq_id: int) -> list[int]:
-        """Forgets the sequence; returns its blocks in logical order (the caller frees them).
+        """Forgets the sequence; returns its blocks in logical order, holes skipped (the caller
+        frees them).
 
         Raises KVCacheError for an unknown seq_id (as do all methods below).
         """
         table = self._table(seq_id)
         del self._tables[operator.index(seq_id)]
-        return table
+        return _held(table)
 
     def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None:
         table = self._table(seq_id)
@@ -141,10 +151,32 @@ class PyBlockTables:
             )
         removed = table[num_blocks:]
         del table[num_blocks:]
-        return removed
+        return _held(removed)
+
+    def release_front(self, seq_id: int, num_blocks: int) -> list[int]:
+        """Makes the first num_blocks entries holes; returns the blocks that were there and not
+        holes yet, in logical order (the caller frees them).
+
+        Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
+        """
+        table = self._table(seq_id)
+        num_blocks = _check_count("num_blocks", num_blocks)
+        if num_blocks > len(table):
+            raise KVCacheError(
+                f"cannot release {num_blocks} blocks of sequence {seq_id}: it has {len(table)}"
+            )
+        released = _held(table[:num_blocks])
+        table[:num_blocks] = [HOLE] * num_blocks
+        return released
+
+    def num_holes(self, seq_id: int) -> int:
+        """Holes at the front of the table."""
+        table = self._table(seq_id)
+        return next((i for i, b in enumerate(table) if b != HOLE), len(table))
 
     def fork(self, parent_id: int, child_id: int) -> list[int]:
-        """The child gets a copy of the parent's table; returns it (the caller increfs).
+        """The child gets a copy of the parent's table, holes included; returns its blocks,
+        holes skipped (the caller increfs them).
 
         Raises KVCacheError if the parent is unknown or the child exists.
         """
@@ -153,29 +185,35 @@ class PyBlockTables:
         if child_id in self._tables:
             raise KVCacheError(f"fork into existing sequence {child_id}")
         self._tables[child_id] = list(parent)
-        return list(parent)
+        return _held(parent)
 
     def set_block(self, seq_id: int, index: int, block_id: int) -> int:
         """Replaces logical block ``index`` (copy-on-write); returns the old block id.
 
-        Raises KVCacheError if index is out of range (negative indices are out of range).
+        Raises KVCacheError if index is out of range (negative indices are out of range) or
+        a hole (checked before the new block id).
         """
         table = self._table(seq_id)
         index = self._index(seq_id, table, index)
+        if table[index] == HOLE:
+            raise KVCacheError(f"block {index} of sequence {seq_id} is a hole")
         (block_id,) = self._entries([block_id])
         old = table[index]
         table[index] = block_id
         return old
 
     def block_ids(self, seq_id: int) -> list[int]:
+        """The table, holes as -1."""
         return list(self._table(seq_id))
 
     def block_id_at(self, seq_id: int, index: int) -> int:
-        """Raises KVCacheError if index is out of range (negative indices are out of range)."""
+        """The entry at index, -1 for a hole. Raises KVCacheError if index is out of range
+        (negative indices are out of range)."""
         table = self._table(seq_id)
         return table[self._index(seq_id, table, index)]
 
     def num_blocks(self, seq_id: int) -> int:
+        """Logical length: holes count."""
         return len(self._table(seq_id))
 
     # ---- batches --------------------------------------------------------------------------
@@ -219,8 +257,9 @@ class PyBlockTables:
         """pool.cache_block(block_id_at(seq_id, first_index + i), block_hashes[i]) for each i;
         returns how many returned True. Checked first: raises KVCacheError if the range
         passes the table's end (or first_index is negative), and ValueError if a hash is not
-        in [0, 2**64), changing nothing. If a cache_block raises midway, the recordings this
-        call made are undone before the exception propagates, so the call changes nothing."""
+        in [0, 2**64), changing nothing; then KVCacheError if the range holds a hole. If a
+        cache_block raises midway, the recordings this call made are undone before the
+        exception propagates, so the call changes nothing."""
         table = self._table(seq_id)
         first_index = operator.index(first_index)
         if first_index < 0:
@@ -231,6 +270,9 @@ class PyBlockTables:
                 f"cache_blocks range [{first_index}, {first_index + len(hashes)}) passes the "
                 f"end of sequence {seq_id} of {len(table)} blocks"
             )
+        for offset in range(len(hashes)):
+            if table[first_index + offset] == HOLE:
+                raise KVCacheError(f"block {first_index + offset} of sequence {seq_id} is a hole")
         recorded: list[int] = []
         try:
             for offset, block_hash in enumerate(hashes):
@@ -250,7 +292,8 @@ class PyBlockTables:
     def export_into(self, seq_ids: Sequence[int], out: Any, width: int, pad: int = -1) -> None:
         """Writes the batch's tables row by row into ``out``, a writable C-contiguous buffer of
         int32 (e.g. a numpy array of shape (len(seq_ids), width)); rows shorter than width are
-        padded with ``pad``. Only the first len(seq_ids) * width elements are written.
+        padded with ``pad``, and holes are written as ``pad`` too. Only the first
+        len(seq_ids) * width elements are written.
 
         Checks everything before writing anything, in this order: width >= 0 and pad in the
         int32 range (ValueError); ``out`` writable, C-contiguous and int32 (ValueError) and
@@ -277,7 +320,7 @@ class PyBlockTables:
                 raise ValueError(f"sequence {s} has {len(table)} blocks, width is {width}")
             tables.append(table)
         for row, table in enumerate(tables):
-            padded = table + [pad] * (width - len(table))
+            padded = [pad if b == HOLE else b for b in table] + [pad] * (width - len(table))
             for col, value in enumerate(padded):
                 flat[row * width + col] = value
 
@@ -287,10 +330,15 @@ class PyBlockTables:
 
     def check_integrity(self, pool: PyBlockPool | None = None) -> None:
         """Raises KVCacheError if a table holds an id outside the pool or a block with
-        ref_count 0; without a pool, checks only that ids are valid entries (in [0, 2**31))."""
+        ref_count 0; without a pool, checks only that ids are valid entries (in [0, 2**31)).
+        Holes are skipped, but must form a prefix of their table."""
         for seq_id in sorted(self._tables):
-            for index, block_id in enumerate(self._tables[seq_id]):
+            table = self._tables[seq_id]
+            for index in range(self.num_holes(seq_id), len(table)):
+                block_id = table[index]
                 where = f"BlockTables integrity: sequence {seq_id} block {index}"
+                if block_id == HOLE:
+                    raise KVCacheError(f"{where} is a hole after a block")
                 if not 0 <= block_id <= _INT32_MAX:
                     raise KVCacheError(f"{where} holds invalid id {block_id}")
                 if pool is None:
@@ -318,3 +366,8 @@ def _int32_view(out: Any) -> memoryview:
     if view.nbytes == 0:  # memoryview cannot cast a view with a zero in its shape
         return memoryview(bytearray()).cast("i")
     return view.cast("B").cast("i")
+
+
+def _held(entries: list[int]) -> list[int]:
+    """The entries that are blocks, holes skipped."""
+    return [b for b in entries if b != HOLE]
