@@ -342,10 +342,15 @@ class Engine:
         )
 
     def summary(self) -> dict[str, Any]:
-        return self.metrics.summary(
+        """The run's metrics. The ideal hit count is at the prefix cache's own granularity:
+        tokens for a token-granular cache (radix), whole blocks otherwise."""
+        token_granular = self.kv.prefix.token_granular
+        summary = self.metrics.summary(
             self.kv_spec.bytes_per_block,
-            ideal_hit_tokens=self.ideal_prefix_hit_tokens(),
+            ideal_hit_tokens=self.ideal_prefix_hit_tokens(1 if token_granular else None),
         )
+        summary["prefix_cache_ideal_granularity"] = "token" if token_granular else "block"
+        return summary
 
     def describe(self) -> dict[str, Any]:
         """Where and with what the run happens: plugins, model, KV layout, executor."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from enginekit.config import SchedulerConfig
-from enginekit.errors import ConfigError
+from enginekit.errors import ConfigError, OutOfBlocksError
 from enginekit.executor.base import ModelOutput, SchedulerOutput
 from enginekit.interfaces.prefix import NO_MATCH
 from enginekit.request import Request, RequestStatus
@@ -112,24 +112,29 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if self.preemption.is_swapped(request):
-                if not self.kv.can_admit(request, NO_MATCH):
-                    break
-                self.waiting.popleft()
-                self.metrics.on_swap(0, self.preemption.restore(request))
-            else:
-                match = self.kv.match(request)
-                if not self.kv.can_admit(request, match):
-                    break
-                self.waiting.popleft()
-                self.kv.admit(request, match)
-                if request.num_preemptions == 0:
-                    request.num_cached_tokens = match.num_tokens
-                    self.metrics.on_prefix_query(request.num_tokens, match.num_tokens)
+            is_restore = self.preemption.is_swapped(request)
+            try:
+                if is_restore:
+                    if not self.kv.can_admit(request, NO_MATCH):
+                        break
+                    self.metrics.on_swap(0, self.preemption.restore(request))
+                else:
+                    match = self.kv.match(request)
+                    if match.num_deferred_tokens and (decodes or prefill_seq_ids):
+                        break  # its prefix is being computed by this step: admit it next
+                    if not self.kv.can_admit(request, match):
+                        break
+                    self.kv.admit(request, match)
+                    if request.num_preemptions == 0:
+                        request.num_cached_tokens = match.num_tokens
+                        self.metrics.on_prefix_query(request.num_tokens, match.num_tokens)
+            except OutOfBlocksError:
+                break  # the room can_admit estimated was not all reclaimable: retry later
+            self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            if request.num_tokens_to_compute == 1 and request.num_computed_tokens > 0:
-                decodes.append(request)  # restored from swap mid-decode
+            if is_restore and request.num_tokens_to_compute == 1:
+                decodes.append(request)  # swapped out mid-decode: it decodes on
                 budget -= 1
             else:
                 schedule_chunk(request)
@@ -210,7 +215,7 @@ class Scheduler:
     def update(self, scheduled: SchedulerOutput, output: ModelOutput) -> StepUpdate:
         """Appends each sampled token, finishes requests that stop and releases their
         blocks. Mutates requests, queues and the cache."""
-        self.kv.on_ops_executed()
+        self.kv.on_step_executed()
         self.preemption.on_step_end()
         by_seq_id = self._by_seq_id
         eos = self.eos_token_id

@@ -33,10 +33,15 @@ def run_checked(engine: Engine) -> None:
         engine.check_integrity()
     else:
         raise AssertionError("engine did not finish")
-    usage = engine.kv.usage()
-    assert usage.num_used_blocks == 0
-    assert usage.num_free_blocks + usage.num_evictable_blocks == usage.num_total_blocks
-    assert engine.kv.tables.num_sequences == 0
+    # No request holds a block: each block is free, or cached by the pool's hash map
+    # (evictable), or held by a prefix cache's own references only (check_integrity above
+    # verified every reference count against its holders).
+    kv = engine.kv
+    assert kv.tables.num_sequences == 0
+    assert kv.pool.num_used_blocks == len(set(kv.prefix.held_block_ids()))
+    assert kv.pool.num_free_blocks + kv.pool.num_evictable_blocks + kv.pool.num_used_blocks == (
+        kv.num_blocks
+    )
 
 
 def test_paged_blocks_grow_one_per_block_size_tokens():
@@ -61,17 +66,24 @@ def test_paged_blocks_grow_one_per_block_size_tokens():
 
 
 @pytest.mark.parametrize(
-    ("prompt_len", "shared_len", "expected_hit"),
+    ("prefix", "prompt_len", "shared_len", "expected_hit"),
     [
-        (100, 100, 96),  # identical prompt: all 6 full blocks, the 4-token tail is computed
-        (103, 100, 96),  # shares all but its last 3 tokens: full blocks only
-        (96, 96, 80),  # block-aligned identical prompt: the last token must be computed
-        (100, 40, 32),  # diverges inside block 3
-        (100, 10, 0),  # diverges inside block 1
+        ("block_hash", 100, 100, 96),  # identical prompt: 6 full blocks; the tail is computed
+        ("block_hash", 103, 100, 96),  # shares all but its last 3 tokens: full blocks only
+        ("block_hash", 96, 96, 80),  # block-aligned identical prompt: the last token computes
+        ("block_hash", 100, 40, 32),  # diverges inside block 3
+        ("block_hash", 100, 10, 0),  # diverges inside block 1
+        ("radix", 100, 100, 99),  # identical prompt: all but the last token
+        ("radix", 103, 100, 100),  # up to the divergence, inside block 7 (copy-on-write)
+        ("radix", 96, 96, 95),
+        ("radix", 100, 40, 40),
+        ("radix", 100, 10, 10),
     ],
 )
-def test_block_hash_hits_whole_blocks_of_the_shared_prefix(prompt_len, shared_len, expected_hit):
-    engine = make_engine("+prefix=block_hash", "cache.num_blocks=256")
+def test_prefix_caches_hit_the_shared_prefix_at_their_granularity(
+    prefix, prompt_len, shared_len, expected_hit
+):
+    engine = make_engine(f"+prefix={prefix}", "cache.num_blocks=256")
     first = tokens(100, 1)
     engine.add_request(first, SamplingParams(max_tokens=3, ignore_eos=True), request_id="a")
     engine.run()
@@ -176,7 +188,7 @@ def _workload(engine: Engine, seed: int, num_requests: int, max_prompt: int) -> 
     seed=st.integers(0, 10_000),
     block_size=st.sampled_from([1, 4, 16]),
     num_blocks_factor=st.floats(1.0, 4.0),
-    prefix=st.sampled_from(["none", "block_hash"]),
+    prefix=st.sampled_from(["none", "block_hash", "radix"]),
     preemption=st.sampled_from(["recompute", "swap"]),
     native=st.booleans(),
 )
@@ -325,10 +337,14 @@ def test_multiturn_prefills_only_each_new_message():
     assert summary["prefix_cache_hits"] == engine.ideal_prefix_hit_tokens()
 
 
-def test_odd_lengths_block_hash_reuses_whole_blocks_of_each_document():
-    engine = make_engine("workload=odd_lengths", "workload.num_requests=40",
-                         "workload.max_output_len=300")  # fmt: skip
-    engine.add_workload()
-    summary = engine.run().summary
-    assert summary["prefix_cache_hits"] == engine.ideal_prefix_hit_tokens()
-    assert summary["prefix_cache_hits"] < engine.ideal_prefix_hit_tokens(block_size=1)
+def test_odd_lengths_radix_reaches_the_token_ideal_and_block_hash_the_block_ideal():
+    hits = {}
+    for prefix in ("block_hash", "radix"):
+        engine = make_engine(f"+prefix={prefix}", "workload=odd_lengths",
+                             "workload.num_requests=40", "workload.max_output_len=300")  # fmt: skip
+        engine.add_workload()
+        summary = engine.run().summary
+        hits[prefix] = summary["prefix_cache_hits"]
+        assert summary["prefix_cache_hits"] == summary["prefix_cache_hits_ideal"]
+    assert hits["block_hash"] == engine.ideal_prefix_hit_tokens(block_size=16)
+    assert hits["radix"] == engine.ideal_prefix_hit_tokens(block_size=1) > hits["block_hash"]

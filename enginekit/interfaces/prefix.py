@@ -14,13 +14,17 @@ from enginekit.request import Request
 class PrefixMatch(NamedTuple):
     """The leading blocks of a request whose KV is already cached.
 
-    ``num_tokens`` tokens of the request are covered by ``block_ids`` (in logical order).
-    It is always less than the request's token count: the last token is computed again to
-    produce logits.
+    ``num_tokens`` tokens of the request are covered by ``block_ids`` (in logical order);
+    if ``num_tokens`` is not a multiple of the block size, the last block is matched only in
+    part (the manager copies it: copy-on-write). It is always less than the request's token
+    count: the last token is computed again to produce logits. ``num_deferred_tokens`` more
+    would match once the step being scheduled has run (their KV is computed by it); the
+    scheduler may wait a step for them.
     """
 
     block_ids: list[int]
     num_tokens: int
+    num_deferred_tokens: int = 0
 
 
 NO_MATCH = PrefixMatch([], 0)
@@ -35,6 +39,7 @@ class PrefixCache(ABC):
     """
 
     Config: ClassVar[type[PrefixConfig]] = PrefixConfig
+    token_granular: ClassVar[bool] = False  # matches end anywhere, not only on block edges
 
     def __init__(self, config: PrefixConfig, kv: KVContext) -> None:
         self.config = config
@@ -52,9 +57,34 @@ class PrefixCache(ABC):
         reads, so requests scheduled later in the same step may share them). Publishes the
         blocks this completes. Mutates the cache's index."""
 
+    def on_step_executed(self) -> None:  # noqa: B027 - optional hook
+        """The step last scheduled has run: every token scheduled so far is computed.
+        Called before that step's finished requests are released."""
+
     def on_released(self, request: Request) -> None:  # noqa: B027 - optional hook
         """The request no longer holds blocks (finished or preempted): drop per-request
         state. Must not touch the pool."""
 
     def on_evicted(self, block_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """These blocks were evicted from the pool (their hashes already dropped there)."""
+
+    # A prefix cache that holds pool references of its own (radix) reclaims through these;
+    # one that publishes blocks in the pool's hash map (block_hash) leaves them alone.
+
+    def held_block_ids(self) -> list[int]:
+        """One entry per pool reference the cache itself holds (none for a cache that
+        publishes through the pool's hash map). For integrity checks; may be slow."""
+        return []
+
+    def check_integrity(self) -> None:  # noqa: B027 - optional hook
+        """Raises KVCacheError if the cache's own index is inconsistent."""
+
+    def num_evictable_blocks(self) -> int:
+        """Pool blocks that ``evict`` could free (an upper bound). Pure."""
+        return 0
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Drops cache entries, least recently used first, until the references it gives
+        up cover ``num_blocks`` blocks or nothing is left; returns those references (the
+        caller decrefs each once). Mutates the cache's index."""
+        return []

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from enginekit.errors import KVCacheError
+from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.executor.base import BlockCopy, BlockSwap
 from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
 from enginekit.kv.context import KVContext
@@ -80,17 +80,23 @@ class KVCacheManager:
         return self.kv.num_blocks
 
     def usage(self) -> KVUsage:
+        """Block counts by state. Blocks that only a prefix cache holding its own
+        references keeps (radix) count as evictable, not used (an estimate from above)."""
         pool = self.pool
+        cache_only = self.prefix.num_evictable_blocks()
         return KVUsage(
             pool.num_blocks,
-            pool.num_used_blocks,
-            pool.num_evictable_blocks,
+            max(0, pool.num_used_blocks - cache_only),
+            pool.num_evictable_blocks + cache_only,
             pool.num_free_blocks,
         )
 
     def num_reclaimable_blocks(self) -> int:
-        """Blocks that can be handed out now: free ones plus evictable ones."""
-        return self.pool.num_free_blocks + self.pool.num_evictable_blocks
+        """Blocks that can be handed out now: free ones, evictable ones, and those only a
+        prefix cache that holds its own references (radix) would release. The last part may
+        be an estimate from above; make_room then falls short and callers back off."""
+        pool = self.pool
+        return pool.num_free_blocks + pool.num_evictable_blocks + self.prefix.num_evictable_blocks()
 
     # -- admission -----------------------------------------------------------------------
 
@@ -130,7 +136,11 @@ class KVCacheManager:
             pool.incref(block_id)
         try:
             num_needed = self.allocator.num_blocks_to_admit(request, len(shared))
-            self.make_room(num_needed)
+            if not self.make_room(num_needed):
+                raise OutOfBlocksError(
+                    f"admitting request {request.request_id!r} needs {num_needed} free blocks; "
+                    f"only {pool.num_free_blocks} could be reclaimed"
+                )
             self.allocator.admit(request, shared)
         except Exception:
             pool.free(match.block_ids)
@@ -148,18 +158,25 @@ class KVCacheManager:
         num_needed = self.allocator.num_blocks_to_grow(seq_ids, num_tokens)
         if num_needed == 0:
             return True
-        if num_needed > self.num_reclaimable_blocks():
+        if num_needed > self.num_reclaimable_blocks() or not self.make_room(num_needed):
             return False
-        self.make_room(num_needed)
         self.allocator.grow(seq_ids, num_tokens)
         return True
 
-    def make_room(self, num_blocks: int) -> None:
-        """Evicts cached blocks until ``num_blocks`` are free (no-op if they already are)."""
-        shortfall = num_blocks - self.pool.num_free_blocks
-        if shortfall > 0:
-            evicted = self.eviction.evict(shortfall)
+    def make_room(self, num_blocks: int) -> bool:
+        """Reclaims cached blocks until ``num_blocks`` are free: first the pool's evictable
+        blocks (the eviction plugin picks them), then those the prefix cache holds itself.
+        Returns whether that many are free now (blocks reclaimed stay reclaimed)."""
+        pool = self.pool
+        shortfall = num_blocks - pool.num_free_blocks
+        if shortfall > 0 and pool.num_evictable_blocks:
+            evicted = self.eviction.evict(min(shortfall, pool.num_evictable_blocks))
             self.prefix.on_evicted(evicted)
+            shortfall = num_blocks - pool.num_free_blocks
+        while shortfall > 0 and self.prefix.num_evictable_blocks():
+            pool.free(self.prefix.evict(shortfall))
+            shortfall = num_blocks - pool.num_free_blocks
+        return shortfall <= 0
 
     # -- computed tokens and release -----------------------------------------------------
 
@@ -211,11 +228,13 @@ class KVCacheManager:
         self._copies, self._swap_outs, self._swap_ins = [], [], []
         return ops
 
-    def on_ops_executed(self) -> None:
-        """The executor has run the operations last taken: copy-on-write sources are
-        unpinned (a source that nothing else holds becomes evictable or free)."""
+    def on_step_executed(self) -> None:
+        """The executor has run the step last scheduled: copy-on-write sources are
+        unpinned (a source that nothing else holds becomes evictable or free) and the
+        prefix cache may index what the step computed."""
         self.pool.free(self._unpin_after_copy)
         self._unpin_after_copy.clear()
+        self.prefix.on_step_executed()
 
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must
@@ -226,24 +245,28 @@ class KVCacheManager:
     # -- checks --------------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """Raises KVCacheError unless the pool and tables are each consistent and every
-        block's reference count equals the number of tables holding it."""
+        """Raises KVCacheError unless the pool, tables and prefix cache are each consistent
+        and every block's reference count equals the references held on it: by block
+        tables, by copy-on-write pins, and by the prefix cache itself."""
         pool, tables = self.pool, self.tables
         pool.check_integrity()
         tables.check_integrity(pool)
-        holders: Counter[int] = Counter(self._unpin_after_copy)
-        num_copy_pins = len(self._unpin_after_copy)
+        self.prefix.check_integrity()
+        cache_refs = self.prefix.held_block_ids()
+        holders: Counter[int] = Counter(self._unpin_after_copy + cache_refs)
+        num_other_refs = len(self._unpin_after_copy) + len(cache_refs)
         for seq_id in tables.seq_ids():
             holders.update(b for b in tables.block_ids(seq_id) if b >= 0)  # -1: a hole
         num_reserved = self.allocator.num_reserved_blocks()
-        if num_reserved != sum(holders.values()) - num_copy_pins:
+        if num_reserved != sum(holders.values()) - num_other_refs:
             raise KVCacheError(
                 f"the allocator counts {num_reserved} reserved blocks but the tables hold "
-                f"{sum(holders.values()) - num_copy_pins}"
+                f"{sum(holders.values()) - num_other_refs}"
             )
         for block_id, ref_count in enumerate(pool.ref_counts()):
             if ref_count != holders.get(block_id, 0):
                 raise KVCacheError(
                     f"block {block_id} has ref_count {ref_count} but "
-                    f"{holders.get(block_id, 0)} block tables and copy-on-write pins hold it"
+                    f"{holders.get(block_id, 0)} block tables, copy-on-write pins and prefix-cache "
+                    "references hold it"
                 )

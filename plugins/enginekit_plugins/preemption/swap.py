@@ -89,8 +89,9 @@ class SwapPreemption(Preemption):
         return len(self._swapped[request.seq_id])
 
     def restore(self, request: Request) -> int:
-        host_block_ids = self._swapped.pop(request.seq_id)
-        self.kv.swap_in(request, host_block_ids)
+        host_block_ids = self._swapped[request.seq_id]
+        self.kv.swap_in(request, host_block_ids)  # may raise OutOfBlocksError: still swapped
+        del self._swapped[request.seq_id]
         self.host.free(host_block_ids)
         return len(host_block_ids)
 

@@ -1,0 +1,132 @@
+"""``radix``: SGLang-style token-granular prefix caching over paged blocks, with
+copy-on-write reuse of a partially matched last block."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from enginekit.config import PrefixConfig
+from enginekit.interfaces import PrefixCache, PrefixMatch
+from enginekit.interfaces.prefix import NO_MATCH
+from enginekit.kv.context import KVContext
+from enginekit.request import Request
+
+
+@dataclass
+class RadixConfig(PrefixConfig):
+    name: str = "radix"
+
+
+class RadixPrefixCache(PrefixCache):
+    """A radix tree per extra key (tenant salt) indexes computed token sequences; its nodes
+    hold pool references to the blocks they cover, so cached blocks stay resident after
+    their requests end, until the tree evicts them (least recently used unlocked leaves
+    first: SGLang's policy; the eviction plugin only sees the pool's hash-cached blocks,
+    which this cache does not create).
+
+    A prompt matches at token granularity, up to its last token. When the match ends
+    inside a block, the manager copies that block into one of the request's own
+    (copy-on-write), so only the unmatched tail is prefilled: a 103-token prompt sharing
+    100 tokens reuses 100, where block hashing at block size 16 reuses 96.
+
+    Tokens enter the tree when scheduled, like block_hash's blocks: a request admitted
+    later in the same step shares whole blocks that step computes (every token's KV is
+    written before any attention reads it). A partially matched block is copied before the
+    step computes, though, so a match may not end inside a block whose matched part the
+    step is still computing: it is cut back to the block edge and the cut tokens are
+    reported as deferred (the scheduler waits a step for them rather than prefill them
+    twice, as SGLang's in-batch prefix check does). A request holds a lock on its deepest
+    node while it runs, so the tree never evicts its path.
+    """
+
+    Config = RadixConfig
+    token_granular = True
+
+    def __init__(self, config: RadixConfig, kv: KVContext) -> None:
+        super().__init__(config, kv)
+        if type(kv.pool).__module__ == "enginekit._native":
+            from enginekit._native import RadixTree
+        else:
+            from enginekit.kv.pyref import PyRadixTree as RadixTree  # type: ignore[assignment]
+        self._new_tree = lambda: RadixTree(kv.spec.block_size)
+        self._trees: dict[bytes | None, RadixTree] = {}
+        self._num_inserted: dict[int, int] = {}  # seq_id -> tokens in the tree
+        # block -> first slot the step being scheduled writes (its KV is not there yet)
+        self._first_slot_in_flight: dict[int, int] = {}
+        self._locked_node: dict[int, int] = {}  # seq_id -> node it locks
+
+    def match(self, request: Request) -> PrefixMatch:
+        tree = self._trees.get(request.extra_key)
+        if tree is None or request.num_tokens < 2:
+            return NO_MATCH
+        found = tree.match_prefix(request.token_ids[: request.num_tokens - 1])
+        block_ids, num_tokens = list(found.block_ids), found.num_tokens
+        num_partial = num_tokens % self.kv.spec.block_size
+        if num_partial and self._first_slot_in_flight.get(block_ids[-1], num_partial) < num_partial:
+            block_ids.pop()
+            return PrefixMatch(block_ids, num_tokens - num_partial, num_partial)
+        return PrefixMatch(block_ids, num_tokens)
+
+    def on_computed(self, request: Request, num_computed_tokens: int) -> None:
+        block_size = self.kv.spec.block_size
+        start = self._num_inserted.get(request.seq_id, 0)
+        if num_computed_tokens <= start:
+            return
+        self._insert(request, num_computed_tokens)
+        tables, seq_id = self.kv.tables, request.seq_id
+        in_flight = self._first_slot_in_flight
+        for index in range(start // block_size, -(-num_computed_tokens // block_size)):
+            slot = start % block_size if index == start // block_size else 0
+            block_id = tables.block_id_at(seq_id, index)
+            in_flight[block_id] = min(slot, in_flight.get(block_id, slot))
+
+    def on_step_executed(self) -> None:
+        self._first_slot_in_flight.clear()
+
+    def on_released(self, request: Request) -> None:
+        seq_id = request.seq_id
+        node_id = self._locked_node.pop(seq_id, None)
+        if node_id is not None:
+            self._trees[request.extra_key].unlock(node_id)
+        self._num_inserted.pop(seq_id, None)
+
+    def _insert(self, request: Request, num_tokens: int) -> None:
+        """Puts the request's first ``num_tokens`` tokens (with its blocks) in the tree,
+        takes a pool reference for every tree reference created, and moves the request's
+        lock to the node of its last token."""
+        seq_id = request.seq_id
+        if num_tokens <= self._num_inserted.get(seq_id, 0):
+            return
+        tree = self._trees.get(request.extra_key)
+        if tree is None:
+            tree = self._trees[request.extra_key] = self._new_tree()
+        num_blocks = -(-num_tokens // self.kv.spec.block_size)
+        block_ids = self.kv.tables.block_ids(seq_id)[:num_blocks]
+        result = tree.insert(request.token_ids[:num_tokens], block_ids)
+        pool = self.kv.pool
+        for block_id in result.new_block_refs:
+            pool.incref(block_id)
+        tree.lock(result.node_id)
+        previous_node = self._locked_node.get(seq_id)
+        if previous_node is not None:
+            tree.unlock(previous_node)
+        self._locked_node[seq_id] = result.node_id
+        self._num_inserted[seq_id] = num_tokens
+
+    def num_evictable_blocks(self) -> int:
+        return sum(tree.evictable_block_refs() for tree in self._trees.values())
+
+    def evict(self, num_blocks: int) -> list[int]:
+        released: list[int] = []
+        for tree in self._trees.values():
+            if len(released) >= num_blocks:
+                break
+            released += tree.evict(num_blocks - len(released))
+        return released
+
+    def held_block_ids(self) -> list[int]:
+        return [b for tree in self._trees.values() for node in tree.nodes() for b in node.block_ids]
+
+    def check_integrity(self) -> None:
+        for tree in self._trees.values():
+            tree.check_integrity()
