@@ -30,6 +30,7 @@ from enginekit.scheduler import Scheduler
 from enginekit.workloads.request import WorkloadRequest
 
 _log = logging.getLogger("enginekit")
+FRAGMENTATION_SAMPLE_STEPS = 16  # external fragmentation is sampled (it scans the pool)
 DTYPE_BITS = {"bfloat16": 16, "float16": 16, "float32": 32}
 
 
@@ -62,6 +63,9 @@ class Engine:
         cfg = _as_engine_config(config)
         self.config = cfg
         plugins = {group: complete_plugin_config(group, cfg[group]) for group in PLUGIN_GROUPS}
+        selected = {group: plugin_cfg.name for group, (_, plugin_cfg) in plugins.items()}
+        for plugin_cls, _ in plugins.values():
+            plugin_cls.check_compatible(selected)
         self.plugin_configs = {group: plugin_cfg for group, (_, plugin_cfg) in plugins.items()}
         self.plugin_infos: dict[str, PluginInfo] = {
             group: find_plugin(group, plugin_cfg.name)
@@ -177,9 +181,10 @@ class Engine:
                 f"= {total} exceeds the model's context of {self.max_model_len} tokens"
             )
         num_blocks = self.kv.num_blocks
-        if self.kv_spec.num_blocks_for(total) > num_blocks:
+        num_longest = self.kv.allocator.num_blocks_for_longest(total)
+        if num_longest > num_blocks:
             raise RequestRejectedError(
-                f"{what}: needs {self.kv_spec.num_blocks_for(total)} KV blocks at its longest, "
+                f"{what}: needs {num_longest} KV blocks at its longest, "
                 f"but the whole cache has {num_blocks}"
             )
         if self.kv_spec.num_blocks_for(len(prompt)) + self.kv.num_watermark_blocks > num_blocks:
@@ -303,7 +308,12 @@ class Engine:
             usage.num_used_blocks,
             usage.num_total_blocks,
             self.kv.num_unused_slots(running),
+            self.kv.allocator.num_reserved_blocks() * self.kv_spec.block_size,
         )
+        if self.metrics.num_steps % FRAGMENTATION_SAMPLE_STEPS == 1:
+            unusable = self.kv.allocator.num_unusable_free_blocks()
+            if unusable is not None:
+                self.metrics.on_fragmentation(unusable)
         return [RequestOutput.of(r) for r in update.finished]
 
     def run(self, progress: bool = False) -> RunResult:

@@ -70,6 +70,9 @@ class RunMetrics:
         self.kv_cache_usage_peak = 0.0
         self.num_total_blocks = 0
         self._unused_slots_sum = 0
+        self._reserved_slots_sum = 0
+        self._unusable_free_blocks_sum = 0
+        self._num_fragmentation_samples = 0
         self.num_unused_slots_peak = 0
         self._running_sum = 0
         self.num_running_peak = 0
@@ -117,6 +120,11 @@ class RunMetrics:
         by_kind[kind] = by_kind.get(kind, 0) + 1
         self.recomputed_tokens_total += num_recomputed_tokens
 
+    def on_fragmentation(self, num_unusable_free_blocks: int) -> None:
+        """A sample of external fragmentation: free blocks no allocation can use."""
+        self._unusable_free_blocks_sum += num_unusable_free_blocks
+        self._num_fragmentation_samples += 1
+
     def on_swap(self, num_blocks_out: int, num_blocks_in: int) -> None:
         """Blocks copied to host memory (swap-out) or back to the device (swap-in)."""
         self.num_swapped_out_blocks += num_blocks_out
@@ -133,11 +141,12 @@ class RunMetrics:
         num_used_blocks: int,
         num_total_blocks: int,
         num_unused_slots: int,
+        num_reserved_slots: int = 0,
     ) -> None:
         """One executed step that ended at ``time`` (the clock already advanced by
         ``step_time_s``). Block counts are the pool's state after the step;
         ``num_unused_slots`` is allocated but unused token slots in running sequences'
-        blocks."""
+        blocks, of ``num_reserved_slots`` they hold in all."""
         self.num_steps += 1
         if self.first_step_time is None:
             self.first_step_time = time - step_time_s
@@ -152,6 +161,7 @@ class RunMetrics:
             self.kv_cache_usage_peak = usage
         self.num_total_blocks = num_total_blocks
         self._unused_slots_sum += num_unused_slots
+        self._reserved_slots_sum += num_reserved_slots
         if num_unused_slots > self.num_unused_slots_peak:
             self.num_unused_slots_peak = num_unused_slots
         self._running_sum += num_running
@@ -228,6 +238,17 @@ class RunMetrics:
             "kv_cache_usage_perc_peak": self.kv_cache_usage_peak,
             "kv_cache_unused_slots_mean": _ratio(self._unused_slots_sum, steps),
             "kv_cache_unused_slots_peak": self.num_unused_slots_peak,
+            # share of the slots running sequences hold that hold a token (paging: ~1)
+            "kv_cache_slot_utilization": (
+                None
+                if not self._reserved_slots_sum
+                else 1.0 - self._unused_slots_sum / self._reserved_slots_sum
+            ),
+            "kv_cache_unusable_free_blocks_mean": (
+                None
+                if not self._num_fragmentation_samples
+                else self._unusable_free_blocks_sum / self._num_fragmentation_samples
+            ),
             "num_running_mean": _ratio(self._running_sum, steps),
             "num_running_peak": self.num_running_peak,
             "num_waiting_peak": self.num_waiting_peak,

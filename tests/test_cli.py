@@ -58,10 +58,10 @@ def test_help_lists_every_installed_plugin_as_typed(cli):
     result = cli("--help")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "+allocator=paged*" in out
-    assert "+prefix=block_hash* | none" in out
+    assert "+allocator=contiguous | paged*" in out
+    assert "+prefix=block_hash* | none | radix" in out
     assert "+eviction=lru*" in out
-    assert "+preemption=recompute*" in out
+    assert "+preemption=recompute* | swap" in out
     assert "+quantizer=none*" in out
     assert "model=" in out and "llama-3-8b*" in out
     assert "group=option" not in out  # Hydra's own wording would mislead
@@ -70,8 +70,11 @@ def test_help_lists_every_installed_plugin_as_typed(cli):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["+allocator=pagd"], ["unknown allocator plugin 'pagd'", "installed: paged", "'paged'"]),
-        (["+prefix=radixx"], ["unknown prefix plugin 'radixx'", "block_hash, none"]),
+        (["+allocator=pagd"], ["unknown allocator plugin 'pagd'", "installed: contiguous, paged", "did you mean 'paged'"]),
+        (
+            ["+prefix=radixx"],
+            ["unknown prefix plugin 'radixx'", "block_hash, none, radix", "'radix'"],
+        ),
         (["cache.blok_size=8"], ["unknown key 'cache.blok_size'", "'cache.block_size'"]),
         (["sheduler.max_num_seqs=8"], ["unknown key 'sheduler.max_num_seqs'", "'scheduler'"]),
         (["++allocator=paged"], ["+allocator=paged"]),
@@ -107,6 +110,9 @@ def test_plugins_command_lists_distribution_and_version(cli):
     rows = {tuple(line.split()[:3]) for line in lines[1:]}
     for group, name in [
         ("allocator", "paged"),
+        ("allocator", "contiguous"),
+        ("prefix", "radix"),
+        ("preemption", "swap"),
         ("prefix", "none"),
         ("prefix", "block_hash"),
         ("quantizer", "none"),

@@ -161,7 +161,7 @@ def test_bad_config_through_the_api_names_the_key():
         make_engine("cache.blok_size=8")
     with pytest.raises(ConfigError, match="cache.num_blocks must be >= 1"):
         make_engine("cache.num_blocks=0")
-    with pytest.raises(PluginError, match="installed: block_hash, none"):
+    with pytest.raises(PluginError, match="installed: block_hash, none, radix; did you mean"):
         make_engine("+prefix=radix_tree")
     with pytest.raises(ConfigError, match="model.name='llama-9'.*known: llama-2-7b"):
         make_engine("model=llama-9")
@@ -348,3 +348,32 @@ def test_odd_lengths_radix_reaches_the_token_ideal_and_block_hash_the_block_idea
         assert summary["prefix_cache_hits"] == summary["prefix_cache_hits_ideal"]
     assert hits["block_hash"] == engine.ideal_prefix_hit_tokens(block_size=16)
     assert hits["radix"] == engine.ideal_prefix_hit_tokens(block_size=1) > hits["block_hash"]
+
+
+def test_contiguous_reserves_max_length_slabs_and_wastes_what_paging_saves():
+    common = ["+prefix=none", "workload=unique", "workload.num_requests=60",
+              "model.max_model_len=2048", "cache.num_blocks=1024", "cache.watermark=0"]  # fmt: skip
+    summaries = {}
+    for allocator in ("paged", "contiguous"):
+        engine = make_engine(f"+allocator={allocator}", *common)
+        engine.add_workload()
+        while engine.has_unfinished_requests():
+            engine.step()
+            engine.check_integrity()
+            if allocator == "contiguous":
+                # every running request holds exactly one 128-block slab of consecutive ids
+                for request in engine.scheduler.running:
+                    blocks = engine.kv.tables.block_ids(request.seq_id)
+                    assert blocks == list(range(blocks[0], blocks[0] + 128))
+        summaries[allocator] = engine.summary()
+    paged, contiguous = summaries["paged"], summaries["contiguous"]
+    assert contiguous["num_requests_finished"] == paged["num_requests_finished"] == 60
+    assert contiguous["num_running_peak"] == 1024 // 128  # 8 slabs fit the pool
+    assert paged["num_running_peak"] > 4 * contiguous["num_running_peak"]
+    assert contiguous["kv_cache_slot_utilization"] < 0.4 < 0.9 < paged["kv_cache_slot_utilization"]
+    assert contiguous["kv_cache_unusable_free_blocks_mean"] is not None
+
+
+def test_contiguous_with_a_prefix_cache_is_refused_at_config_time():
+    with pytest.raises(ConfigError, match="contiguous cannot be combined with \\+prefix=radix"):
+        make_engine("+allocator=contiguous", "+prefix=radix")

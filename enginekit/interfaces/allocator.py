@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from enginekit.config import AllocatorConfig
+from enginekit.interfaces.base import Plugin
 from enginekit.kv.context import KVContext
 from enginekit.request import Request
 
 
-class Allocator(ABC):
+class Allocator(Plugin, ABC):
     """Owns the block tables' contents: admits, grows and releases sequences.
 
     The KVCacheManager makes room (eviction) before calling ``admit`` or ``grow``, so
@@ -51,6 +52,16 @@ class Allocator(ABC):
     def release(self, seq_id: int) -> None:
         """Drops the sequence's table and its references (last block first, so a
         sequence's tail becomes evictable before its shared head). Mutates pool and tables."""
+
+    def num_blocks_for_longest(self, num_tokens: int) -> int:
+        """Blocks a sequence of ``num_tokens`` tokens holds at most (admission rejects a
+        request whose longest form needs more than the pool). Pure."""
+        return self.kv.spec.num_blocks_for(num_tokens)
+
+    def num_unusable_free_blocks(self) -> int | None:
+        """Free blocks this allocator can never hand out as things stand (external
+        fragmentation), or None where every free block is usable. May be slow."""
+        return None
 
     def num_reserved_blocks(self) -> int:
         """Blocks held by all tables together, a shared block once per table. Pure.

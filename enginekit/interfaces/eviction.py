@@ -6,10 +6,11 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from enginekit.config import EvictionConfig
+from enginekit.interfaces.base import Plugin
 from enginekit.kv.context import KVContext
 
 
-class Eviction(ABC):
+class Eviction(Plugin, ABC):
     Config: ClassVar[type[EvictionConfig]] = EvictionConfig
 
     def __init__(self, config: EvictionConfig, kv: KVContext) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from enginekit.config import PreemptionConfig
+from enginekit.interfaces.base import Plugin
 from enginekit.kv.restore_cost import RestoreCost
 from enginekit.request import Request
 
@@ -21,7 +22,7 @@ class PreemptionResult(NamedTuple):
     num_blocks_swapped: int = 0
 
 
-class Preemption(ABC):
+class Preemption(Plugin, ABC):
     """Takes blocks from a running request and, for swapped requests, gives them back.
 
     A preempted request returns to the front of the waiting queue. If ``is_swapped`` says

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import ClassVar, NamedTuple
 
 from enginekit.config import PrefixConfig
+from enginekit.interfaces.base import Plugin
 from enginekit.kv.context import KVContext
 from enginekit.request import Request
 
@@ -30,7 +31,7 @@ class PrefixMatch(NamedTuple):
 NO_MATCH = PrefixMatch([], 0)
 
 
-class PrefixCache(ABC):
+class PrefixCache(Plugin, ABC):
     """A prefix cache over the pool's blocks.
 
     Cached blocks are referenced while a sequence uses them and become evictable when none

@@ -6,10 +6,11 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from enginekit.config import QuantizerConfig
+from enginekit.interfaces.base import Plugin
 from enginekit.models.shapes import ModelShape
 
 
-class Quantizer(ABC):
+class Quantizer(Plugin, ABC):
     Config: ClassVar[type[QuantizerConfig]] = QuantizerConfig
 
     def __init__(self, config: QuantizerConfig) -> None:
