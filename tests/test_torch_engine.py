@@ -69,12 +69,31 @@ def engine(folder, *overrides: str) -> Engine:
     )
 
 
-@pytest.mark.parametrize("prefix", ["none", "block_hash"])
-@pytest.mark.parametrize("num_blocks", [256, 24])
-def test_greedy_tokens_equal_transformers_generate(saved_model, prefix, num_blocks):
+@pytest.mark.parametrize(
+    ("prefix", "preemption", "num_blocks"),
+    [
+        ("none", "recompute", 256),
+        ("block_hash", "recompute", 256),
+        ("radix", "recompute", 256),  # partial-block hits: copy-on-write block copies
+        ("none", "recompute", 24),  # a pool this small forces preemptions
+        ("block_hash", "recompute", 24),
+        ("radix", "recompute", 24),
+        # The swap plugin weighs PCIe time against recompute FLOPs; for a model this small
+        # it recomputes, so this covers its path, not a swap (test_swaps_then_copies_...).
+        ("block_hash", "swap", 24),
+    ],
+)
+def test_greedy_tokens_equal_transformers_generate(saved_model, prefix, preemption, num_blocks):
     folder, model, memo = saved_model
     vocab = model.config.vocab_size
-    eng = engine(folder, f"+prefix={prefix}", f"cache.num_blocks={num_blocks}", "cache.watermark=0")
+    eng = engine(
+        folder,
+        f"+prefix={prefix}",
+        f"+preemption={preemption}",
+        *(["preemption.swap_space_gib=0.01"] if preemption == "swap" else []),
+        f"cache.num_blocks={num_blocks}",
+        "cache.watermark=0",
+    )
     assert eng.executor.eos_token_id == 2
     # Two waves: the second finds the first's blocks of the shared prefix cached.
     waves = [prompts(vocab, shared=13, seed=1), prompts(vocab, shared=13, seed=1)[::-1]]
@@ -93,7 +112,7 @@ def test_greedy_tokens_equal_transformers_generate(saved_model, prefix, num_bloc
     preemptions = sum(out.num_preemptions for out, _ in outputs)
     cached = sum(out.num_cached_tokens for out, _ in outputs[len(waves[0]) :])
     assert (preemptions > 0) == (num_blocks == 24)
-    assert (cached > 0) == (prefix == "block_hash")
+    assert (cached > 0) == (prefix != "none")
 
 
 def test_tiny_default_path_runs_through_the_engine():
