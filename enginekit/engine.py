@@ -7,6 +7,7 @@ result = engine.run()
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -24,6 +25,7 @@ from enginekit.kv.manager import KVCacheManager, make_structures
 from enginekit.kv.restore_cost import RestoreCost
 from enginekit.kv.spec import KVSpec
 from enginekit.metrics import RunMetrics
+from enginekit.models.shapes import ModelShape
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
 from enginekit.request import Request, RequestOutput, SamplingParams
 from enginekit.scheduler import Scheduler
@@ -72,7 +74,7 @@ class Engine:
             for group, plugin_cfg in self.plugin_configs.items()
         }
 
-        self.shape = model_shape(cfg.model)
+        self.shape = _with_attention_window(model_shape(cfg.model), *plugins["eviction"])
         self.max_model_len = self.shape.max_model_len
         model_bits = _dtype_bits(cfg.model.dtype)
         quantizer_cls, quantizer_cfg = plugins["quantizer"]
@@ -88,7 +90,7 @@ class Engine:
 
         self.executor, num_blocks = build_executor(cfg, self.shape, self.kv_spec, model_bits)
         pool, tables = make_structures(num_blocks, cfg.cache.block_size, cfg.cache.native)
-        kv = KVContext(pool, tables, self.kv_spec, self.max_model_len)
+        kv = KVContext(pool, tables, self.kv_spec, self.max_model_len, self.shape.sliding_window)
         allocator_cls, allocator_cfg = plugins["allocator"]
         prefix_cls, prefix_cfg = plugins["prefix"]
         eviction_cls, eviction_cfg = plugins["eviction"]
@@ -382,6 +384,15 @@ class Engine:
         """Raises KVCacheError if any cache structure is inconsistent."""
         self.kv.check_integrity()
         self.scheduler.preemption.check_integrity()
+
+
+def _with_attention_window(shape: ModelShape, eviction_cls: Any, eviction_cfg: Any) -> ModelShape:
+    """The shape the executors run: with the attention window the eviction policy needs
+    (a window on a model without one makes its attention windowed: an approximation)."""
+    window = eviction_cls.attention_window(eviction_cfg, shape.sliding_window)
+    if window == shape.sliding_window:
+        return shape
+    return dataclasses.replace(shape, sliding_window=window)
 
 
 def _dtype_bits(dtype: str) -> int:

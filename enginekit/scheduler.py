@@ -241,4 +241,5 @@ class Scheduler:
                 del by_seq_id[request.seq_id]
                 self._finished_seq_ids.append(request.seq_id)
             self.running = [r for r in self.running if not r.status.is_finished]
+        self.kv.release_out_of_window(self.running)
         return StepUpdate(finished, first_tokens)

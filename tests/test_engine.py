@@ -4,10 +4,11 @@ preemption, rejection, and integrity after every step under random workloads."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from enginekit import Engine, SamplingParams
@@ -183,25 +184,62 @@ def _workload(engine: Engine, seed: int, num_requests: int, max_prompt: int) -> 
         )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ALL_PLUGINS = {
+    "allocator": ["paged", "contiguous"],
+    "prefix": ["none", "block_hash", "radix"],
+    "eviction": ["lru", "sliding_window"],
+    "preemption": ["recompute", "swap"],
+}
+COMBINATIONS = [
+    dict(zip(ALL_PLUGINS, names, strict=True)) for names in itertools.product(*ALL_PLUGINS.values())
+]
+
+
+def _plugin_overrides(combination: dict[str, str]) -> list[str]:
+    overrides = [f"+{group}={name}" for group, name in combination.items()]
+    if combination["eviction"] == "sliding_window":
+        overrides.append("eviction.window=48")  # Llama has none: the windowed approximation
+    return overrides
+
+
+def _is_refused(combination: dict[str, str]) -> bool:
+    try:
+        make_engine(*_plugin_overrides(combination), "model.max_model_len=240")
+    except ConfigError:
+        return True
+    return False
+
+
+def test_refused_combinations_are_exactly_the_meaningless_ones():
+    refused = [c for c in COMBINATIONS if _is_refused(c)]
+    for c in refused:
+        assert (c["allocator"] == "contiguous" and c["prefix"] != "none") or (
+            c["eviction"] == "sliding_window"
+            and (c["allocator"] == "contiguous" or c["prefix"] == "radix")
+        ), c
+    assert len(COMBINATIONS) - len(refused) == 12
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
     block_size=st.sampled_from([1, 4, 16]),
     num_blocks_factor=st.floats(1.0, 4.0),
-    prefix=st.sampled_from(["none", "block_hash", "radix"]),
-    preemption=st.sampled_from(["recompute", "swap"]),
+    combination=st.sampled_from(COMBINATIONS),
     native=st.booleans(),
 )
 def test_random_workloads_finish_with_unconstrained_outputs_and_no_leak(
-    seed, block_size, num_blocks_factor, prefix, preemption, native
+    seed, block_size, num_blocks_factor, combination, native
 ):
-    """Small pools force evictions and preemptions; every request still finishes with the
-    tokens it gets from an unconstrained pool, and every invariant holds at every step."""
+    """Every combination of allocator, prefix cache, eviction and preemption, with pools
+    small enough to force evictions and preemptions: every request finishes with the tokens
+    it gets from an unconstrained pool, and every invariant holds after every step."""
+    assume(not _is_refused(combination))
     max_prompt = 120
-    longest = max_prompt + 40 + 60
-    num_blocks = int(num_blocks_factor * -(-longest // block_size)) + 1
-    common = [f"+prefix={prefix}", f"+preemption={preemption}",
-              f"cache.block_size={block_size}", "cache.watermark=0",
+    max_model_len = 240  # >= the longest request: prompt 120 + 40 more, 60 outputs
+    num_blocks = int(num_blocks_factor * -(-max_model_len // block_size)) + 1
+    common = [*_plugin_overrides(combination), f"cache.block_size={block_size}",
+              f"model.max_model_len={max_model_len}", "cache.watermark=0",
               "scheduler.max_num_batched_tokens=64", "scheduler.max_num_seqs=8"]  # fmt: skip
     tight = make_engine(*common, f"cache.num_blocks={num_blocks}", f"cache.native={native}")
     roomy = make_engine(*common, "cache.num_blocks=100000")
@@ -377,3 +415,57 @@ def test_contiguous_reserves_max_length_slabs_and_wastes_what_paging_saves():
 def test_contiguous_with_a_prefix_cache_is_refused_at_config_time():
     with pytest.raises(ConfigError, match="contiguous cannot be combined with \\+prefix=radix"):
         make_engine("+allocator=contiguous", "+prefix=radix")
+
+
+def _longest_decoding_table(engine: Engine) -> int:
+    """Blocks held by the longest table of a request past its prompt (a prompt's blocks
+    are all reserved when it is admitted; the window bounds what it keeps after that)."""
+    tables = engine.kv.tables
+    return max(
+        (
+            tables.num_blocks(r.seq_id) - tables.num_holes(r.seq_id)
+            for r in engine.scheduler.running
+            if r.num_computed_tokens >= r.num_prompt_tokens
+        ),
+        default=0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "window_override", "window"),
+    [("mistral-7b", None, 4096), ("llama-3-8b", 512, 512), ("mistral-7b", 1000, 1000)],
+)
+def test_sliding_window_holds_at_most_the_window_plus_one_block(model, window_override, window):
+    overrides = [f"model={model}", "+eviction=sliding_window", "workload=unique",
+                 "workload.num_requests=30", "cache.num_blocks=4000"]  # fmt: skip
+    if window_override:
+        overrides.append(f"eviction.window={window_override}")
+    engine = make_engine(*overrides)
+    for i in range(3):  # long requests, well past the window
+        engine.add_request(
+            tokens(window + 700, 90 + i), SamplingParams(max_tokens=600, ignore_eos=True)
+        )
+    engine.add_workload()
+    bound = -(-window // 16) + 1
+    longest = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_integrity()
+        longest = max(longest, _longest_decoding_table(engine))
+        assert _longest_decoding_table(engine) <= bound
+    assert longest == bound or longest == bound - 1
+    assert engine.executor.shape.sliding_window == window
+    assert engine.summary()["num_requests_finished"] == 33
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["+prefix=radix"], "cannot be combined with \\+prefix=radix"),
+        (["+allocator=contiguous", "+prefix=none"], "needs \\+allocator=paged"),
+        (["model=llama-3-8b"], "eviction.window is not set and the model has no sliding window"),
+    ],
+)
+def test_sliding_window_refuses_what_it_cannot_do(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        make_engine("model=mistral-7b", "+eviction=sliding_window", *overrides)

@@ -63,6 +63,16 @@ class Allocator(Plugin, ABC):
         fragmentation), or None where every free block is usable. May be slow."""
         return None
 
+    def release_front(self, seq_id: int, num_blocks: int) -> int:
+        """Gives back the sequence's first ``num_blocks`` blocks, leaving holes in its
+        table (for attention that can no longer reach them); returns how many were still
+        held. Mutates pool and tables. Default: refused."""
+        raise NotImplementedError(f"{type(self).__name__} cannot release part of a sequence")
+
+    def num_hole_blocks(self) -> int:
+        """Holes left in running sequences' tables by release_front. Pure."""
+        return 0
+
     def num_reserved_blocks(self) -> int:
         """Blocks held by all tables together, a shared block once per table. Pure.
 

@@ -22,6 +22,7 @@ class KVContext(NamedTuple):
     tables: BlockTables  # or enginekit.kv.pyref.PyBlockTables
     spec: KVSpec
     max_model_len: int
+    attention_window: int | None = None  # keys a query can reach (None: all before it)
 
     @property
     def block_size(self) -> int:

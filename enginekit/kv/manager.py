@@ -193,13 +193,22 @@ class KVCacheManager:
         self.allocator.release(request.seq_id)
         return num_blocks
 
+    def release_out_of_window(self, running: Sequence[Request]) -> int:
+        """Lets the eviction policy give back blocks no future query of ``running`` can
+        attend to; returns how many."""
+        return self.eviction.release_out_of_window(running, self)
+
+    def release_front(self, request: Request, num_blocks: int) -> int:
+        """Gives back the request's first ``num_blocks`` blocks (holes stay in its table)."""
+        return self.allocator.release_front(request.seq_id, num_blocks)
+
     # -- swapping -------------------------------------------------------------------------
 
     def swap_out(self, request: Request, host_block_ids: Sequence[int]) -> None:
-        """Queues copies of the request's blocks (in logical order) to ``host_block_ids``
-        and releases the blocks; the request keeps its computed tokens. Raises
-        ValueError, changing nothing, unless there is one host block per device block."""
-        block_ids = self.tables.block_ids(request.seq_id)
+        """Queues copies of the request's blocks (in logical order, holes skipped) to
+        ``host_block_ids`` and releases the blocks; the request keeps its computed tokens.
+        Raises ValueError, changing nothing, unless there is one host block per block."""
+        block_ids = [b for b in self.tables.block_ids(request.seq_id) if b >= 0]
         if len(block_ids) != len(host_block_ids):
             raise ValueError(
                 f"swap-out of sequence {request.seq_id}: {len(block_ids)} blocks, "
@@ -208,15 +217,19 @@ class KVCacheManager:
         self._swap_outs.extend(map(BlockSwap, block_ids, host_block_ids))
         self.release(request)
 
-    def swap_in(self, request: Request, host_block_ids: Sequence[int]) -> None:
-        """Gives the request a fresh block table (through the allocator, making room) and
-        queues copies of ``host_block_ids`` into its first blocks; ``num_computed_tokens``
-        is kept. Call can_admit(request, NO_MATCH) first."""
+    def swap_in(self, request: Request, host_block_ids: Sequence[int], num_holes: int = 0) -> None:
+        """Gives the request a fresh block table (through the allocator, making room),
+        queues copies of ``host_block_ids`` into its blocks after the first ``num_holes``
+        (which are released again), and keeps ``num_computed_tokens``. Call
+        can_admit(request, NO_MATCH) first."""
         num_computed = request.num_computed_tokens
         self.admit(request, NO_MATCH)
         request.num_computed_tokens = num_computed
-        device_block_ids = self.tables.block_ids(request.seq_id)[: len(host_block_ids)]
+        block_ids = self.tables.block_ids(request.seq_id)
+        device_block_ids = block_ids[num_holes : num_holes + len(host_block_ids)]
         self._swap_ins.extend(map(BlockSwap, device_block_ids, host_block_ids))
+        if num_holes:
+            self.release_front(request, num_holes)
 
     def add_block_copy(self, src_block_id: int, dst_block_id: int) -> None:
         """Queues a copy-on-write copy for the executor to do before the step computes."""
@@ -239,8 +252,10 @@ class KVCacheManager:
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must
         be every request holding a table): partial last blocks and reservations."""
-        num_slots = self.allocator.num_reserved_blocks() * self.block_size
-        return num_slots - sum([r.num_computed_tokens for r in running])
+        allocator = self.allocator
+        num_slots = allocator.num_reserved_blocks() * self.block_size
+        num_released = allocator.num_hole_blocks() * self.block_size  # tokens dropped in front
+        return num_slots - sum([r.num_computed_tokens for r in running]) + num_released
 
     # -- checks --------------------------------------------------------------------------
 

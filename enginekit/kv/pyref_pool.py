@@ -29,7 +29,7 @@ def _check_hash(block_hash: int) -> int:
 def _check_count(name: str, n: int) -> int:
     n = operator.index(n)
     if n < 0:
-        raise ValueError(f"{name} must be >= 0, got {n}")
+        raise ValueError(f"{name} must be non-negative, got {n}")
     return n
 
 

@@ -102,7 +102,7 @@ class PyBlockTables:
         differ, then KVCacheError for an unknown seq_id."""
         seqs = [operator.index(s) for s in seq_ids]
         for s in seqs:
-            if s < 0:
+            if not 0 <= s <= _MAX_HASH:  # not a u64: unknown before anything else
                 raise KVCacheError(f"unknown sequence {s}")
         tokens = [_check_count("num_tokens", n) for n in num_tokens]
         if len(seqs) != len(tokens):
@@ -302,7 +302,7 @@ class PyBlockTables:
         """
         seqs = [operator.index(s) for s in seq_ids]
         for s in seqs:
-            if s < 0:
+            if not 0 <= s <= _MAX_HASH:  # not a u64: unknown before anything else
                 raise KVCacheError(f"unknown sequence {s}")
         width = _check_count("width", width)
         pad = operator.index(pad)

@@ -130,6 +130,18 @@ MODEL_PRESETS: dict[str, ModelShape] = {
             max_model_len=8192,
         ),
         ModelShape(
+            name="mistral-7b",  # v0.1: a 4,096-token sliding window
+            num_layers=32,
+            hidden_size=4096,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=14336,
+            vocab_size=32000,
+            max_model_len=32768,
+            sliding_window=4096,
+        ),
+        ModelShape(
             name="llama-2-7b",
             num_layers=32,
             hidden_size=4096,

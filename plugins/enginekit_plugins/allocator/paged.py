@@ -24,7 +24,8 @@ class PagedAllocator(Allocator):
 
     def __init__(self, config: PagedConfig, kv: KVContext) -> None:
         super().__init__(config, kv)
-        self._num_reserved_blocks = 0  # == sum of table lengths; see num_reserved_blocks
+        self._num_reserved_blocks = 0  # blocks in tables, holes excluded
+        self._num_hole_blocks = 0
 
     def num_blocks_to_admit(self, request: Request, num_cached_blocks: int) -> int:
         return self.kv.spec.num_blocks_for(request.num_tokens) - num_cached_blocks
@@ -42,10 +43,24 @@ class PagedAllocator(Allocator):
         self._num_reserved_blocks += self.kv.tables.grow(self.kv.pool, seq_ids, num_tokens)
 
     def release(self, seq_id: int) -> None:
-        block_ids = self.kv.tables.remove_sequence(seq_id)
+        tables = self.kv.tables
+        self._num_hole_blocks -= tables.num_holes(seq_id)
+        block_ids = [b for b in tables.remove_sequence(seq_id) if b >= 0]
         self._num_reserved_blocks -= len(block_ids)
         block_ids.reverse()
         self.kv.pool.free(block_ids)
+
+    def release_front(self, seq_id: int, num_blocks: int) -> int:
+        tables = self.kv.tables
+        holes_before = tables.num_holes(seq_id)
+        block_ids = tables.release_front(seq_id, num_blocks)
+        self._num_hole_blocks += tables.num_holes(seq_id) - holes_before
+        self._num_reserved_blocks -= len(block_ids)
+        self.kv.pool.free(block_ids)
+        return len(block_ids)
+
+    def num_hole_blocks(self) -> int:
+        return self._num_hole_blocks
 
     def num_reserved_blocks(self) -> int:
         return self._num_reserved_blocks

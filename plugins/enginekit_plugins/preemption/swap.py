@@ -55,11 +55,13 @@ class SwapPreemption(Preemption):
         self.num_candidates = config.num_candidates
         num_host_blocks = int(config.swap_space_gib * 2**30) // kv.spec.bytes_per_block
         self.host = HostSwapPool(num_host_blocks)
-        self._swapped: dict[int, list[int]] = {}  # seq_id -> host blocks, in logical order
+        # seq_id -> (host blocks in logical order, leading holes of its table)
+        self._swapped: dict[int, tuple[list[int], int]] = {}
 
     def restore_cost_s(self, request: Request) -> tuple[float, bool]:
         """(the cheaper restore time, whether that is a swap). Pure."""
-        num_blocks = self.kv.tables.num_blocks(request.seq_id)
+        tables = self.kv.tables
+        num_blocks = tables.num_blocks(request.seq_id) - tables.num_holes(request.seq_id)
         swap_s = self.costs.swap_s(num_blocks)
         recompute_s = self.costs.recompute_s(request.num_computed_tokens)
         return min(swap_s, recompute_s), swap_s <= recompute_s
@@ -73,12 +75,14 @@ class SwapPreemption(Preemption):
         _, prefer_swap = self.restore_cost_s(request)
         if not prefer_swap:
             return recompute(request, self.kv, kind="recompute")
-        num_blocks = self.kv.tables.num_blocks(request.seq_id)
+        tables = self.kv.tables
+        num_holes = tables.num_holes(request.seq_id)
+        num_blocks = tables.num_blocks(request.seq_id) - num_holes
         if num_blocks > self.host.num_free_blocks:
             return recompute(request, self.kv, kind="recompute_fallback")
         host_block_ids = self.host.allocate(num_blocks)
         self.kv.swap_out(request, host_block_ids)
-        self._swapped[request.seq_id] = host_block_ids
+        self._swapped[request.seq_id] = (host_block_ids, num_holes)
         request.status = RequestStatus.WAITING
         return PreemptionResult("swap", num_blocks, 0, num_blocks_swapped=num_blocks)
 
@@ -86,11 +90,12 @@ class SwapPreemption(Preemption):
         return request.seq_id in self._swapped
 
     def num_blocks_to_restore(self, request: Request) -> int:
-        return len(self._swapped[request.seq_id])
+        return len(self._swapped[request.seq_id][0])
 
     def restore(self, request: Request) -> int:
-        host_block_ids = self._swapped[request.seq_id]
-        self.kv.swap_in(request, host_block_ids)  # may raise OutOfBlocksError: still swapped
+        host_block_ids, num_holes = self._swapped[request.seq_id]
+        # may raise OutOfBlocksError: then it stays swapped
+        self.kv.swap_in(request, host_block_ids, num_holes)
         del self._swapped[request.seq_id]
         self.host.free(host_block_ids)
         return len(host_block_ids)
@@ -100,7 +105,7 @@ class SwapPreemption(Preemption):
 
     def check_integrity(self) -> None:
         self.host.check_integrity()
-        held = sum(len(ids) for ids in self._swapped.values())
+        held = sum(len(ids) for ids, _ in self._swapped.values())
         if held != self.host.num_used_blocks:
             from enginekit.errors import KVCacheError
 
