@@ -1,0 +1,341 @@
+//! Unit tests of module `block_pool`.
+
+use super::*;
+
+fn pool(n: u32) -> BlockPool {
+    BlockPool::new(n).unwrap()
+}
+
+fn cache_msg<T: fmt::Debug>(r: KvResult<T>) -> String {
+    match r {
+        Err(KvError::Cache(m)) => m,
+        other => panic!("expected KvError::Cache, got {other:?}"),
+    }
+}
+
+/// A pool with blocks 0..4 used, 0 and 1 cached (hashes 100, 101) and then released
+/// (so 0, 1 evictable in that order), 2, 3 used.
+fn mixed() -> BlockPool {
+    let mut p = pool(6);
+    assert_eq!(p.allocate(4).unwrap(), vec![0, 1, 2, 3]);
+    assert!(p.cache_block(0, 100).unwrap());
+    assert!(p.cache_block(1, 101).unwrap());
+    p.decref(0).unwrap();
+    p.decref(1).unwrap();
+    p.check_integrity().unwrap();
+    p
+}
+
+type Snapshot = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<(u64, u32)>);
+
+fn snapshot(p: &BlockPool) -> Snapshot {
+    let mut c: Vec<_> = p.cached_blocks().collect();
+    c.sort_unstable();
+    (
+        p.free_block_ids(),
+        p.evictable_block_ids(),
+        p.ref_counts().to_vec(),
+        c,
+    )
+}
+
+#[test]
+fn new_and_counters() {
+    let p = pool(4);
+    assert_eq!(p.num_blocks(), 4);
+    assert_eq!(p.num_free_blocks(), 4);
+    assert_eq!(p.num_evictable_blocks(), 0);
+    assert_eq!(p.num_used_blocks(), 0);
+    assert_eq!(p.free_block_ids(), vec![0, 1, 2, 3]);
+    p.check_integrity().unwrap();
+    assert!(matches!(BlockPool::new(0), Err(KvError::Value(_))));
+    assert!(matches!(
+        BlockPool::new(MAX_BLOCKS + 1),
+        Err(KvError::Value(_))
+    ));
+}
+
+#[test]
+fn allocate_in_order_and_out_of_blocks() {
+    let mut p = pool(4);
+    assert_eq!(p.allocate(0).unwrap(), Vec::<u32>::new());
+    assert_eq!(p.allocate(2).unwrap(), vec![0, 1]);
+    assert_eq!(p.num_used_blocks(), 2);
+    assert_eq!(p.ref_counts(), &[1, 1, 0, 0]);
+    let err = p.allocate(5).unwrap_err();
+    assert_eq!(
+        err,
+        KvError::OutOfBlocks("cannot allocate 5 blocks: only 2 free".into())
+    );
+    let mut v = vec![9];
+    p.allocate_into(2, &mut v).unwrap();
+    assert_eq!(v, vec![9, 2, 3]);
+    assert_eq!(p.num_free_blocks(), 0);
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn allocate_run_first_fit() {
+    let mut p = mixed(); // 0, 1 evictable; 2, 3 used; 4, 5 free
+    assert_eq!(p.longest_free_run(), 2);
+    assert_eq!(
+        p.allocate_run(3).unwrap_err(),
+        KvError::OutOfBlocks("cannot allocate 3 blocks: only 2 free".into())
+    );
+    p.evict(1).unwrap(); // free stack top: 1, then 4, 5
+    assert_eq!(p.free_block_ids(), vec![1, 4, 5]);
+    assert_eq!(
+        p.allocate_run(3).unwrap_err(),
+        KvError::OutOfBlocks("no run of 3 consecutive free blocks (longest: 2)".into())
+    );
+    assert_eq!(p.allocate_run(0).unwrap(), Vec::<u32>::new());
+    assert_eq!(p.allocate_run(2).unwrap(), vec![4, 5]);
+    assert_eq!(p.free_block_ids(), vec![1]);
+    assert_eq!(p.ref_counts(), &[0, 0, 1, 1, 1, 1]);
+    assert_eq!(p.allocate_run(1).unwrap(), vec![1]);
+    assert_eq!(p.longest_free_run(), 0);
+    p.check_integrity().unwrap();
+
+    let mut p = pool(8);
+    p.allocate(8).unwrap();
+    p.free(&[6, 1, 2, 4, 5, 7]).unwrap(); // stack top first: 7, 5, 4, 2, 1, 6
+    assert_eq!(p.longest_free_run(), 4);
+    assert_eq!(p.allocate_run(2).unwrap(), vec![1, 2]);
+    assert_eq!(p.free_block_ids(), vec![7, 5, 4, 6]);
+    assert_eq!(p.allocate_run(2).unwrap(), vec![4, 5]);
+    assert_eq!(p.free_block_ids(), vec![7, 6]);
+    assert_eq!(p.allocate_run(2).unwrap(), vec![6, 7]);
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn free_stack_is_lifo() {
+    let mut p = pool(4);
+    p.allocate(3).unwrap();
+    p.decref(1).unwrap();
+    p.decref(0).unwrap();
+    assert_eq!(p.free_block_ids(), vec![0, 1, 3]);
+    assert_eq!(p.allocate(1).unwrap(), vec![0]);
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn incref_decref() {
+    let mut p = mixed();
+    p.incref(2).unwrap();
+    assert_eq!(p.ref_count(2).unwrap(), 2);
+    // Prefix hit on an evictable block.
+    p.incref(1).unwrap();
+    assert_eq!(p.evictable_block_ids(), vec![0]);
+    assert_eq!(p.ref_count(1).unwrap(), 1);
+    p.check_integrity().unwrap();
+    assert_eq!(cache_msg(p.incref(5)), "block 5 is free: cannot incref");
+    assert!(cache_msg(p.incref(6)).starts_with("unknown block 6"));
+    p.decref(1).unwrap();
+    assert_eq!(p.evictable_block_ids(), vec![0, 1]);
+    assert_eq!(
+        cache_msg(p.decref(1)),
+        "block 1 is evictable: cannot decref"
+    );
+    assert_eq!(cache_msg(p.decref(4)), "block 4 is free: cannot decref");
+    assert!(cache_msg(p.decref(99)).starts_with("unknown block 99"));
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn incref_overflow_is_refused() {
+    let mut p = pool(1);
+    p.allocate(1).unwrap();
+    p.raw_ref_counts_mut()[0] = u32::MAX;
+    assert!(cache_msg(p.incref(0)).contains("overflow"));
+    assert_eq!(p.ref_count(0).unwrap(), u32::MAX);
+}
+
+#[test]
+fn free_is_all_or_nothing() {
+    let mut p = mixed();
+    p.incref(2).unwrap();
+    let before = snapshot(&p);
+    assert_eq!(cache_msg(p.free(&[2, 3, 3])), "double free of block 3");
+    assert_eq!(snapshot(&p), before);
+    assert_eq!(cache_msg(p.free(&[2, 0])), "double free of block 0");
+    assert_eq!(cache_msg(p.free(&[4])), "double free of block 4");
+    assert!(cache_msg(p.free(&[2, 77])).starts_with("unknown block 77"));
+    assert_eq!(snapshot(&p), before);
+    p.check_integrity().unwrap();
+    // Ordering: 2 reaches zero at its last occurrence, after 3.
+    p.free(&[2, 3, 2]).unwrap();
+    assert_eq!(p.free_block_ids(), vec![2, 3, 4, 5]);
+    p.free(&[]).unwrap();
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn free_after_it_was_freed_in_batch_is_double_free() {
+    let mut p = pool(2);
+    p.allocate(1).unwrap();
+    assert_eq!(cache_msg(p.free(&[0, 0])), "double free of block 0");
+    assert_eq!(p.ref_count(0).unwrap(), 1);
+}
+
+#[test]
+fn touch_moves_to_recent_end() {
+    let mut p = mixed();
+    p.touch(0).unwrap();
+    assert_eq!(p.evictable_block_ids(), vec![1, 0]);
+    p.touch(0).unwrap();
+    assert_eq!(p.evictable_block_ids(), vec![1, 0]);
+    assert_eq!(
+        cache_msg(p.touch(2)),
+        "block 2 is used, not evictable: cannot touch"
+    );
+    assert_eq!(
+        cache_msg(p.touch(5)),
+        "block 5 is free, not evictable: cannot touch"
+    );
+    assert!(cache_msg(p.touch(6)).starts_with("unknown block"));
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn cache_block_rules() {
+    let mut p = mixed();
+    assert!(p.cache_block(2, 200).unwrap());
+    assert!(!p.cache_block(2, 200).unwrap());
+    assert!(!p.cache_block(3, 200).unwrap()); // duplicate content
+    assert_eq!(p.block_hash(3).unwrap(), None);
+    assert!(cache_msg(p.cache_block(2, 201)).contains("already carries hash"));
+    assert_eq!(
+        cache_msg(p.cache_block(0, 5)),
+        "block 0 is evictable (ref_count 0): cannot cache"
+    );
+    assert_eq!(
+        cache_msg(p.cache_block(4, 5)),
+        "block 4 is free (ref_count 0): cannot cache"
+    );
+    assert!(cache_msg(p.cache_block(9, 5)).starts_with("unknown block"));
+    assert_eq!(p.lookup(200), Some(2));
+    assert_eq!(p.lookup(999), None);
+    assert_eq!(p.block_hash(2).unwrap(), Some(200));
+    assert!(cache_msg(p.block_hash(6)).starts_with("unknown block"));
+    assert!(cache_msg(p.ref_count(6)).starts_with("unknown block"));
+    p.uncache_used(2);
+    assert_eq!(p.lookup(200), None);
+    p.check_integrity().unwrap();
+    // A cached used block released becomes evictable.
+    p.cache_block(3, 300).unwrap();
+    p.decref(3).unwrap();
+    assert_eq!(p.evictable_block_ids(), vec![0, 1, 3]);
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn lookup_prefix_stops_at_first_miss() {
+    let p = mixed();
+    assert_eq!(p.lookup_prefix(&[100, 101, 5, 100]), vec![0, 1]);
+    assert_eq!(p.lookup_prefix(&[5, 100]), Vec::<u32>::new());
+    assert_eq!(p.lookup_prefix(&[]), Vec::<u32>::new());
+}
+
+#[test]
+fn evict_and_evict_lru() {
+    let mut p = mixed();
+    assert_eq!(p.evict(1).unwrap(), 101);
+    assert_eq!(p.lookup(101), None);
+    assert_eq!(p.block_hash(1).unwrap(), None);
+    assert_eq!(p.free_block_ids(), vec![1, 4, 5]);
+    assert_eq!(
+        cache_msg(p.evict(1)),
+        "block 1 is free, not evictable: cannot evict"
+    );
+    assert_eq!(
+        cache_msg(p.evict(2)),
+        "block 2 is used, not evictable: cannot evict"
+    );
+    assert!(cache_msg(p.evict(100)).starts_with("unknown block"));
+    p.check_integrity().unwrap();
+    assert_eq!(
+        p.evict_lru(2).unwrap_err(),
+        KvError::OutOfBlocks("cannot evict 2 blocks: only 1 evictable".into())
+    );
+    assert_eq!(p.evict_lru(0).unwrap(), Vec::<u32>::new());
+    assert_eq!(p.evict_lru(1).unwrap(), vec![0]);
+    assert_eq!(p.num_evictable_blocks(), 0);
+    assert_eq!(p.free_block_ids(), vec![0, 1, 4, 5]);
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn evict_lru_oldest_first() {
+    let mut p = pool(5);
+    p.allocate(5).unwrap();
+    for b in 0..5 {
+        p.cache_block(b, 1000 + u64::from(b)).unwrap();
+    }
+    for b in [3, 1, 4, 0, 2] {
+        p.decref(b).unwrap();
+    }
+    p.touch(1).unwrap();
+    assert_eq!(p.evictable_block_ids(), vec![3, 4, 0, 2, 1]);
+    assert_eq!(p.evict_lru(3).unwrap(), vec![3, 4, 0]);
+    assert_eq!(p.evictable_block_ids(), vec![2, 1]);
+    p.incref(1).unwrap(); // remove the tail
+    p.incref(2).unwrap(); // remove the head
+    assert_eq!(p.evictable_block_ids(), Vec::<u32>::new());
+    assert_eq!(p.num_used_blocks(), 2);
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn integrity_detects_corruption() {
+    let mut p = mixed();
+    p.raw_ref_counts_mut()[4] = 1; // free block with a reference
+    let m = cache_msg(p.check_integrity());
+    assert!(m.starts_with("block pool integrity: block 4"), "{m}");
+
+    let mut p = mixed();
+    p.raw_ref_counts_mut()[0] = 2; // evictable block with a reference
+    assert!(cache_msg(p.check_integrity()).contains("block 0"));
+
+    let mut p = mixed();
+    p.raw_ref_counts_mut()[2] = 0; // used block dropped to zero without a list
+    assert!(cache_msg(p.check_integrity()).contains("block 2"));
+
+    let mut p = mixed();
+    p.num_evictable = 5;
+    assert!(cache_msg(p.check_integrity()).contains("counter"));
+
+    let mut p = mixed();
+    p.cached.insert(555, 3);
+    assert!(cache_msg(p.check_integrity()).contains("hash map"));
+
+    let mut p = mixed();
+    p.hash[2] = Some(77);
+    assert!(cache_msg(p.check_integrity()).contains("hash map disagrees"));
+
+    let mut p = mixed();
+    p.prev[1] = NIL;
+    assert!(cache_msg(p.check_integrity()).contains("prev link"));
+
+    let mut p = mixed();
+    p.lru_tail = 0;
+    assert!(cache_msg(p.check_integrity()).contains("tail"));
+
+    let mut p = mixed();
+    p.free.push(4);
+    assert!(cache_msg(p.check_integrity()).contains("twice"));
+
+    let mut p = mixed();
+    p.free.push(40);
+    assert!(cache_msg(p.check_integrity()).contains("unknown block 40"));
+
+    let mut p = mixed();
+    p.next[2] = 0;
+    assert!(cache_msg(p.check_integrity()).contains("LRU links"));
+}
+
+#[test]
+fn error_display() {
+    assert_eq!(KvError::Value("v".into()).to_string(), "v");
+    assert_eq!(KvError::OutOfBlocks("o".into()).to_string(), "o");
+}

@@ -1,0 +1,326 @@
+//! Unit tests of module `block_table`.
+
+use super::*;
+
+fn msg<T: std::fmt::Debug>(r: KvResult<T>) -> String {
+    match r {
+        Err(KvError::Cache(m)) => m,
+        other => panic!("expected KvError::Cache, got {other:?}"),
+    }
+}
+
+fn value_msg<T: std::fmt::Debug>(r: KvResult<T>) -> String {
+    match r {
+        Err(KvError::Value(m)) => m,
+        other => panic!("expected KvError::Value, got {other:?}"),
+    }
+}
+
+fn setup() -> (BlockTables, BlockPool) {
+    let mut bt = BlockTables::new(4).unwrap();
+    let mut pool = BlockPool::new(10).unwrap();
+    let a = pool.allocate(3).unwrap();
+    bt.add_sequence(1, &a[..2]).unwrap();
+    bt.add_sequence(2, &a[2..]).unwrap();
+    bt.add_sequence(3, &[]).unwrap();
+    (bt, pool)
+}
+
+#[test]
+fn new_and_basic_queries() {
+    assert!(matches!(BlockTables::new(0), Err(KvError::Value(_))));
+    let (bt, pool) = setup();
+    assert_eq!(bt.block_size(), 4);
+    assert_eq!(bt.num_sequences(), 3);
+    assert!(bt.has_sequence(1));
+    assert!(!bt.has_sequence(9));
+    assert_eq!(bt.block_ids(1).unwrap(), &[0, 1]);
+    assert_eq!(bt.block_id_at(1, 1).unwrap(), 1);
+    assert_eq!(bt.num_blocks(2).unwrap(), 1);
+    assert_eq!(bt.seq_ids(), vec![1, 2, 3]);
+    assert_eq!(msg(bt.block_ids(9)), "unknown sequence 9");
+    assert_eq!(msg(bt.num_blocks(9)), "unknown sequence 9");
+    assert_eq!(
+        msg(bt.block_id_at(1, 2)),
+        "index 2 out of range for sequence 1 with 2 blocks"
+    );
+    assert_eq!(msg(bt.block_id_at(9, 0)), "unknown sequence 9");
+    assert!(msg(bt.block_id_at(1, u64::MAX)).starts_with("index"));
+    bt.check_integrity(Some(&pool)).unwrap();
+    bt.check_integrity(None).unwrap();
+    assert_eq!(bt.blocks_for_tokens(0), 0);
+    assert_eq!(bt.blocks_for_tokens(4), 1);
+    assert_eq!(bt.blocks_for_tokens(5), 2);
+    assert_eq!(bt.blocks_for_tokens(u64::MAX), u64::MAX / 4 + 1);
+}
+
+#[test]
+fn add_remove_append() {
+    let (mut bt, _) = setup();
+    assert_eq!(msg(bt.add_sequence(1, &[])), "sequence 1 already exists");
+    assert_eq!(
+        value_msg(bt.add_sequence(7, &[1, MAX_BLOCK_ID + 1])),
+        "block id 2147483648 is not in [0, 2**31)"
+    );
+    assert!(!bt.has_sequence(7));
+    bt.append_blocks(3, &[7, 8]).unwrap();
+    assert_eq!(bt.block_ids(3).unwrap(), &[7, 8]);
+    assert!(value_msg(bt.append_blocks(3, &[u32::MAX])).starts_with("block id"));
+    assert_eq!(bt.block_ids(3).unwrap(), &[7, 8]);
+    assert_eq!(msg(bt.append_blocks(9, &[1])), "unknown sequence 9");
+    assert_eq!(bt.remove_sequence(3).unwrap(), vec![7, 8]);
+    assert_eq!(msg(bt.remove_sequence(3)), "unknown sequence 3");
+    assert_eq!(bt.num_sequences(), 2);
+}
+
+#[test]
+fn truncate_fork_set_block() {
+    let (mut bt, _) = setup();
+    bt.append_blocks(1, &[5, 6]).unwrap();
+    assert_eq!(
+        msg(bt.truncate(1, 5)),
+        "cannot truncate sequence 1 to 5 blocks: it has 4"
+    );
+    assert_eq!(msg(bt.truncate(9, 0)), "unknown sequence 9");
+    assert_eq!(bt.truncate(1, 3).unwrap(), vec![6]);
+    assert_eq!(bt.truncate(1, 3).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.fork(1, 4).unwrap(), vec![0, 1, 5]);
+    assert_eq!(bt.block_ids(4).unwrap(), &[0, 1, 5]);
+    assert_eq!(
+        msg(bt.fork(1, 2)),
+        "cannot fork sequence 1: child 2 already exists"
+    );
+    assert_eq!(msg(bt.fork(9, 10)), "unknown sequence 9");
+    assert!(!bt.has_sequence(10));
+    assert_eq!(bt.set_block(4, 2, 9).unwrap(), 5);
+    assert_eq!(bt.block_ids(4).unwrap(), &[0, 1, 9]);
+    assert_eq!(bt.block_ids(1).unwrap(), &[0, 1, 5]);
+    assert_eq!(
+        msg(bt.set_block(4, 3, 9)),
+        "index 3 out of range for sequence 4 with 3 blocks"
+    );
+    assert_eq!(msg(bt.set_block(9, 0, 9)), "unknown sequence 9");
+    assert!(value_msg(bt.set_block(4, 0, u32::MAX)).starts_with("block id"));
+    assert_eq!(bt.block_ids(4).unwrap(), &[0, 1, 9]);
+}
+
+#[test]
+fn num_blocks_to_grow_counts_batch_literally() {
+    let (bt, _) = setup();
+    assert_eq!(bt.num_blocks_to_grow(&[1, 2, 3], &[8, 9, 1]).unwrap(), 3);
+    assert_eq!(bt.num_blocks_to_grow(&[1, 1], &[12, 12]).unwrap(), 2);
+    assert_eq!(bt.num_blocks_to_grow(&[], &[]).unwrap(), 0);
+    assert_eq!(bt.num_blocks_to_grow(&[1], &[0]).unwrap(), 0);
+    let m = u64::MAX;
+    assert_eq!(
+        bt.num_blocks_to_grow(&[1, 2], &[m, m]).unwrap(),
+        (1 << 63) - 3
+    );
+    assert_eq!(bt.num_blocks_to_grow(&[1, 2, 3, 3, 3], &[m; 5]).unwrap(), m);
+    assert!(value_msg(bt.num_blocks_to_grow(&[1], &[])).contains("differ in length"));
+    assert_eq!(
+        msg(bt.num_blocks_to_grow(&[1, 9], &[1, 1])),
+        "unknown sequence 9"
+    );
+}
+
+#[test]
+fn grow_allocates_in_batch_order() {
+    let (mut bt, mut pool) = setup();
+    assert_eq!(bt.grow(&mut pool, &[3, 1, 2], &[5, 8, 13]).unwrap(), 5);
+    assert_eq!(bt.block_ids(3).unwrap(), &[3, 4]);
+    assert_eq!(bt.block_ids(1).unwrap(), &[0, 1]);
+    assert_eq!(bt.block_ids(2).unwrap(), &[2, 5, 6, 7]);
+    assert_eq!(pool.num_free_blocks(), 2);
+    bt.check_integrity(Some(&pool)).unwrap();
+    pool.check_integrity().unwrap();
+    assert_eq!(bt.grow(&mut pool, &[], &[]).unwrap(), 0);
+}
+
+#[test]
+fn grow_is_all_or_nothing() {
+    let (mut bt, mut pool) = setup();
+    let before = (bt.block_ids(1).unwrap().to_vec(), pool.free_block_ids());
+    let e = bt.grow(&mut pool, &[1, 3], &[12, 100]).unwrap_err();
+    assert_eq!(
+        e,
+        KvError::OutOfBlocks("cannot allocate 26 blocks: only 7 free".into())
+    );
+    assert_eq!(
+        msg(bt.grow(&mut pool, &[1, 9], &[12, 1])),
+        "unknown sequence 9"
+    );
+    assert!(value_msg(bt.grow(&mut pool, &[1, 3], &[12])).contains("differ"));
+    assert!(matches!(
+        bt.grow(&mut pool, &[1], &[u64::MAX]),
+        Err(KvError::OutOfBlocks(_))
+    ));
+    assert_eq!(
+        (bt.block_ids(1).unwrap().to_vec(), pool.free_block_ids()),
+        before
+    );
+    assert_eq!(bt.block_ids(3).unwrap(), &[] as &[u32]);
+}
+
+#[test]
+fn grow_with_duplicate_sequence_is_exact() {
+    let (mut bt, mut pool) = setup();
+    // Sequence 3 listed three times: it needs 7 blocks once, not 5 + 7 + 1.
+    assert_eq!(bt.num_blocks_to_grow(&[3, 3, 3], &[20, 28, 4]).unwrap(), 13);
+    assert_eq!(bt.grow(&mut pool, &[3, 3, 3], &[20, 28, 4]).unwrap(), 7);
+    assert_eq!(bt.num_blocks(3).unwrap(), 7);
+    assert_eq!(pool.num_free_blocks(), 0);
+    bt.check_integrity(Some(&pool)).unwrap();
+    let e = bt.grow(&mut pool, &[3, 3], &[32, 32]).unwrap_err();
+    assert_eq!(
+        e,
+        KvError::OutOfBlocks("cannot allocate 1 blocks: only 0 free".into())
+    );
+}
+
+#[test]
+fn cache_blocks_records_and_rolls_back() {
+    let (mut bt, mut pool) = setup();
+    bt.grow(&mut pool, &[3], &[16]).unwrap(); // seq 3 -> blocks 3, 4, 5, 6
+    assert_eq!(bt.cache_blocks(&mut pool, 3, 1, &[41, 51]).unwrap(), 2);
+    assert_eq!(pool.lookup(41), Some(4));
+    // Again: already carried -> false; duplicate content in block 0 -> false.
+    assert_eq!(bt.cache_blocks(&mut pool, 3, 1, &[41, 51]).unwrap(), 0);
+    assert_eq!(bt.cache_blocks(&mut pool, 1, 0, &[41]).unwrap(), 0);
+    assert_eq!(bt.cache_blocks(&mut pool, 3, 4, &[]).unwrap(), 0);
+    // Range checked first.
+    assert_eq!(
+        msg(bt.cache_blocks(&mut pool, 3, 3, &[1, 2])),
+        "cannot cache 2 blocks from index 3 of sequence 3: it has 4 blocks"
+    );
+    assert!(msg(bt.cache_blocks(&mut pool, 3, u64::MAX, &[1])).starts_with("cannot cache"));
+    assert_eq!(
+        msg(bt.cache_blocks(&mut pool, 9, 0, &[1])),
+        "unknown sequence 9"
+    );
+    // Block 6 released -> cache_block on it errors; block 3's record is undone.
+    let t = bt.truncate(3, 3).unwrap();
+    pool.free(&t).unwrap();
+    bt.append_blocks(3, &t).unwrap();
+    let before: Vec<_> = {
+        let mut c: Vec<_> = pool.cached_blocks().collect();
+        c.sort_unstable();
+        c
+    };
+    assert!(msg(bt.cache_blocks(&mut pool, 3, 0, &[30, 41, 51, 60])).contains("block 6 is free"));
+    let mut after: Vec<_> = pool.cached_blocks().collect();
+    after.sort_unstable();
+    assert_eq!(after, before);
+    assert_eq!(pool.block_hash(3).unwrap(), None);
+    pool.check_integrity().unwrap();
+    // Same block twice with different hashes errors on the second and undoes the first.
+    bt.add_sequence(8, &[0, 0]).unwrap();
+    assert!(msg(bt.cache_blocks(&mut pool, 8, 0, &[70, 71])).contains("already carries"));
+    assert_eq!(pool.lookup(70), None);
+    pool.check_integrity().unwrap();
+}
+
+#[test]
+fn max_num_blocks() {
+    let (bt, _) = setup();
+    assert_eq!(bt.max_num_blocks(&[]).unwrap(), 0);
+    assert_eq!(bt.max_num_blocks(&[2, 1, 3]).unwrap(), 2);
+    assert_eq!(msg(bt.max_num_blocks(&[2, 9])), "unknown sequence 9");
+}
+
+#[test]
+fn export_into_pads_rows() {
+    let (bt, _) = setup();
+    let mut buf = vec![99i32; 10];
+    let cells = Cell::from_mut(&mut buf[..]).as_slice_of_cells();
+    bt.export_into(&[2, 1, 3], cells, 3, -1).unwrap();
+    assert_eq!(buf, vec![2, -1, -1, 0, 1, -1, -1, -1, -1, 99]);
+    let cells = Cell::from_mut(&mut buf[..]).as_slice_of_cells();
+    assert!(value_msg(bt.export_into(&[1], cells, 1, 0))
+        .contains("sequence 1 has 2 blocks, more than width 1"));
+    assert!(value_msg(bt.export_into(&[1, 2, 3, 1], cells, 3, 0)).contains("fewer than"));
+    assert!(value_msg(bt.export_into(&[1; 2], cells, usize::MAX, 0)).contains("fewer than"));
+    assert_eq!(
+        msg(bt.export_into(&[1, 9], cells, 3, 0)),
+        "unknown sequence 9"
+    );
+    bt.export_into(&[3, 3], cells, 0, 0).unwrap();
+    bt.export_into(&[], cells, 5, 0).unwrap();
+    assert_eq!(buf, vec![2, -1, -1, 0, 1, -1, -1, -1, -1, 99]);
+}
+
+#[test]
+fn release_front_makes_holes() {
+    let (mut bt, mut pool) = setup();
+    bt.grow(&mut pool, &[1], &[16]).unwrap(); // seq 1 -> 0, 1, 3, 4
+    assert_eq!(bt.num_holes(1).unwrap(), 0);
+    assert_eq!(bt.release_front(1, 2).unwrap(), vec![0, 1]);
+    pool.free(&[0, 1]).unwrap();
+    assert_eq!(bt.block_ids(1).unwrap(), &[HOLE, HOLE, 3, 4]);
+    assert_eq!(bt.block_id_at(1, 0).unwrap(), HOLE);
+    assert_eq!(
+        (bt.num_holes(1).unwrap(), bt.num_blocks(1).unwrap()),
+        (2, 4)
+    );
+    // Already-holes are skipped; 0 and a shorter front change nothing.
+    assert_eq!(bt.release_front(1, 1).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.release_front(1, 0).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.release_front(1, 3).unwrap(), vec![3]);
+    pool.decref(3).unwrap();
+    bt.check_integrity(Some(&pool)).unwrap();
+    bt.check_integrity(None).unwrap();
+    assert_eq!(
+        msg(bt.release_front(1, 5)),
+        "cannot release 5 blocks of sequence 1: it has 4"
+    );
+    assert_eq!(msg(bt.release_front(9, 0)), "unknown sequence 9");
+    assert_eq!(msg(bt.num_holes(9)), "unknown sequence 9");
+    // Holes keep their slots: growth counts them.
+    assert_eq!(bt.num_blocks_to_grow(&[1], &[20]).unwrap(), 1);
+    assert_eq!(bt.grow(&mut pool, &[1], &[20]).unwrap(), 1);
+    assert_eq!(bt.block_ids(1).unwrap(), &[HOLE, HOLE, HOLE, 4, 3]);
+    // Holes refuse set_block and cache_blocks, before anything changes.
+    assert_eq!(
+        msg(bt.set_block(1, 2, 7)),
+        "block 2 of sequence 1 is a hole"
+    );
+    assert_eq!(
+        msg(bt.cache_blocks(&mut pool, 1, 2, &[5, 6])),
+        "block 2 of sequence 1 is a hole"
+    );
+    assert_eq!(bt.cache_blocks(&mut pool, 1, 3, &[5, 6]).unwrap(), 2);
+    assert_eq!(bt.set_block(1, 4, 1).unwrap(), 3);
+    // Export writes holes as pad.
+    let mut buf = vec![9i32; 6];
+    let cells = Cell::from_mut(&mut buf[..]).as_slice_of_cells();
+    bt.export_into(&[1], cells, 6, -7).unwrap();
+    assert_eq!(buf, vec![-7, -7, -7, 4, 1, -7]);
+    // Fork copies holes and returns only blocks; truncate and remove skip holes.
+    assert_eq!(bt.fork(1, 5).unwrap(), vec![4, 1]);
+    assert_eq!(bt.block_ids(5).unwrap(), &[HOLE, HOLE, HOLE, 4, 1]);
+    assert_eq!(bt.truncate(5, 4).unwrap(), vec![1]);
+    assert_eq!(bt.truncate(5, 1).unwrap(), vec![4]);
+    assert_eq!(bt.remove_sequence(5).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.remove_sequence(1).unwrap(), vec![4, 1]);
+    // A hole after a block breaks integrity.
+    bt.add_sequence(6, &[2]).unwrap();
+    bt.tables.get_mut(&6).unwrap().push(HOLE);
+    assert!(msg(bt.check_integrity(None)).contains("hole after a block"));
+}
+
+#[test]
+fn integrity_against_pool() {
+    let (mut bt, pool) = setup();
+    bt.check_integrity(Some(&pool)).unwrap();
+    bt.append_blocks(3, &[9]).unwrap();
+    assert_eq!(
+        msg(bt.check_integrity(Some(&pool))),
+        "block tables integrity: sequence 3 block 0 holds block 9 with ref_count 0"
+    );
+    bt.set_block(3, 0, 10).unwrap();
+    assert!(msg(bt.check_integrity(Some(&pool))).contains("outside the pool of 10 blocks"));
+    bt.check_integrity(None).unwrap();
+    bt.tables.get_mut(&3).unwrap()[0] = MAX_BLOCK_ID + 1;
+    assert!(msg(bt.check_integrity(None)).contains("invalid id"));
+    pool.check_integrity().unwrap();
+}
