@@ -18,7 +18,7 @@ NUM_CASES = 39
 
 
 def test_triton_kernels_match_references_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=600
     )

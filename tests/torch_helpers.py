@@ -20,6 +20,10 @@ from enginekit.models.weights import weights_from_state_dict
 
 FP32_ATOL = 2e-5  # logits are O(1); fp32 forwards agree to ~1e-6
 
+# The models here are tiny: intra-op threads buy nothing, and on a busy machine their
+# spin-waits cost up to 50x (measured on 2 shared cores).
+torch.set_num_threads(1)
+
 
 def hf_config(kind: str) -> Any:
     """Small configs of each supported architecture (and the variants worth testing)."""
