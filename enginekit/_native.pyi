@@ -226,8 +226,9 @@ class BlockTables:
     def export_into(self, seq_ids: Sequence[int], out: Any, width: int, pad: int = -1) -> None:
         """Writes the batch's tables row by row into ``out``, a writable C-contiguous buffer of
         int32 (e.g. a numpy array of shape (len(seq_ids), width)); rows shorter than width are
-        padded with ``pad``, and holes are written as ``pad``. Raises ValueError if out is too small, not int32, or a table is
-        longer than width; KVCacheError for an unknown seq_id."""
+        padded with ``pad``, and holes are written as ``pad``. Raises ValueError if out is too
+        small, not int32, or a table is longer than width; KVCacheError for an unknown
+        seq_id."""
     def seq_ids(self) -> list[int]:
         """Every sequence id, ascending."""
     def check_integrity(self, pool: BlockPool | None = None) -> None:

@@ -110,6 +110,7 @@ class Engine:
             self.metrics,
             eos_token_id=executor_eos_token_id(self.executor),
             export_block_tables=self.executor.needs_block_tables,
+            new_seq_id=lambda: next(self._seq_ids),
         )
         self.clock = 0.0
         self._pending: list[tuple[float, int, Request]] = []  # heap by arrival time
@@ -171,6 +172,18 @@ class Engine:
         self, request_id: str, prompt: Sequence[int], sampling: SamplingParams
     ) -> None:
         what = f"request {request_id!r}"
+        if sampling.n > 1:
+            if not (self.executor.supports_forks and self.kv.allocator.supports_fork):
+                raise RequestRejectedError(
+                    f"{what}: n={sampling.n} needs forked sequences, which this executor "
+                    f"({self.config.executor}) or allocator ({self.kv.allocator.config.name}) "
+                    "cannot run"
+                )
+            if sampling.n > self.config.scheduler.max_num_seqs:
+                raise RequestRejectedError(
+                    f"{what}: n={sampling.n} samples exceed scheduler.max_num_seqs="
+                    f"{self.config.scheduler.max_num_seqs}"
+                )
         if not prompt:
             raise RequestRejectedError(f"{what}: the prompt is empty")
         vocab = self.shape.vocab_size
@@ -291,15 +304,21 @@ class Engine:
         update = self.scheduler.update(scheduled, output)
         for request in update.first_tokens:
             request.first_token_time = self.clock
-            self.metrics.on_first_token(request.request_id, self.clock)
+            if request.parent is None:
+                self.metrics.on_first_token(request.request_id, self.clock)
+        finished_groups = []
         for request in update.finished:
             request.finish_time = self.clock
-            self.metrics.on_request_finished(
-                request.request_id, self.clock, request.num_output_tokens
-            )
-            self._add_followers(request)
+            root = request.parent or request
+            if root.is_group_finished and root not in finished_groups:
+                finished_groups.append(root)
+        for root in finished_groups:
+            num_outputs = sum(r.num_output_tokens for r in (root, *root.children))
+            self.metrics.on_request_finished(root.request_id, self.clock, num_outputs)
+            self._add_followers(root)
         usage = self.kv.usage()
         running = self.scheduler.running
+        num_table_blocks = self.kv.allocator.num_reserved_blocks()
         self.metrics.on_step(
             self.clock,
             output.step_time_s,
@@ -310,13 +329,14 @@ class Engine:
             usage.num_used_blocks,
             usage.num_total_blocks,
             self.kv.num_unused_slots(running),
-            self.kv.allocator.num_reserved_blocks() * self.kv_spec.block_size,
+            num_table_blocks * self.kv_spec.block_size,
+            num_table_blocks,
         )
         if self.metrics.num_steps % FRAGMENTATION_SAMPLE_STEPS == 1:
             unusable = self.kv.allocator.num_unusable_free_blocks()
             if unusable is not None:
                 self.metrics.on_fragmentation(unusable)
-        return [RequestOutput.of(r) for r in update.finished]
+        return [RequestOutput.of(r) for r in finished_groups]
 
     def run(self, progress: bool = False) -> RunResult:
         """Steps until every request has finished."""

@@ -71,6 +71,8 @@ class RunMetrics:
         self.num_total_blocks = 0
         self._unused_slots_sum = 0
         self._reserved_slots_sum = 0
+        self._table_blocks_sum = 0
+        self._used_blocks_sum = 0
         self._unusable_free_blocks_sum = 0
         self._num_fragmentation_samples = 0
         self.num_unused_slots_peak = 0
@@ -142,11 +144,14 @@ class RunMetrics:
         num_total_blocks: int,
         num_unused_slots: int,
         num_reserved_slots: int = 0,
+        num_table_blocks: int = 0,
     ) -> None:
         """One executed step that ended at ``time`` (the clock already advanced by
         ``step_time_s``). Block counts are the pool's state after the step;
         ``num_unused_slots`` is allocated but unused token slots in running sequences'
-        blocks, of ``num_reserved_slots`` they hold in all."""
+        blocks, of ``num_reserved_slots`` they hold in all; ``num_table_blocks`` counts the
+        blocks of every table, a shared block once per table (so ``num_used_blocks`` /
+        ``num_table_blocks`` is what sharing leaves of the memory)."""
         self.num_steps += 1
         if self.first_step_time is None:
             self.first_step_time = time - step_time_s
@@ -162,6 +167,8 @@ class RunMetrics:
         self.num_total_blocks = num_total_blocks
         self._unused_slots_sum += num_unused_slots
         self._reserved_slots_sum += num_reserved_slots
+        self._table_blocks_sum += num_table_blocks
+        self._used_blocks_sum += num_used_blocks
         if num_unused_slots > self.num_unused_slots_peak:
             self.num_unused_slots_peak = num_unused_slots
         self._running_sum += num_running
@@ -243,6 +250,13 @@ class RunMetrics:
                 None
                 if not self._reserved_slots_sum
                 else 1.0 - self._unused_slots_sum / self._reserved_slots_sum
+            ),
+            # share of the running sequences' blocks that sharing (prefix hits, forked
+            # samples) saves: 1 - blocks used / blocks the tables list
+            "kv_cache_sharing_saving": (
+                None
+                if not self._table_blocks_sum
+                else 1.0 - self._used_blocks_sum / self._table_blocks_sum
             ),
             "kv_cache_unusable_free_blocks_mean": (
                 None

@@ -74,6 +74,7 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
             ("kv_cache_unused_slots_mean", "unused slots mean", _unit("tokens")),
             ("kv_cache_unused_slots_peak", "unused slots peak", _unit("tokens")),
             ("kv_cache_slot_utilization", "slot utilization", _perc),
+            ("kv_cache_sharing_saving", "saved by sharing", _perc),
             ("kv_cache_unusable_free_blocks_mean", "unusable free blocks mean", _unit("blocks")),
             ("num_running_mean", "running sequences mean", _num),
             ("num_running_peak", "running sequences peak", _num),

@@ -15,7 +15,9 @@ class SamplingParams:
 
     ``max_tokens`` bounds the output; generation also stops at any of ``stop_token_ids``
     and at the model's EOS unless ``ignore_eos``. Temperature 0 is greedy decoding.
-    ``n > 1`` (parallel sampling) is reserved for the copy-on-write work and refused today.
+    ``n > 1`` is parallel sampling: n outputs for one prompt, which is computed once; the
+    samples share its KV blocks (copy-on-write) and sample ``k`` draws with seed
+    ``seed + k``.
     """
 
     max_tokens: int = 16
@@ -36,8 +38,8 @@ class SamplingParams:
             raise ConfigError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.n != 1:
-            raise ConfigError(f"sampling.n = {self.n}: only n = 1 is supported")
+        if self.n < 1:
+            raise ConfigError(f"sampling.n must be >= 1, got {self.n}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
 
@@ -78,6 +80,9 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    # Parallel sampling: the request that prefilled the prompt owns the other samples.
+    parent: Request | None = None
+    children: list[Request] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -103,6 +108,16 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
+    @property
+    def is_group_finished(self) -> bool:
+        """Finished, and so is every sample it owns."""
+        return self.status.is_finished and all(c.is_finished for c in self.children)
+
+    @property
+    def needs_fork(self) -> bool:
+        """Owes the other n - 1 samples (forked when its prompt is computed)."""
+        return self.sampling.n > 1 and self.parent is None and not self.children
+
 
 @dataclass(frozen=True)
 class RequestOutput:
@@ -110,24 +125,28 @@ class RequestOutput:
 
     request_id: str
     prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    finish_reason: str | None  # "stop", "length", or None while running
+    output_token_ids: list[int]  # the first sample's
+    finish_reason: str | None  # "stop", "length", or None while any sample runs
     num_cached_tokens: int
     num_preemptions: int
     arrival_time: float
     first_token_time: float | None
-    finish_time: float | None
+    finish_time: float | None  # when the last sample finished
+    samples: list[list[int]]  # every sample's output (n of them), the first one first
 
     @classmethod
     def of(cls, request: Request) -> RequestOutput:
+        group = [request, *request.children]
+        done = request.is_group_finished
         return cls(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
             output_token_ids=request.output_token_ids,
-            finish_reason=request.status.value if request.is_finished else None,
+            finish_reason=request.status.value if done else None,
             num_cached_tokens=request.num_cached_tokens,
-            num_preemptions=request.num_preemptions,
+            num_preemptions=sum(r.num_preemptions for r in group),
             arrival_time=request.arrival_time,
             first_token_time=request.first_token_time,
-            finish_time=request.finish_time,
+            finish_time=max((r.finish_time or 0.0) for r in group) if done else None,
+            samples=[r.output_token_ids for r in group],
         )

@@ -8,14 +8,17 @@ preemption plugin frees a victim and the scheduler requeues it at the front.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from enginekit.config import SchedulerConfig
 from enginekit.errors import ConfigError, OutOfBlocksError
-from enginekit.executor.base import ModelOutput, SchedulerOutput
+from enginekit.executor.base import Fork, ModelOutput, SchedulerOutput
 from enginekit.interfaces.prefix import NO_MATCH
 from enginekit.request import Request, RequestStatus
 
@@ -44,6 +47,7 @@ class Scheduler:
         metrics: RunMetrics,
         eos_token_id: int | None = None,
         export_block_tables: bool = False,
+        new_seq_id: Callable[[], int] | None = None,
     ) -> None:
         if config.max_num_seqs < 1:
             raise ConfigError(f"scheduler.max_num_seqs must be >= 1, got {config.max_num_seqs}")
@@ -59,6 +63,7 @@ class Scheduler:
         self.metrics = metrics
         self.eos_token_id = eos_token_id
         self.export_block_tables = export_block_tables
+        self._new_seq_id = new_seq_id or itertools.count(1 << 62).__next__  # for forks
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._by_seq_id: dict[int, Request] = {}
@@ -91,6 +96,7 @@ class Scheduler:
         prefill_starts: list[int] = []
         prefill_lens: list[int] = []
         final_prefill_seq_ids: list[int] = []
+        forks: list[Fork] = []
 
         def schedule_chunk(request: Request) -> None:
             nonlocal budget
@@ -104,6 +110,10 @@ class Scheduler:
             self.kv.on_computed(request, start + num_new)
             if start + num_new == request.num_tokens:
                 final_prefill_seq_ids.append(request.seq_id)
+                if request.needs_fork:
+                    for k, child in enumerate(self._fork(request), start=1):
+                        forks.append(Fork(request.seq_id, child.seq_id, k))
+                        final_prefill_seq_ids.append(child.seq_id)
 
         for request in prefills:
             if budget <= 0:
@@ -112,6 +122,10 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.needs_fork and (
+                len(self.running) + request.sampling.n > self.config.max_num_seqs
+            ):
+                break  # its samples would not fit among the running sequences
             is_restore = self.preemption.is_swapped(request)
             try:
                 if is_restore:
@@ -163,6 +177,7 @@ class Scheduler:
             block_copies=copies,
             swap_outs=swap_outs,
             swap_ins=swap_ins,
+            forks=forks,
             block_tables=(
                 self._block_tables(prefill_seq_ids + decode_seq_ids)
                 if self.export_block_tables
@@ -177,21 +192,48 @@ class Scheduler:
         tables.export_into(seq_ids, out, width)
         return out
 
+    def _fork(self, parent: Request) -> list[Request]:
+        """Creates the other n - 1 samples of ``parent``, whose prompt is being computed
+        in full this step: each shares its blocks and is sampled from its logits."""
+        children = []
+        seed = parent.sampling.seed
+        for k in range(1, parent.sampling.n):
+            child = Request(
+                request_id=f"{parent.request_id}#{k}",
+                seq_id=self._new_seq_id(),
+                prompt_token_ids=parent.prompt_token_ids,
+                sampling=dataclasses.replace(
+                    parent.sampling, n=1, seed=None if seed is None else seed + k
+                ),
+                arrival_time=parent.arrival_time,
+                extra_key=parent.extra_key,
+                parent=parent,
+            )
+            self.kv.fork(parent, child)
+            child.status = RequestStatus.RUNNING
+            parent.children.append(child)
+            self._by_seq_id[child.seq_id] = child
+            self.running.append(child)
+            children.append(child)
+        return children
+
     def _reserve_decodes(self) -> tuple[list[Request], list[Request]]:
-        """Reserves one more token slot for every decoding request (one token left to
-        compute), preempting the preemption plugin's victims until the rest fit. Returns
-        (the decodes that run, the running requests still prefilling), in priority order."""
+        """Reserves one more token slot (and a copy of a block shared with forked samples)
+        for every decoding request (one token left to compute, past its prompt),
+        preempting the preemption plugin's victims until the rest fit. Returns (the decodes
+        that run, the running requests still prefilling), in priority order."""
         decodes = []
         prefills = []
         for request in self.running:
-            if len(request.token_ids) - request.num_computed_tokens == 1:
+            num_left = len(request.token_ids) - request.num_computed_tokens
+            if num_left == 1 and request.num_output_tokens > 0:
                 decodes.append(request)
             else:
                 prefills.append(request)
         while decodes:
             seq_ids = [r.seq_id for r in decodes]
             num_tokens = [len(r.token_ids) for r in decodes]
-            if self.kv.try_grow(seq_ids, num_tokens):
+            if self.kv.try_grow(seq_ids, num_tokens) and self.kv.try_copy_on_write(decodes):
                 break
             victim = self.preemption.choose_victim(self.running)
             self._preempt(victim)

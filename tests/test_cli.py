@@ -70,7 +70,14 @@ def test_help_lists_every_installed_plugin_as_typed(cli):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["+allocator=pagd"], ["unknown allocator plugin 'pagd'", "installed: contiguous, paged", "did you mean 'paged'"]),
+        (
+            ["+allocator=pagd"],
+            [
+                "unknown allocator plugin 'pagd'",
+                "installed: contiguous, paged",
+                "did you mean 'paged'",
+            ],
+        ),
         (
             ["+prefix=radixx"],
             ["unknown prefix plugin 'radixx'", "block_hash, none, radix", "'radix'"],

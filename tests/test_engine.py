@@ -168,7 +168,9 @@ def test_bad_config_through_the_api_names_the_key():
         make_engine("model=llama-9")
 
 
-def _workload(engine: Engine, seed: int, num_requests: int, max_prompt: int) -> None:
+def _workload(
+    engine: Engine, seed: int, num_requests: int, max_prompt: int, max_n: int = 1
+) -> None:
     rng = random.Random(seed)
     bases = [tokens(rng.randrange(1, max_prompt), seed * 100 + i) for i in range(3)]
     for i in range(num_requests):
@@ -177,7 +179,7 @@ def _workload(engine: Engine, seed: int, num_requests: int, max_prompt: int) -> 
         script = tokens(rng.randrange(1, 60), 10_000 + i)
         engine.add_request(
             prompt,
-            SamplingParams(max_tokens=len(script), ignore_eos=True),
+            SamplingParams(max_tokens=len(script), ignore_eos=True, n=rng.randint(1, max_n)),
             request_id=str(i),
             arrival_time=rng.choice([0.0, rng.uniform(0, 0.05)]),
             scripted_output_ids=script,
@@ -243,13 +245,12 @@ def test_random_workloads_finish_with_unconstrained_outputs_and_no_leak(
               "scheduler.max_num_batched_tokens=64", "scheduler.max_num_seqs=8"]  # fmt: skip
     tight = make_engine(*common, f"cache.num_blocks={num_blocks}", f"cache.native={native}")
     roomy = make_engine(*common, "cache.num_blocks=100000")
+    max_n = 3 if combination["allocator"] == "paged" else 1  # contiguous cannot fork
     for engine in (tight, roomy):
-        _workload(engine, seed, num_requests=12, max_prompt=max_prompt)
+        _workload(engine, seed, num_requests=12, max_prompt=max_prompt, max_n=max_n)
     run_checked(tight)
     roomy.run()
-    assert [o.output_token_ids for o in tight.outputs()] == [
-        o.output_token_ids for o in roomy.outputs()
-    ]
+    assert [o.samples for o in tight.outputs()] == [o.samples for o in roomy.outputs()]
     assert all(o.finish_reason == "length" for o in tight.outputs())
 
 
@@ -469,3 +470,39 @@ def test_sliding_window_holds_at_most_the_window_plus_one_block(model, window_ov
 def test_sliding_window_refuses_what_it_cannot_do(overrides, message):
     with pytest.raises(ConfigError, match=message):
         make_engine("model=mistral-7b", "+eviction=sliding_window", *overrides)
+
+
+def test_parallel_samples_share_the_prompt_and_copy_the_partial_block_on_write():
+    engine = make_engine("+prefix=none", "cache.num_blocks=64", "cache.watermark=0")
+    script = tokens(12, 7)
+    engine.add_request(tokens(40, 6), SamplingParams(max_tokens=12, n=4, ignore_eos=True, seed=1),
+                       request_id="p", scripted_output_ids=script)  # fmt: skip
+    used = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_integrity()
+        used.append(engine.kv.usage().num_used_blocks)
+    # step 1: one prefill of 40 tokens (3 blocks, the last holding 8 tokens), shared by the
+    # 4 samples; step 2: each writes token 40 into that shared block: 3 of them copy it
+    # first, the last writes in place; then they grow one block each at token 48.
+    assert used[:3] == [3, 6, 6]
+    assert max(used) == 2 + 4 * 2  # 2 shared full blocks + 2 private blocks per sample
+    assert used[-1] == 0
+    out = engine.output("p")
+    assert out.finish_reason == "length"
+    assert len(out.samples) == 4 and all(len(s) == 12 for s in out.samples)
+    assert out.samples[0] == script  # the first sample follows the request's script
+    assert len({tuple(s) for s in out.samples}) == 4  # the others draw their own tokens
+    summary = engine.summary()
+    assert summary["num_requests"] == 1
+    assert summary["generation_tokens_total"] == 48
+    assert summary["kv_cache_sharing_saving"] > 0
+
+
+def test_parallel_sampling_is_refused_where_it_cannot_run():
+    engine = make_engine("+allocator=contiguous", "+prefix=none", "model.max_model_len=512")
+    with pytest.raises(RequestRejectedError, match="n=2 needs forked sequences"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, n=2))
+    engine = make_engine("scheduler.max_num_seqs=4")
+    with pytest.raises(RequestRejectedError, match="exceed scheduler.max_num_seqs=4"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, n=5))

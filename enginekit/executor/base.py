@@ -26,6 +26,15 @@ class BlockSwap(NamedTuple):
     host_block_id: int
 
 
+class Fork(NamedTuple):
+    """A new sequence, sample ``sample_index`` of its parent's request: it starts with a copy
+    of the parent's tokens and shares its KV blocks."""
+
+    parent_seq_id: int
+    child_seq_id: int
+    sample_index: int
+
+
 class SchedulerOutput(NamedTuple):
     """The work of one step.
 
@@ -41,6 +50,11 @@ class SchedulerOutput(NamedTuple):
     so a device block freed by a swap-out can be reused by this very step.
     ``block_tables`` (only for executors whose ``needs_block_tables`` is true) holds one
     int32 row per prefill sequence then per decode sequence, padded with -1.
+
+    ``forks`` (parallel sampling; only for executors whose ``supports_forks`` is true) are
+    registered before the step; each child is listed in ``sample_seq_ids`` right after its
+    parent, whose final prefill chunk runs this step, and is sampled from the parent's
+    logits with the request's seed + sample_index.
     """
 
     step: int
@@ -56,6 +70,7 @@ class SchedulerOutput(NamedTuple):
     swap_outs: Sequence[BlockSwap] = ()
     swap_ins: Sequence[BlockSwap] = ()
     block_tables: np.ndarray | None = None
+    forks: Sequence[Fork] = ()
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -83,6 +98,7 @@ class Executor(ABC):
     SchedulerOutput lists the sequence in finished_seq_ids."""
 
     needs_block_tables: ClassVar[bool] = False  # ask the scheduler for block_tables
+    supports_forks: ClassVar[bool] = False  # can run parallel sampling (SchedulerOutput.forks)
 
     @abstractmethod
     def add_sequence(

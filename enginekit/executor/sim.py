@@ -108,7 +108,9 @@ class SimExecutor(Executor):
     """Simulated executor. Per-sequence state: a token iterator, from ``add_sequence`` until
     the step whose ``finished_seq_ids`` lists the sequence. ``last_cost`` is the roofline
     of the latest step; ``num_steps``, ``num_compute_bound_steps`` and ``busy_time_s``
-    accumulate over non-empty steps."""
+    accumulate over non-empty steps. A forked sample draws pseudo-random tokens."""
+
+    supports_forks = True
 
     def __init__(
         self,
@@ -207,6 +209,10 @@ class SimExecutor(Executor):
         streams = self._streams
         for seq_id in scheduled.finished_seq_ids:
             streams.pop(seq_id, None)
+        for fork in scheduled.forks:  # a sample of its own: pseudo-random tokens that depend
+            # on the request and the sample's index only, as a seeded sampler's would
+            key = (fork.parent_seq_id + 1) * 1_000_003 + fork.sample_index
+            streams[fork.child_seq_id] = _fallback_tokens(key, 0, self._vocab_size)
         cost = self.step_cost(scheduled)
         self.last_cost = cost
         if cost.step_time_s:

@@ -63,6 +63,13 @@ class Allocator(Plugin, ABC):
         fragmentation), or None where every free block is usable. May be slow."""
         return None
 
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        """Gives the child a table sharing every block of the parent's (one more reference
+        each). Mutates pool and tables. Default: refused (see ``supports_fork``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot share blocks between sequences")
+
+    supports_fork: ClassVar[bool] = False
+
     def release_front(self, seq_id: int, num_blocks: int) -> int:
         """Gives back the sequence's first ``num_blocks`` blocks, leaving holes in its
         table (for attention that can no longer reach them); returns how many were still

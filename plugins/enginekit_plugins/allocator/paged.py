@@ -59,6 +59,16 @@ class PagedAllocator(Allocator):
         self.kv.pool.free(block_ids)
         return len(block_ids)
 
+    supports_fork = True
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        tables, pool = self.kv.tables, self.kv.pool
+        block_ids = tables.fork(parent_seq_id, child_seq_id)
+        for block_id in block_ids:
+            pool.incref(block_id)
+        self._num_reserved_blocks += len(block_ids)
+        self._num_hole_blocks += tables.num_holes(child_seq_id)
+
     def num_hole_blocks(self) -> int:
         return self._num_hole_blocks
 

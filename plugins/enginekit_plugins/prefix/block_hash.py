@@ -70,6 +70,8 @@ class BlockHashPrefixCache(PrefixCache):
         num_published = self._num_published.get(request.seq_id, 0)
         if num_full <= num_published:
             return
+        # Blocks released in front (sliding window) are holes: nothing left to publish there.
+        num_published = max(num_published, self.kv.tables.num_holes(request.seq_id))
         hashes = self._hashes(request, num_full)
         self.kv.tables.cache_blocks(
             self.kv.pool, request.seq_id, num_published, hashes[num_published:num_full]
