@@ -183,3 +183,33 @@ def test_swaps_then_copies_in_contract_order():
     torch.testing.assert_close(cache.pool[3], before[5], rtol=0, atol=0)
     torch.testing.assert_close(cache.pool[6], before[3], rtol=0, atol=0)
     torch.testing.assert_close(cache.pool[7], before[3], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("prefix", ["none", "block_hash"])
+def test_greedy_parallel_samples_all_equal_transformers_through_copy_on_write(saved_model, prefix):
+    """n = 3 greedy samples fork from one prefill and share its blocks; each copies the
+    partly filled last block before writing into it. Every sample must still produce
+    transformers' greedy tokens, so the copies carried the right KV."""
+    folder, model, memo = saved_model
+    eng = engine(folder, f"+prefix={prefix}", "cache.num_blocks=256")
+    batch = [p for p in prompts(model.config.vocab_size, shared=6, seed=5, n=8) if len(p) % 4]
+    assert len(batch) >= 3  # prompts that end inside a block
+    for p in batch:
+        eng.add_request(p, SamplingParams(max_tokens=NEW_TOKENS, n=3))
+    outputs = eng.run().outputs
+    for p, out in zip(batch, outputs, strict=True):
+        assert out.samples == [hf_greedy(model, p, memo)] * 3
+
+
+def test_seeded_parallel_samples_differ_and_reproduce():
+    def run() -> list[list[int]]:
+        eng = Engine.from_overrides(
+            ["executor=torch", "model=tiny", "progress=false", "cache.num_blocks=256"]
+        )
+        sampling = SamplingParams(max_tokens=12, n=3, temperature=1.0, seed=7, ignore_eos=True)
+        eng.add_request(prompts(512, 3, seed=6, n=1)[0], sampling)
+        return eng.run().outputs[0].samples
+
+    first = run()
+    assert first == run()
+    assert len({tuple(s) for s in first}) == 3

@@ -70,6 +70,8 @@ def build_batch(
     row_of = {seq_id: num_prefill_tokens + i for i, seq_id in enumerate(scheduled.decode_seq_ids)}
     for i, seq_id in enumerate(scheduled.prefill_seq_ids):
         row_of.setdefault(seq_id, int(query_starts[i + 1]) - 1)
+    for fork in scheduled.forks:  # a forked sample draws from its parent's logits
+        row_of[fork.child_seq_id] = row_of[fork.parent_seq_id]
     logits_indices = [row_of[seq_id] for seq_id in scheduled.sample_seq_ids]
 
     def to_device(array: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:

@@ -9,11 +9,15 @@ measured wall time of all of it (the device is synchronised by reading the token
 Per-sequence state lives from ``add_sequence`` until ``finished_seq_ids`` lists the
 sequence: its tokens (prompt, then every token sampled for it), its sampling parameters
 and its generator. A preempted sequence keeps all of it; when the scheduler prefills it
-again, the chunk tokens come from prompt + outputs.
+again, the chunk tokens come from prompt + outputs. A forked sample (parallel sampling)
+starts with its parent's prompt, its own generator (seeded with the request's seed + the
+sample's index, when the request has a seed) and draws its first token from the parent's
+logits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +51,7 @@ class TorchExecutor(Executor):
     the scheduler. ``num_steps`` and ``busy_time_s`` accumulate over non-empty steps."""
 
     needs_block_tables = True
+    supports_forks = True
 
     def __init__(
         self,
@@ -103,6 +108,12 @@ class TorchExecutor(Executor):
         sequences = self._sequences
         for seq_id in scheduled.finished_seq_ids:
             sequences.pop(seq_id, None)
+        for fork in scheduled.forks:
+            parent = sequences[fork.parent_seq_id]
+            sampling = parent.sampling
+            if sampling.seed is not None:
+                sampling = dataclasses.replace(sampling, seed=sampling.seed + fork.sample_index)
+            self.add_sequence(fork.child_seq_id, parent.token_ids, sampling)
         self.cache.apply(scheduled.swap_outs, scheduled.swap_ins, scheduled.block_copies)
         if scheduled.is_empty:
             return ModelOutput([], time.perf_counter() - started)
