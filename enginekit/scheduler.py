@@ -96,6 +96,7 @@ class Scheduler:
         prefill_starts: list[int] = []
         prefill_lens: list[int] = []
         final_prefill_seq_ids: list[int] = []
+        prefill_token_ids: list[list[int]] = []
         forks: list[Fork] = []
 
         def schedule_chunk(request: Request) -> None:
@@ -106,6 +107,7 @@ class Scheduler:
             prefill_seq_ids.append(request.seq_id)
             prefill_starts.append(start)
             prefill_lens.append(num_new)
+            prefill_token_ids.append(request.token_ids[start : start + num_new])
             request.num_computed_tokens = start + num_new
             self.kv.on_computed(request, start + num_new)
             if start + num_new == request.num_tokens:
@@ -178,6 +180,8 @@ class Scheduler:
             swap_outs=swap_outs,
             swap_ins=swap_ins,
             forks=forks,
+            prefill_token_ids=prefill_token_ids,
+            decode_token_ids=[r.token_ids[-1] for r in decodes],
             block_tables=(
                 self._block_tables(prefill_seq_ids + decode_seq_ids)
                 if self.export_block_tables

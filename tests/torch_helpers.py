@@ -137,7 +137,24 @@ class PagedSequences:
         )
 
     def batch(self, scheduled: SchedulerOutput, tokens: dict[int, list[int]], all_rows: bool):
-        batch = build_batch(scheduled, tokens, self.block_size, torch.device("cpu"))
+        scheduled = scheduled._replace(
+            prefill_token_ids=[
+                tokens[seq_id][start : start + length]
+                for seq_id, start, length in zip(
+                    scheduled.prefill_seq_ids,
+                    scheduled.prefill_starts,
+                    scheduled.prefill_lens,
+                    strict=True,
+                )
+            ],
+            decode_token_ids=[
+                tokens[seq_id][context_len - 1]
+                for seq_id, context_len in zip(
+                    scheduled.decode_seq_ids, scheduled.decode_context_lens, strict=True
+                )
+            ],
+        )
+        batch = build_batch(scheduled, self.block_size, torch.device("cpu"))
         if all_rows:
             n = batch.input_ids.shape[0]
             batch = batch._replace(logits_indices=torch.arange(n))

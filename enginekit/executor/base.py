@@ -51,10 +51,14 @@ class SchedulerOutput(NamedTuple):
     ``block_tables`` (only for executors whose ``needs_block_tables`` is true) holds one
     int32 row per prefill sequence then per decode sequence, padded with -1.
 
-    ``forks`` (parallel sampling; only for executors whose ``supports_forks`` is true) are
-    registered before the step; each child is listed in ``sample_seq_ids`` right after its
-    parent, whose final prefill chunk runs this step, and is sampled from the parent's
-    logits with the request's seed + sample_index.
+    ``forks`` (parallel sampling and beam search; only for executors whose
+    ``supports_forks`` is true) register new sequences before the step, each a copy of its
+    parent's sampling state (seed + sample_index). A child with no chunk or decode of its
+    own this step is listed in ``sample_seq_ids`` right after its parent and draws from the
+    parent's logits (parallel sampling forks when the prompt is computed).
+
+    ``prefill_token_ids`` and ``decode_token_ids`` carry the tokens the step computes, so an
+    executor needs no token history of its own.
     """
 
     step: int
@@ -71,6 +75,8 @@ class SchedulerOutput(NamedTuple):
     swap_ins: Sequence[BlockSwap] = ()
     block_tables: np.ndarray | None = None
     forks: Sequence[Fork] = ()
+    prefill_token_ids: Sequence[Sequence[int]] = ()  # each chunk's tokens
+    decode_token_ids: Sequence[int] = ()  # each decode's token (its last)
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -7,8 +7,6 @@ in numpy on the host and moved to the device once per tensor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import numpy as np
 import torch
 
@@ -16,15 +14,10 @@ from enginekit.executor.base import SchedulerOutput
 from enginekit.models.llama import ForwardBatch
 
 
-def build_batch(
-    scheduled: SchedulerOutput,
-    token_ids: Mapping[int, Sequence[int]],
-    block_size: int,
-    device: torch.device,
-) -> ForwardBatch:
-    """The ForwardBatch of ``scheduled``. ``token_ids[seq_id]`` is the sequence's prompt
-    followed by its outputs so far. Logits rows come in ``sample_seq_ids`` order. Raises
-    ValueError when the block tables are missing or do not cover a scheduled token."""
+def build_batch(scheduled: SchedulerOutput, block_size: int, device: torch.device) -> ForwardBatch:
+    """The ForwardBatch of ``scheduled`` (its tokens come with it). Logits rows come in
+    ``sample_seq_ids`` order. Raises ValueError when the block tables are missing or do not
+    cover a scheduled token."""
     tables = scheduled.block_tables
     num_prefills = len(scheduled.prefill_seq_ids)
     num_decodes = len(scheduled.decode_seq_ids)
@@ -38,15 +31,15 @@ def build_batch(
     np.cumsum(lens, out=query_starts[1:])
     num_prefill_tokens = int(query_starts[-1])
 
-    ids: list[int] = []
-    for seq_id, start, length in zip(
-        scheduled.prefill_seq_ids, scheduled.prefill_starts, scheduled.prefill_lens, strict=True
+    if (
+        len(scheduled.prefill_token_ids) != num_prefills
+        or len(scheduled.decode_token_ids) != num_decodes
     ):
-        ids.extend(token_ids[seq_id][start : start + length])
-    for seq_id, context_len in zip(
-        scheduled.decode_seq_ids, scheduled.decode_context_lens, strict=True
-    ):
-        ids.append(token_ids[seq_id][context_len - 1])
+        raise ValueError("the step must carry the tokens of every chunk and decode")
+    ids: list[int] = [t for chunk in scheduled.prefill_token_ids for t in chunk]
+    if len(ids) != int(lens.sum()):
+        raise ValueError("a prefill chunk's tokens do not match its length")
+    ids.extend(scheduled.decode_token_ids)
 
     # Position and block-table row of every batch token.
     rows = np.concatenate(
@@ -70,8 +63,9 @@ def build_batch(
     row_of = {seq_id: num_prefill_tokens + i for i, seq_id in enumerate(scheduled.decode_seq_ids)}
     for i, seq_id in enumerate(scheduled.prefill_seq_ids):
         row_of.setdefault(seq_id, int(query_starts[i + 1]) - 1)
-    for fork in scheduled.forks:  # a forked sample draws from its parent's logits
-        row_of[fork.child_seq_id] = row_of[fork.parent_seq_id]
+    for fork in scheduled.forks:  # a child without a row draws from its parent's logits
+        if fork.parent_seq_id in row_of:
+            row_of.setdefault(fork.child_seq_id, row_of[fork.parent_seq_id])
     logits_indices = [row_of[seq_id] for seq_id in scheduled.sample_seq_ids]
 
     def to_device(array: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:

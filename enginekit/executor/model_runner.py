@@ -117,11 +117,7 @@ class TorchExecutor(Executor):
         self.cache.apply(scheduled.swap_outs, scheduled.swap_ins, scheduled.block_copies)
         if scheduled.is_empty:
             return ModelOutput([], time.perf_counter() - started)
-        token_ids = {
-            seq_id: sequences[seq_id].token_ids
-            for seq_id in (*scheduled.prefill_seq_ids, *scheduled.decode_seq_ids)
-        }
-        batch = build_batch(scheduled, token_ids, self.kv_spec.block_size, self.device)
+        batch = build_batch(scheduled, self.kv_spec.block_size, self.device)
         logits = self.model.forward(batch, self.cache.pool, self.ops)
         sampled = [sequences[seq_id] for seq_id in scheduled.sample_seq_ids]
         tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled])
