@@ -172,17 +172,23 @@ class Engine:
         self, request_id: str, prompt: Sequence[int], sampling: SamplingParams
     ) -> None:
         what = f"request {request_id!r}"
-        if sampling.n > 1:
+        if sampling.beam_width > 1 and not self.executor.supports_beam_search:
+            raise RequestRejectedError(
+                f"{what}: beam search needs an executor that returns candidates; "
+                f"{self.config.executor} does not"
+            )
+        if sampling.n > 1 or sampling.beam_width > 1:
             if not (self.executor.supports_forks and self.kv.allocator.supports_fork):
                 raise RequestRejectedError(
-                    f"{what}: n={sampling.n} needs forked sequences, which this executor "
+                    f"{what}: n={sampling.n}, beam_width={sampling.beam_width} needs forked "
+                    "sequences, which this executor "
                     f"({self.config.executor}) or allocator ({self.kv.allocator.config.name}) "
                     "cannot run"
                 )
-            if sampling.n > self.config.scheduler.max_num_seqs:
+            if max(sampling.n, sampling.beam_width) > self.config.scheduler.max_num_seqs:
                 raise RequestRejectedError(
-                    f"{what}: n={sampling.n} samples exceed scheduler.max_num_seqs="
-                    f"{self.config.scheduler.max_num_seqs}"
+                    f"{what}: n={sampling.n}, beam_width={sampling.beam_width} exceed "
+                    f"scheduler.max_num_seqs={self.config.scheduler.max_num_seqs}"
                 )
         if not prompt:
             raise RequestRejectedError(f"{what}: the prompt is empty")
@@ -201,6 +207,14 @@ class Engine:
             raise RequestRejectedError(
                 f"{what}: needs {num_longest} KV blocks at its longest, "
                 f"but the whole cache has {num_blocks}"
+            )
+        # Beams are preempted and brought back together, each with all its blocks.
+        num_beam_blocks = sampling.beam_width * num_longest + self.kv.num_watermark_blocks
+        if sampling.beam_width > 1 and num_beam_blocks > num_blocks:
+            raise RequestRejectedError(
+                f"{what}: its {sampling.beam_width} beams need up to {num_beam_blocks} KV "
+                f"blocks when brought back after a preemption, but the whole cache has "
+                f"{num_blocks}"
             )
         if self.kv_spec.num_blocks_for(len(prompt)) + self.kv.num_watermark_blocks > num_blocks:
             raise RequestRejectedError(
@@ -313,7 +327,7 @@ class Engine:
             if root.is_group_finished and root not in finished_groups:
                 finished_groups.append(root)
         for root in finished_groups:
-            num_outputs = sum(r.num_output_tokens for r in (root, *root.children))
+            num_outputs = sum(map(len, RequestOutput.of(root).samples))
             self.metrics.on_request_finished(root.request_id, self.clock, num_outputs)
             self._add_followers(root)
         usage = self.kv.usage()

@@ -17,7 +17,9 @@ class SamplingParams:
     and at the model's EOS unless ``ignore_eos``. Temperature 0 is greedy decoding.
     ``n > 1`` is parallel sampling: n outputs for one prompt, which is computed once; the
     samples share its KV blocks (copy-on-write) and sample ``k`` draws with seed
-    ``seed + k``.
+    ``seed + k``. ``beam_width > 1`` is beam search (greedy: temperature 0): the
+    ``beam_width`` sequences of highest total log-probability are kept at every step, and
+    the best ``n`` are returned; beams fork and are pruned by reference counts.
     """
 
     max_tokens: int = 16
@@ -28,6 +30,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     n: int = 1
+    beam_width: int = 1
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -40,6 +43,15 @@ class SamplingParams:
             raise ConfigError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.n < 1:
             raise ConfigError(f"sampling.n must be >= 1, got {self.n}")
+        if self.beam_width < 1:
+            raise ConfigError(f"sampling.beam_width must be >= 1, got {self.beam_width}")
+        if self.beam_width > 1:
+            if self.temperature != 0:
+                raise ConfigError("beam search is deterministic: sampling.temperature must be 0")
+            if self.n > self.beam_width:
+                raise ConfigError(
+                    f"sampling.n ({self.n}) cannot exceed sampling.beam_width ({self.beam_width})"
+                )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
 
@@ -48,10 +60,15 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"  # holds KV blocks; prefilling or decoding
     FINISHED_STOPPED = "stop"  # hit a stop token or EOS
     FINISHED_LENGTH = "length"  # reached max_tokens
+    PRUNED = "pruned"  # a beam that fell out of the best beam_width
 
     @property
     def is_finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.PRUNED,
+        )
 
 
 @dataclass(eq=False)
@@ -80,9 +97,13 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
-    # Parallel sampling: the request that prefilled the prompt owns the other samples.
+    # Parallel sampling and beams: the request that prefilled the prompt owns the others.
     parent: Request | None = None
     children: list[Request] = field(default_factory=list)
+    # Beam search: the beam's total log-probability, and the continuations the last step
+    # offered it (kept until every live beam of the request has its own).
+    cumulative_logprob: float = 0.0
+    candidates: Sequence[tuple[int, float]] | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -115,8 +136,18 @@ class Request:
 
     @property
     def needs_fork(self) -> bool:
-        """Owes the other n - 1 samples (forked when its prompt is computed)."""
-        return self.sampling.n > 1 and self.parent is None and not self.children
+        """Owes the other n - 1 samples of parallel sampling (forked when its prompt is
+        computed; beams fork as the search goes)."""
+        return (
+            self.sampling.n > 1
+            and self.sampling.beam_width == 1
+            and self.parent is None
+            and not self.children
+        )
+
+    @property
+    def is_beam(self) -> bool:
+        return self.sampling.beam_width > 1
 
 
 @dataclass(frozen=True)
@@ -132,21 +163,26 @@ class RequestOutput:
     arrival_time: float
     first_token_time: float | None
     finish_time: float | None  # when the last sample finished
-    samples: list[list[int]]  # every sample's output (n of them), the first one first
+    samples: list[list[int]]  # n outputs: the samples in order, or the best beams first
 
     @classmethod
     def of(cls, request: Request) -> RequestOutput:
         group = [request, *request.children]
         done = request.is_group_finished
+        samples = group
+        if request.is_beam:  # the best n surviving beams, best first
+            survivors = [r for r in group if r.status != RequestStatus.PRUNED]
+            survivors.sort(key=lambda r: -r.cumulative_logprob)
+            samples = survivors[: request.sampling.n] or [request]
         return cls(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
-            output_token_ids=request.output_token_ids,
-            finish_reason=request.status.value if done else None,
+            output_token_ids=samples[0].output_token_ids,
+            finish_reason=samples[0].status.value if done else None,
             num_cached_tokens=request.num_cached_tokens,
             num_preemptions=sum(r.num_preemptions for r in group),
             arrival_time=request.arrival_time,
             first_token_time=request.first_token_time,
             finish_time=max((r.finish_time or 0.0) for r in group) if done else None,
-            samples=[r.output_token_ids for r in group],
+            samples=[r.output_token_ids for r in samples],
         )

@@ -23,7 +23,7 @@ from enginekit.interfaces.prefix import NO_MATCH
 from enginekit.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from enginekit.interfaces import Preemption, PreemptionResult
+    from enginekit.interfaces import Preemption
     from enginekit.kv.manager import KVCacheManager
     from enginekit.metrics import RunMetrics
 
@@ -64,6 +64,7 @@ class Scheduler:
         self.eos_token_id = eos_token_id
         self.export_block_tables = export_block_tables
         self._new_seq_id = new_seq_id or itertools.count(1 << 62).__next__  # for forks
+        self._pending_forks: list[Fork] = []  # beams forked by update, for the next step
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._by_seq_id: dict[int, Request] = {}
@@ -97,7 +98,7 @@ class Scheduler:
         prefill_lens: list[int] = []
         final_prefill_seq_ids: list[int] = []
         prefill_token_ids: list[list[int]] = []
-        forks: list[Fork] = []
+        forks, self._pending_forks = self._pending_forks, []
 
         def schedule_chunk(request: Request) -> None:
             nonlocal budget
@@ -124,8 +125,13 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if request.needs_fork and (
-                len(self.running) + request.sampling.n > self.config.max_num_seqs
+            if request.is_beam and request.num_preemptions and not self._beams_fit(request):
+                break
+            num_sequences = max(request.sampling.n, request.sampling.beam_width)
+            if (
+                request.parent is None
+                and not request.children
+                and (len(self.running) + num_sequences > self.config.max_num_seqs)
             ):
                 break  # its samples would not fit among the running sequences
             is_restore = self.preemption.is_swapped(request)
@@ -149,9 +155,11 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            if is_restore and request.num_tokens_to_compute == 1:
-                decodes.append(request)  # swapped out mid-decode: it decodes on
-                budget -= 1
+            if is_restore and request.num_tokens_to_compute <= 1:
+                if request.num_tokens_to_compute:
+                    decodes.append(request)  # swapped out mid-decode: it decodes on
+                    budget -= 1
+                # else: a beam restored with its step done, waiting for its siblings
             else:
                 schedule_chunk(request)
 
@@ -196,6 +204,88 @@ class Scheduler:
         tables.export_into(seq_ids, out, width)
         return out
 
+    def _append(
+        self,
+        request: Request,
+        token_id: int,
+        finished: list[Request],
+        first_tokens: list[Request],
+    ) -> None:
+        """Appends ``token_id`` to ``request`` and finishes it on a stop token, EOS or
+        max_tokens (collected into ``finished``)."""
+        request.token_ids.append(token_id)
+        num_output = len(request.token_ids) - request.num_prompt_tokens
+        if num_output == 1 and request.parent is None:
+            first_tokens.append(request)
+        sampling = request.sampling
+        if token_id in sampling.stop_token_ids or (
+            token_id == self.eos_token_id and not sampling.ignore_eos
+        ):
+            request.status = RequestStatus.FINISHED_STOPPED
+        elif num_output >= sampling.max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH
+        else:
+            return
+        finished.append(request)
+
+    def _advance_beams(
+        self, root: Request, finished: list[Request], first_tokens: list[Request]
+    ) -> None:
+        """One beam-search step, once every live beam of ``root``'s request has its
+        candidates: keeps the beam_width continuations of highest total log-probability
+        (ties: earlier beam, then likelier candidate). A beam with none is pruned (its
+        blocks released); a beam with k forks k - 1 new beams that share its blocks, then
+        takes the best one itself."""
+        live = [r for r in (root, *root.children) if not r.is_finished]
+        if any(r.candidates is None for r in live):
+            return  # a beam was preempted before its step: wait for it
+        options = sorted(
+            (
+                (beam.cumulative_logprob + logprob, b, c, token, logprob)
+                for b, beam in enumerate(live)
+                for c, (token, logprob) in enumerate(beam.candidates or ())
+            ),
+            key=lambda o: (-o[0], o[1], o[2]),
+        )[: root.sampling.beam_width]
+        chosen: dict[int, list[tuple[int, float]]] = {}
+        for _, b, _, token, logprob in options:
+            chosen.setdefault(b, []).append((token, logprob))
+        for b, beam in enumerate(live):
+            beam.candidates = None
+            continuations = chosen.get(b)
+            if not continuations:
+                beam.status = RequestStatus.PRUNED
+                finished.append(beam)
+                continue
+            for token, logprob in continuations[1:]:
+                child = self._new_beam(root, beam)
+                child.cumulative_logprob = beam.cumulative_logprob + logprob
+                self._append(child, token, finished, first_tokens)
+            token, logprob = continuations[0]
+            beam.cumulative_logprob += logprob
+            self._append(beam, token, finished, first_tokens)
+
+    def _new_beam(self, root: Request, beam: Request) -> Request:
+        """A new running beam of ``root``'s request: a copy of ``beam``'s tokens, sharing
+        its blocks (forked in the executor at the next step)."""
+        child = Request(
+            request_id=f"{root.request_id}#{len(root.children) + 1}",
+            seq_id=self._new_seq_id(),
+            prompt_token_ids=root.prompt_token_ids,
+            sampling=beam.sampling,
+            arrival_time=root.arrival_time,
+            extra_key=root.extra_key,
+            parent=root,
+        )
+        child.token_ids = list(beam.token_ids)
+        self.kv.fork(beam, child)
+        child.status = RequestStatus.RUNNING
+        root.children.append(child)
+        self._by_seq_id[child.seq_id] = child
+        self.running.append(child)
+        self._pending_forks.append(Fork(beam.seq_id, child.seq_id, len(root.children)))
+        return child
+
     def _fork(self, parent: Request) -> list[Request]:
         """Creates the other n - 1 samples of ``parent``, whose prompt is being computed
         in full this step: each shares its blocks and is sampled from its logits."""
@@ -232,55 +322,77 @@ class Scheduler:
             num_left = len(request.token_ids) - request.num_computed_tokens
             if num_left == 1 and request.num_output_tokens > 0:
                 decodes.append(request)
-            else:
+            elif num_left > 0:
                 prefills.append(request)
+            # else: a beam whose step is done, waiting for a preempted sibling's
         while decodes:
             seq_ids = [r.seq_id for r in decodes]
             num_tokens = [len(r.token_ids) for r in decodes]
             if self.kv.try_grow(seq_ids, num_tokens) and self.kv.try_copy_on_write(decodes):
                 break
-            victim = self.preemption.choose_victim(self.running)
-            self._preempt(victim)
-            decodes = [r for r in decodes if r is not victim]
-            prefills = [r for r in prefills if r is not victim]
+            self._preempt(self.preemption.choose_victim(self.running))
+            decodes = [r for r in decodes if r.status is RequestStatus.RUNNING]
+            prefills = [r for r in prefills if r.status is RequestStatus.RUNNING]
         return decodes, prefills
 
-    def _preempt(self, request: Request) -> PreemptionResult:
-        result = self.preemption.preempt(request)
-        request.num_preemptions += 1
-        self.running.remove(request)
-        self.waiting.appendleft(request)
-        self._preempted_seq_ids.append(request.seq_id)
-        self.metrics.on_preemption(result.kind, result.num_tokens_to_recompute)
-        if result.num_blocks_swapped:
-            self.metrics.on_swap(result.num_blocks_swapped, 0)
-        return result
+    def _preempt(self, victim: Request) -> None:
+        """Preempts ``victim`` through the plugin and requeues it at the front. A beam is
+        preempted with every running beam of its request: beams advance in lockstep, so
+        one left behind would hold the others' blocks while they wait for it."""
+        group = [victim]
+        if victim.is_beam:
+            root = victim.parent or victim
+            group = [r for r in self.running if (r.parent or r) is root]
+        for request in reversed(group):  # lowest priority first: requeued in order
+            result = self.preemption.preempt(request)
+            request.num_preemptions += 1
+            self.running.remove(request)
+            self.waiting.appendleft(request)
+            self._preempted_seq_ids.append(request.seq_id)
+            self.metrics.on_preemption(result.kind, result.num_tokens_to_recompute)
+            if result.num_blocks_swapped:
+                self.metrics.on_swap(result.num_blocks_swapped, 0)
+
+    def _beams_fit(self, request: Request) -> bool:
+        """For a preempted beam: whether the blocks to bring back every waiting beam of its
+        request fit now (they are admitted together, or a beam admitted alone could hold
+        blocks while it waits for the others). Counted without prefix hits: from above."""
+        root = request.parent or request
+        group = [r for r in self.waiting if (r.parent or r) is root]
+        if len(group) < 2:
+            return True
+        if len(self.running) + len(group) > self.config.max_num_seqs:
+            return False
+        needed = sum(self.kv.allocator.num_blocks_to_admit(r, 0) for r in group)
+        return needed + self.kv.num_watermark_blocks <= self.kv.num_reclaimable_blocks()
 
     # -- update ----------------------------------------------------------------------------
 
     def update(self, scheduled: SchedulerOutput, output: ModelOutput) -> StepUpdate:
-        """Appends each sampled token, finishes requests that stop and releases their
-        blocks. Mutates requests, queues and the cache."""
+        """Appends each sampled token (beams: chooses the best continuations), finishes
+        requests that stop and releases their blocks. Mutates requests, queues and the
+        cache."""
         self.kv.on_step_executed()
         self.preemption.on_step_end()
         by_seq_id = self._by_seq_id
-        eos = self.eos_token_id
         finished: list[Request] = []
         first_tokens: list[Request] = []
-        for seq_id, token_id in zip(scheduled.sample_seq_ids, output.next_token_ids, strict=True):
+        beam_groups: list[Request] = []
+        candidates = output.candidates
+        for i, (seq_id, token_id) in enumerate(
+            zip(scheduled.sample_seq_ids, output.next_token_ids, strict=True)
+        ):
             request = by_seq_id[seq_id]
-            request.token_ids.append(token_id)
-            num_output = len(request.token_ids) - request.num_prompt_tokens
-            if num_output == 1:
-                first_tokens.append(request)
-            sampling = request.sampling
-            if token_id in sampling.stop_token_ids or (token_id == eos and not sampling.ignore_eos):
-                request.status = RequestStatus.FINISHED_STOPPED
-            elif num_output >= sampling.max_tokens:
-                request.status = RequestStatus.FINISHED_LENGTH
+            if request.is_beam:
+                assert candidates is not None, "the executor returned no beam candidates"
+                request.candidates = candidates[i]
+                root = request.parent or request
+                if root not in beam_groups:
+                    beam_groups.append(root)
             else:
-                continue
-            finished.append(request)
+                self._append(request, token_id, finished, first_tokens)
+        for root in beam_groups:
+            self._advance_beams(root, finished, first_tokens)
         if finished:
             for request in finished:
                 self.kv.release(request)

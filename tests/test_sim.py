@@ -120,7 +120,7 @@ def test_mixed_step_sums_prefill_chunks_decodes_and_block_copies():
 def test_empty_step_costs_nothing_and_still_forgets_finished():
     ex = make_executor(2)
     out = ex.execute(step(finished=[0]))
-    assert out == ([], 0.0)
+    assert (out.next_token_ids, out.step_time_s, out.candidates) == ([], 0.0, None)
     assert ex.num_sequences == 1
     assert ex.num_steps == 0
 

@@ -213,3 +213,36 @@ def test_seeded_parallel_samples_differ_and_reproduce():
     first = run()
     assert first == run()
     assert len({tuple(s) for s in first}) == 3
+
+
+def hf_beam_search(model, prompt: list[int], width: int, steps: int) -> list[list[int]]:
+    """Beam search on transformers' forward with no cache at all (every step recomputes
+    every beam from its first token), by enginekit's rule: keep the ``width`` continuations
+    of highest total log-probability (ties: earlier beam, then likelier token). Returns the
+    beams' outputs, best first."""
+    beams = [(0.0, list(prompt))]
+    with torch.no_grad():
+        for _ in range(steps):
+            options = []
+            for b, (score, seq) in enumerate(beams):
+                logits = model(torch.tensor([seq])).logits[0, -1].float()
+                top = torch.topk(torch.log_softmax(logits, dim=-1), 2 * width)
+                for c, (tok, lp) in enumerate(
+                    zip(top.indices.tolist(), top.values.tolist(), strict=True)
+                ):
+                    options.append((score + lp, b, c, [*seq, tok]))
+            options.sort(key=lambda o: (-o[0], o[1], o[2]))
+            beams = [(o[0], o[3]) for o in options[:width]]
+    return [seq[len(prompt) :] for _, seq in beams]
+
+
+@pytest.mark.parametrize("num_blocks", [256, 40])  # 40 blocks force the beams out and back
+def test_beam_search_equals_a_cacheless_beam_search_on_transformers(saved_model, num_blocks):
+    folder, model, _ = saved_model
+    eng = engine(folder, "+prefix=block_hash", f"cache.num_blocks={num_blocks}")
+    batch = prompts(model.config.vocab_size, shared=5, seed=8, n=3)
+    for p in batch:
+        eng.add_request(p, SamplingParams(max_tokens=10, beam_width=3, n=3, ignore_eos=True))
+    outputs = eng.run().outputs
+    for p, out in zip(batch, outputs, strict=True):
+        assert out.samples == hf_beam_search(model, p, width=3, steps=10)

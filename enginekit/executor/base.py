@@ -93,10 +93,13 @@ class SchedulerOutput(NamedTuple):
 
 class ModelOutput(NamedTuple):
     """next_token_ids[i] is the token sampled for sample_seq_ids[i]; step_time_s is the
-    time the step took (simulated or measured)."""
+    time the step took (simulated or measured). For a beam-search sequence
+    (``sampling.beam_width`` > 1) candidates[i] holds its 2 × beam_width most likely next
+    tokens with their log-probabilities, most likely first (empty for other sequences)."""
 
     next_token_ids: list[int]
     step_time_s: float
+    candidates: Sequence[Sequence[tuple[int, float]]] | None = None
 
 
 class Executor(ABC):
@@ -105,6 +108,7 @@ class Executor(ABC):
 
     needs_block_tables: ClassVar[bool] = False  # ask the scheduler for block_tables
     supports_forks: ClassVar[bool] = False  # can run parallel sampling (SchedulerOutput.forks)
+    supports_beam_search: ClassVar[bool] = False  # returns ModelOutput.candidates
 
     @abstractmethod
     def add_sequence(

@@ -27,7 +27,7 @@ import torch
 from enginekit.executor.base import Executor, ModelOutput, SchedulerOutput
 from enginekit.executor.batch import build_batch
 from enginekit.executor.kv_cache import PagedKVCache
-from enginekit.executor.sampler import request_seed, sample
+from enginekit.executor.sampler import beam_candidates, request_seed, sample
 from enginekit.kernels.ops import PagedOps
 from enginekit.kv.spec import KVSpec
 from enginekit.models.llama import LlamaModel
@@ -52,6 +52,7 @@ class TorchExecutor(Executor):
 
     needs_block_tables = True
     supports_forks = True
+    supports_beam_search = True
 
     def __init__(
         self,
@@ -123,10 +124,12 @@ class TorchExecutor(Executor):
         tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled])
         for seq, token in zip(sampled, tokens, strict=True):
             seq.token_ids.append(token)
+        widths = [s.sampling.beam_width for s in sampled]
+        candidates = beam_candidates(logits, widths) if max(widths, default=1) > 1 else None
         elapsed = time.perf_counter() - started
         self.num_steps += 1
         self.busy_time_s += elapsed
-        return ModelOutput(tokens, elapsed)
+        return ModelOutput(tokens, elapsed, candidates)
 
     def describe(self) -> dict[str, object]:
         shape = self.model.arch.shape

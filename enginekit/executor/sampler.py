@@ -61,3 +61,19 @@ def sample(
         probs = torch.softmax(filter_logits(logits[i], params[i]), dim=-1)
         tokens[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
     return [int(t) for t in tokens.tolist()]
+
+
+def beam_candidates(
+    logits: torch.Tensor, beam_widths: Sequence[int]
+) -> list[list[tuple[int, float]]]:
+    """For each row of float32 ``logits`` [n, V] whose beam width w exceeds 1: its 2w most
+    likely tokens with their log-probabilities, likeliest first; [] for other rows. Pure."""
+    out: list[list[tuple[int, float]]] = []
+    for row, width in enumerate(beam_widths):
+        if width <= 1:
+            out.append([])
+            continue
+        logprobs = torch.log_softmax(logits[row], dim=-1)
+        top = torch.topk(logprobs, min(2 * width, logprobs.shape[-1]))
+        out.append(list(zip(top.indices.tolist(), top.values.tolist(), strict=True)))
+    return out

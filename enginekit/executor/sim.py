@@ -27,6 +27,8 @@ output position) only, so runs are deterministic and independent of batching.
 from __future__ import annotations
 
 import itertools
+import math
+import random
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -111,6 +113,7 @@ class SimExecutor(Executor):
     accumulate over non-empty steps. A forked sample draws pseudo-random tokens."""
 
     supports_forks = True
+    supports_beam_search = True
 
     def __init__(
         self,
@@ -137,6 +140,7 @@ class SimExecutor(Executor):
         self._effective_bandwidth = hw.effective_bandwidth
         self._vocab_size = shape.vocab_size
         self._streams: dict[int, Iterator[int]] = {}
+        self._beam_widths: dict[int, int] = {}  # beam-search sequences: their beam width
         self.last_cost: StepCost = _EMPTY_COST
         self.num_steps = 0
         self.num_compute_bound_steps = 0
@@ -157,6 +161,8 @@ class SimExecutor(Executor):
         self._streams[seq_id] = itertools.chain(
             script, _fallback_tokens(seq_id, len(script), self._vocab_size)
         )
+        if sampling.beam_width > 1:
+            self._beam_widths[seq_id] = sampling.beam_width
 
     @property
     def num_sequences(self) -> int:
@@ -209,10 +215,13 @@ class SimExecutor(Executor):
         streams = self._streams
         for seq_id in scheduled.finished_seq_ids:
             streams.pop(seq_id, None)
+            self._beam_widths.pop(seq_id, None)
         for fork in scheduled.forks:  # a sample of its own: pseudo-random tokens that depend
             # on the request and the sample's index only, as a seeded sampler's would
             key = (fork.parent_seq_id + 1) * 1_000_003 + fork.sample_index
             streams[fork.child_seq_id] = _fallback_tokens(key, 0, self._vocab_size)
+            if fork.parent_seq_id in self._beam_widths:
+                self._beam_widths[fork.child_seq_id] = self._beam_widths[fork.parent_seq_id]
         cost = self.step_cost(scheduled)
         self.last_cost = cost
         if cost.step_time_s:
@@ -220,7 +229,46 @@ class SimExecutor(Executor):
             self.num_compute_bound_steps += cost.is_compute_bound
             self.busy_time_s += cost.step_time_s
         tokens = list(map(next, map(streams.__getitem__, scheduled.sample_seq_ids)))
-        return ModelOutput(tokens, cost.step_time_s)
+        if not self._beam_widths:
+            return ModelOutput(tokens, cost.step_time_s)
+        return ModelOutput(tokens, cost.step_time_s, self._beam_candidates(scheduled))
+
+    def _beam_candidates(self, scheduled: SchedulerOutput) -> list[list[tuple[int, float]]]:
+        """For each sampled beam sequence: 2 × beam_width pseudo-random continuations with
+        log-probabilities, a function of its last token and position only (so a beam's
+        candidates do not depend on which sequence holds it)."""
+        last: dict[int, tuple[int, int]] = {}  # seq_id -> (last token, its position)
+        for seq_id, token, context_len in zip(
+            scheduled.decode_seq_ids,
+            scheduled.decode_token_ids,
+            scheduled.decode_context_lens,
+            strict=True,
+        ):
+            last[seq_id] = (token, context_len - 1)
+        for seq_id, start, length, chunk in zip(
+            scheduled.prefill_seq_ids,
+            scheduled.prefill_starts,
+            scheduled.prefill_lens,
+            scheduled.prefill_token_ids,
+            strict=True,
+        ):
+            last[seq_id] = (chunk[-1], start + length - 1)
+        candidates: list[list[tuple[int, float]]] = []
+        for seq_id in scheduled.sample_seq_ids:
+            width = self._beam_widths.get(seq_id)
+            if width is None:
+                candidates.append([])
+                continue
+            candidates.append(self.beam_candidates(*last[seq_id], width))
+        return candidates
+
+    def beam_candidates(self, token: int, position: int, width: int) -> list[tuple[int, float]]:
+        """The 2 × ``width`` continuations (token, log-probability), likeliest first, that
+        the simulator offers a beam whose last token is ``token`` at ``position``. Pure."""
+        rng = random.Random(token * 1_000_003 + position)
+        tokens = rng.sample(range(self._vocab_size), 2 * width)
+        logprobs = sorted((math.log(rng.random()) for _ in tokens), reverse=True)
+        return list(zip(tokens, logprobs, strict=True))
 
     def swap_time_s(self, num_blocks: int) -> float:
         """Time to copy ``num_blocks`` KV blocks over PCIe in one direction."""
