@@ -125,6 +125,8 @@ class WorkloadConfig:
     max_turns: int = 8
     message_len: int = 120  # multiturn: mean tokens of a user message
     think_time_s: float = 5.0  # multiturn: mean pause between a reply and the next message
+    num_samples: int = 4  # parallel: samples per request (n); beam: beams returned
+    beam_width: int = 4  # beam: beams kept at every step
 
 
 @dataclass

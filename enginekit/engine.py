@@ -240,7 +240,12 @@ class Engine:
             try:
                 self.add_request(
                     item.prompt_token_ids,
-                    SamplingParams(max_tokens=item.max_tokens, ignore_eos=True),
+                    SamplingParams(
+                        max_tokens=item.max_tokens,
+                        ignore_eos=True,
+                        n=item.n,
+                        beam_width=item.beam_width,
+                    ),
                     request_id=item.request_id,
                     arrival_time=item.arrival_time,
                     scripted_output_ids=item.output_token_ids,
@@ -264,7 +269,12 @@ class Engine:
             try:
                 self.add_request(
                     finished.token_ids + list(item.prompt_token_ids),
-                    SamplingParams(max_tokens=item.max_tokens, ignore_eos=True),
+                    SamplingParams(
+                        max_tokens=item.max_tokens,
+                        ignore_eos=True,
+                        n=item.n,
+                        beam_width=item.beam_width,
+                    ),
                     request_id=item.request_id,
                     arrival_time=self.clock + item.think_time_s,
                     scripted_output_ids=item.output_token_ids,

@@ -65,6 +65,10 @@ class Scheduler:
         self.export_block_tables = export_block_tables
         self._new_seq_id = new_seq_id or itertools.count(1 << 62).__next__  # for forks
         self._pending_forks: list[Fork] = []  # beams forked by update, for the next step
+        # Running requests that will fork samples or beams: seq_id -> how many; admission
+        # keeps room for them under max_num_seqs.
+        self._owed: dict[int, int] = {}
+        self._num_owed = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._by_seq_id: dict[int, Request] = {}
@@ -127,13 +131,9 @@ class Scheduler:
             request = self.waiting[0]
             if request.is_beam and request.num_preemptions and not self._beams_fit(request):
                 break
-            num_sequences = max(request.sampling.n, request.sampling.beam_width)
-            if (
-                request.parent is None
-                and not request.children
-                and (len(self.running) + num_sequences > self.config.max_num_seqs)
-            ):
-                break  # its samples would not fit among the running sequences
+            owed = self._num_sequences_owed(request)
+            if len(self.running) + self._num_owed + owed + 1 > self.config.max_num_seqs:
+                break  # its samples or beams would not fit among the running sequences
             is_restore = self.preemption.is_swapped(request)
             try:
                 if is_restore:
@@ -155,6 +155,9 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if owed:
+                self._owed[request.seq_id] = owed
+                self._num_owed += owed
             if is_restore and request.num_tokens_to_compute <= 1:
                 if request.num_tokens_to_compute:
                     decodes.append(request)  # swapped out mid-decode: it decodes on
@@ -239,6 +242,7 @@ class Scheduler:
         live = [r for r in (root, *root.children) if not r.is_finished]
         if any(r.candidates is None for r in live):
             return  # a beam was preempted before its step: wait for it
+        self._settle_owed(root)  # its first step forks its beams
         options = sorted(
             (
                 (beam.cumulative_logprob + logprob, b, c, token, logprob)
@@ -309,6 +313,7 @@ class Scheduler:
             self._by_seq_id[child.seq_id] = child
             self.running.append(child)
             children.append(child)
+        self._settle_owed(parent)
         return children
 
     def _reserve_decodes(self) -> tuple[list[Request], list[Request]]:
@@ -344,6 +349,7 @@ class Scheduler:
             root = victim.parent or victim
             group = [r for r in self.running if (r.parent or r) is root]
         for request in reversed(group):  # lowest priority first: requeued in order
+            self._settle_owed(request)
             result = self.preemption.preempt(request)
             request.num_preemptions += 1
             self.running.remove(request)
@@ -352,6 +358,17 @@ class Scheduler:
             self.metrics.on_preemption(result.kind, result.num_tokens_to_recompute)
             if result.num_blocks_swapped:
                 self.metrics.on_swap(result.num_blocks_swapped, 0)
+
+    @staticmethod
+    def _num_sequences_owed(request: Request) -> int:
+        """Sequences ``request`` will fork once running: n - 1 samples, beam_width - 1 beams."""
+        if request.parent is not None or request.children:
+            return 0
+        return max(request.sampling.n if request.needs_fork else 1, request.sampling.beam_width) - 1
+
+    def _settle_owed(self, request: Request) -> None:
+        """``request`` forked what it owed, or left the running list before it could."""
+        self._num_owed -= self._owed.pop(request.seq_id, 0)
 
     def _beams_fit(self, request: Request) -> bool:
         """For a preempted beam: whether the blocks to bring back every waiting beam of its
@@ -395,6 +412,7 @@ class Scheduler:
             self._advance_beams(root, finished, first_tokens)
         if finished:
             for request in finished:
+                self._settle_owed(request)
                 self.kv.release(request)
                 del by_seq_id[request.seq_id]
                 self._finished_seq_ids.append(request.seq_id)

@@ -32,6 +32,7 @@ def run_checked(engine: Engine) -> None:
             break
         engine.step()
         engine.check_integrity()
+        assert len(engine.scheduler.running) <= engine.config.scheduler.max_num_seqs
     else:
         raise AssertionError("engine did not finish")
     # No request holds a block: each block is free, or cached by the pool's hash map
@@ -563,3 +564,20 @@ def test_beam_search_keeps_the_best_beams_and_shares_their_blocks(num_blocks):
         assert summary["kv_cache_sharing_saving"] > 0.3  # beams share most of their blocks
     else:
         assert summary["num_preemptions_total"] > 0
+
+
+@pytest.mark.parametrize(("workload", "lowest", "highest"), [("parallel", 0.162, 0.305),
+                                                              ("beam", 0.443, 0.8)])  # fmt: skip
+def test_forked_samples_and_beams_share_memory(workload, lowest, highest):
+    """Sharing the prompt (parallel sampling) and the common history (beams) saves KV
+    memory. On ShareGPT the PagedAttention paper measured 16.2-30.5 % for parallel
+    sampling and 44.3-66.3 % for beam search (n, width 2-6); with 4 samples or beams on
+    ShareGPT-like lengths we land in the first range and somewhat above the second (the
+    simulator's beams, drawn at random, diverge less than a model's)."""
+    engine = make_engine(f"workload={workload}", "workload.num_requests=1000", "+prefix=none")
+    engine.add_workload()
+    summary = engine.run().summary
+    assert summary["num_requests_finished"] == 1000
+    assert lowest < summary["kv_cache_sharing_saving"] < highest
+    outputs = engine.outputs()
+    assert all(len(o.samples) == 4 for o in outputs)

@@ -18,7 +18,9 @@ Workloads (``config.name``):
     at least 1. (Close to ShareGPT-v3 under a Llama tokenizer: a heavy right tail, median
     well under the mean.) Every token is random, so prompts share no prefix beyond chance.
 
-(``odd_lengths`` and ``multiturn`` are described in enginekit.workloads.sessions.)
+(``odd_lengths`` and ``multiturn`` are described in enginekit.workloads.sessions.
+``parallel`` and ``beam`` are ``unique``'s requests asking for ``num_samples`` samples, or
+a beam search of width ``beam_width`` returning ``num_samples`` beams.)
 
 Both cap every request at ``max_model_len``: the prompt at ``max_model_len - 1`` tokens, then
 the output at ``max_model_len - prompt``. Token ids are uniform in ``[0, vocab_size)``, so
@@ -112,7 +114,9 @@ _SessionFn = Callable[
 _SESSION_GENERATORS: MappingProxyType[str, _SessionFn] = MappingProxyType(
     {"odd_lengths": sessions.odd_lengths, "multiturn": sessions.multiturn}
 )
-WORKLOADS: tuple[str, ...] = (*_GENERATORS, *_SESSION_GENERATORS)
+# Sampling variants of ``unique``: same requests, each asking for several outputs.
+_SAMPLING_VARIANTS = ("parallel", "beam")
+WORKLOADS: tuple[str, ...] = (*_GENERATORS, *_SESSION_GENERATORS, *_SAMPLING_VARIANTS)
 
 
 def _arrival_times(config: WorkloadConfig, rng: np.random.Generator) -> list[float]:
@@ -124,6 +128,26 @@ def _arrival_times(config: WorkloadConfig, rng: np.random.Generator) -> list[flo
             f"workload.arrival_rate must be > 0 requests/s or null, got {config.arrival_rate}"
         )
     return np.cumsum(rng.exponential(1.0 / config.arrival_rate, n)).tolist()
+
+
+def _with_sampling(
+    config: WorkloadConfig, vocab_size: int, max_model_len: int
+) -> list[WorkloadRequest]:
+    """``parallel``: ``unique``'s requests with n = num_samples; ``beam``: with beam search of
+    width beam_width returning num_samples beams."""
+    if config.num_samples < 1 or config.beam_width < 1:
+        raise ConfigError(
+            "workload.num_samples and workload.beam_width must be >= 1, got "
+            f"{config.num_samples} and {config.beam_width}"
+        )
+    if config.name == "beam" and config.num_samples > config.beam_width:
+        raise ConfigError(
+            f"workload.num_samples ({config.num_samples}) cannot exceed workload.beam_width "
+            f"({config.beam_width}) for beam search"
+        )
+    base = _single_prompt_workload(config, _unique_lengths, vocab_size, max_model_len)
+    width = config.beam_width if config.name == "beam" else 1
+    return [r._replace(n=config.num_samples, beam_width=width) for r in base]
 
 
 def make_workload(
@@ -143,12 +167,21 @@ def make_workload(
             f"workloads need vocab_size >= 1 and max_model_len >= 2, got {vocab_size} "
             f"and {max_model_len}"
         )
-    lengths_seed, tokens_seed, arrivals_seed = np.random.SeedSequence(config.seed).spawn(3)
+    if config.name in _SAMPLING_VARIANTS:
+        return _with_sampling(config, vocab_size, max_model_len)
     if config.name in _SESSION_GENERATORS:
+        _, tokens_seed, arrivals_seed = np.random.SeedSequence(config.seed).spawn(3)
         rng = np.random.default_rng(tokens_seed)
         arrivals = _arrival_times(config, np.random.default_rng(arrivals_seed))
         return _SESSION_GENERATORS[config.name](config, rng, arrivals, vocab_size, max_model_len)
-    lengths_fn = _GENERATORS[config.name]
+    return _single_prompt_workload(config, _GENERATORS[config.name], vocab_size, max_model_len)
+
+
+def _single_prompt_workload(
+    config: WorkloadConfig, lengths_fn: _LengthFn, vocab_size: int, max_model_len: int
+) -> list[WorkloadRequest]:
+    """Requests of one (optional) shared prefix and random tails, lengths by ``lengths_fn``."""
+    lengths_seed, tokens_seed, arrivals_seed = np.random.SeedSequence(config.seed).spawn(3)
     streams = _Streams(
         np.random.default_rng(lengths_seed),
         np.random.default_rng(tokens_seed),

@@ -21,3 +21,5 @@ class WorkloadRequest(NamedTuple):
     max_tokens: int
     follows: str | None = None
     think_time_s: float = 0.0
+    n: int = 1  # samples (parallel sampling) or beams returned (beam search)
+    beam_width: int = 1
