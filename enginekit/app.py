@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -24,6 +25,8 @@ from enginekit.errors import ConfigError
 from enginekit.plugins import load_all_configs
 
 PRESET_GROUPS: tuple[str, ...] = ("model", "hardware", "workload")
+# conf/ of a source checkout (experiment files); absent from a wheel install.
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "enginekit"
 _GROUP_OVERRIDE = re.compile(r"^(?P<prefix>\+{0,2})(?P<group>[A-Za-z_]\w*)=(?P<value>.*)$")
 _KEY_OVERRIDE = re.compile(r"^(?P<prefix>[+~]{0,2})(?P<key>[A-Za-z_][\w.]*)(?P<rest>=.*)?$")
@@ -62,6 +65,9 @@ def help_text(plugin_options: dict[str, list[str]], problems: list[str]) -> str:
         default = getattr(defaults, group).name
         marked = [n + ("*" if n == default else "") for n in names]
         lines.append(f"  {group}=" + " | ".join(marked))
+    experiments = sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml"))
+    if experiments:
+        lines += ["", "Experiments (whole runs):", "  +experiment=" + " | ".join(experiments)]
     if problems:
         lines += ["", "Plugins that failed to load (skipped):"] + [f"  {p}" for p in problems]
     lines += [
@@ -84,10 +90,10 @@ def register_configs() -> list[str]:
         for name, config_cls in options.items():
             store.store(group=group, name=name, node=config_cls)
     names = {group: sorted(configs[group]) for group in PLUGIN_GROUPS}
-    primary = {
-        "defaults": ["enginekit_schema", "_self_"],
-        "hydra": {"help": {"template": help_text(names, problems)}},
-    }
+    hydra: dict[str, Any] = {"help": {"template": help_text(names, problems)}}
+    if CONF_DIR.is_dir():
+        hydra["searchpath"] = [f"file://{CONF_DIR}"]
+    primary = {"defaults": ["enginekit_schema", "_self_"], "hydra": hydra}
     store.store(name=CONFIG_NAME, node=primary)
     return problems
 

@@ -144,4 +144,5 @@ class EngineConfig:
     executor: str = "sim"  # sim | torch
     device: str = "cpu"  # torch executor: cpu | cuda | cuda:N
     kernels: str = "auto"  # torch executor: auto (triton on CUDA) | triton | reference
+    threads: int | None = None  # torch executor: intra-op CPU threads (None: torch's default)
     progress: bool = True  # a progress bar on stderr while the run goes

@@ -59,6 +59,7 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
             ("prefix_cache_queries", "queried", _unit("tokens")),
             ("prefix_cache_hits", "hit", _unit("tokens")),
             ("prefix_cache_hit_rate", "hit rate", _perc),
+            ("prefix_cache_ideal_granularity", "ideal counted in", lambda v: _num(v) + "s"),
             ("prefix_cache_hits_ideal", "ideal hit", _unit("tokens")),
             ("prefix_cache_hit_rate_ideal", "ideal hit rate (of prompt tokens)", _perc),
         ),

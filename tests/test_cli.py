@@ -127,3 +127,15 @@ def test_plugins_command_lists_distribution_and_version(cli):
         ("preemption", "recompute"),
     ]:
         assert (group, name, "enginekit-plugins") in rows
+
+
+def test_readme_main_job_runs_real_tokens_on_the_tiny_model(cli, tmp_path):
+    result = cli("+experiment=tiny_chat", "progress=false", "hydra.run.dir=run")
+    assert result.returncode == 0, result.stderr
+    report = _report(tmp_path / "run")
+    assert report["header"]["executor"] == "torch"
+    assert report["header"]["model"] == "tiny"
+    summary = report["summary"]
+    assert summary["num_requests_finished"] == 64
+    assert summary["prefix_cache_hits"] == summary["prefix_cache_hits_ideal"] > 0
+    assert "+experiment=tiny_chat" in cli("--help").stdout

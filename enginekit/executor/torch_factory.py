@@ -98,6 +98,10 @@ def build_torch_executor(
     if kv_spec.bits_per_element != model_bits or kv_spec.scale_bytes_per_token:
         raise ConfigError("executor=torch stores KV in the model dtype: use +quantizer=none")
     device = _device(cfg.device)
+    if cfg.threads is not None:
+        if cfg.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {cfg.threads}")
+        torch.set_num_threads(cfg.threads)
     ops = _ops(cfg.kernels, device)
     model = load_model(cfg, shape, device)
     block_bytes = pool_bytes_per_block(kv_spec, model.dtype)
