@@ -369,8 +369,9 @@ def test_swap_prefers_recompute_where_it_is_cheaper():
     assert summary["swap_out_bytes_total"] == 0
 
 
-def test_multiturn_prefills_only_each_new_message():
-    engine = make_engine("workload=multiturn", "workload.num_requests=30",
+@pytest.mark.parametrize("prefix", ["block_hash", "radix"])
+def test_multiturn_prefills_only_each_new_message(prefix):
+    engine = make_engine(f"+prefix={prefix}", "workload=multiturn", "workload.num_requests=30",
                          "workload.max_output_len=300")  # fmt: skip
     engine.add_workload()
     run_checked_engine = engine.run()
@@ -385,10 +386,12 @@ def test_multiturn_prefills_only_each_new_message():
                 previous.prompt_token_ids
             )
             assert out.arrival_time > previous.finish_time
-            # everything of the previous turn but its last (never computed) token, in blocks
+            # everything of the previous turn but its last (never computed) token; whole
+            # blocks of it for block_hash
             reusable = len(previous.prompt_token_ids) + len(previous.output_token_ids) - 1
-            assert out.num_cached_tokens == reusable // 16 * 16
-    assert summary["prefix_cache_hits"] == engine.ideal_prefix_hit_tokens()
+            expected = reusable if prefix == "radix" else reusable // 16 * 16
+            assert out.num_cached_tokens == expected
+    assert summary["prefix_cache_hits"] == summary["prefix_cache_hits_ideal"]
 
 
 def test_odd_lengths_radix_reaches_the_token_ideal_and_block_hash_the_block_ideal():

@@ -84,6 +84,10 @@ class RadixPrefixCache(PrefixCache):
         self._first_slot_in_flight.clear()
 
     def on_released(self, request: Request) -> None:
+        # Decodes report only the blocks they fill: the computed tail goes in now, while
+        # the request still holds its blocks (it leaves after a step has run, or before
+        # its next one is scheduled, so every computed token is computed).
+        self._insert(request, request.num_computed_tokens)
         seq_id = request.seq_id
         node_id = self._locked_node.pop(seq_id, None)
         if node_id is not None:
