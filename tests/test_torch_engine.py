@@ -4,6 +4,7 @@ seeded sampling is reproducible; swaps and copies move whole blocks in contract 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -246,3 +247,35 @@ def test_beam_search_equals_a_cacheless_beam_search_on_transformers(saved_model,
     outputs = eng.run().outputs
     for p, out in zip(batch, outputs, strict=True):
         assert out.samples == hf_beam_search(model, p, width=3, steps=10)
+
+
+@pytest.mark.parametrize("allocator", ["paged", "contiguous"])
+def test_swapped_out_and_back_sequences_continue_as_if_never_preempted(saved_model, allocator):
+    """Swap made cheap so the swap plugin always swaps (for a model this small its cost
+    model would recompute): every preempted sequence's KV goes to the host pool and back,
+    and the tokens still equal transformers' greedy ones. (A contiguous slab is reserved
+    whole at admission, so that allocator never preempts: there it checks the tokens.)"""
+    folder, model, memo = saved_model
+    eng = engine(
+        folder,
+        f"+allocator={allocator}",
+        "+prefix=none",
+        "+preemption=swap",
+        "preemption.swap_space_gib=0.01",
+        "model.max_model_len=64",  # contiguous slabs of 16 blocks: 3 fit the pool
+        "cache.num_blocks=48" if allocator == "contiguous" else "cache.num_blocks=24",
+        "cache.watermark=0",
+    )
+    policy = eng.scheduler.preemption
+    policy.costs = dataclasses.replace(policy.costs, swap_s_per_block=1e-12)
+    batch = prompts(model.config.vocab_size, shared=13, seed=1)
+    ids = [eng.add_request(p, SamplingParams(max_tokens=NEW_TOKENS)) for p in batch]
+    while eng.has_unfinished_requests():
+        eng.step()
+        eng.check_integrity()
+    summary = eng.summary()
+    if allocator == "paged":
+        assert summary["num_preemptions_by_kind"].get("swap", 0) > 0
+        assert summary["swap_in_bytes_total"] == summary["swap_out_bytes_total"] > 0
+    for request_id, prompt in zip(ids, batch, strict=True):
+        assert eng.output(request_id).output_token_ids == hf_greedy(model, prompt, memo)
