@@ -379,9 +379,9 @@ def test_multiturn_prefills_only_each_new_message(prefix):
     summary = run_checked_engine.summary
     assert summary["num_requests_finished"] == 30
     for rid, out in outputs.items():
-        session, turn = rid[1:].split("-t")
+        conversation, turn = rid[1:].split("-t")
         if turn != "0":
-            previous = outputs[f"s{session}-t{int(turn) - 1}"]
+            previous = outputs[f"s{conversation}-t{int(turn) - 1}"]
             assert out.prompt_token_ids[: len(previous.prompt_token_ids)] == (
                 previous.prompt_token_ids
             )

@@ -179,12 +179,12 @@ def test_multiturn_conversations_follow_their_previous_turn():
     for r in reqs:
         if r.follows is not None:
             previous = by_id[r.follows]
-            session, turn = r.request_id[1:].split("-t")
-            assert previous.request_id == f"s{session}-t{int(turn) - 1}"
+            conversation, turn = r.request_id[1:].split("-t")
+            assert previous.request_id == f"s{conversation}-t{int(turn) - 1}"
             assert 25 <= len(r.prompt_token_ids) <= 75  # the new message only
             assert r.think_time_s >= 0
     turns = {}
     for r in reqs:
-        session = r.request_id.split("-")[0]
-        turns[session] = turns.get(session, 0) + 1
+        conversation = r.request_id.split("-")[0]
+        turns[conversation] = turns.get(conversation, 0) + 1
     assert all(3 <= n <= 5 for n in list(turns.values())[:-1])  # the last may be cut short

@@ -18,7 +18,7 @@ Workloads (``config.name``):
     at least 1. (Close to ShareGPT-v3 under a Llama tokenizer: a heavy right tail, median
     well under the mean.) Every token is random, so prompts share no prefix beyond chance.
 
-(``odd_lengths`` and ``multiturn`` are described in enginekit.workloads.sessions.
+(``odd_lengths`` and ``multiturn`` are described in enginekit.workloads.multi_prefix.
 ``parallel`` and ``beam`` are ``unique``'s requests asking for ``num_samples`` samples, or
 a beam search of width ``beam_width`` returning ``num_samples`` beams.)
 
@@ -40,7 +40,7 @@ import numpy as np
 
 from enginekit.config import WorkloadConfig
 from enginekit.errors import ConfigError
-from enginekit.workloads import sessions
+from enginekit.workloads import multi_prefix
 from enginekit.workloads.request import WorkloadRequest
 
 UNIQUE_PROMPT_MEAN = 200.0
@@ -112,7 +112,7 @@ _SessionFn = Callable[
     [WorkloadConfig, np.random.Generator, list[float], int, int], list[WorkloadRequest]
 ]
 _SESSION_GENERATORS: MappingProxyType[str, _SessionFn] = MappingProxyType(
-    {"odd_lengths": sessions.odd_lengths, "multiturn": sessions.multiturn}
+    {"odd_lengths": multi_prefix.odd_lengths, "multiturn": multi_prefix.multiturn}
 )
 # Sampling variants of ``unique``: same requests, each asking for several outputs.
 _SAMPLING_VARIANTS = ("parallel", "beam")

@@ -99,9 +99,9 @@ def multiturn(
         )
     system = tuple(rng.integers(0, vocab_size, config.shared_prefix_len).tolist())
     requests: list[WorkloadRequest] = []
-    session = 0
+    conversation = 0
     while len(requests) < config.num_requests:
-        start = arrivals[session]
+        start = arrivals[conversation]
         num_turns = int(rng.integers(config.min_turns, config.max_turns + 1))
         context = len(system)
         previous = None
@@ -115,7 +115,7 @@ def multiturn(
                 num_out = min(num_out, max_model_len - context - 1)
             message = tuple(rng.integers(0, vocab_size, num_message).tolist())
             output = tuple(rng.integers(0, vocab_size, num_out).tolist())
-            request_id = f"s{session}-t{turn}"
+            request_id = f"s{conversation}-t{turn}"
             if previous is None:
                 prompt, arrival, think = system + message, start, 0.0
             else:
@@ -125,5 +125,5 @@ def multiturn(
             )
             context += num_message + num_out
             previous = request_id
-        session += 1
+        conversation += 1
     return requests
