@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
+from enginekit.engine_workloads import WorkloadMixin
 from enginekit.errors import ConfigError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
 from enginekit.kv.context import KVContext
@@ -31,7 +31,6 @@ from enginekit.request import Request, RequestOutput, SamplingParams
 from enginekit.scheduler import Scheduler
 from enginekit.workloads.request import WorkloadRequest
 
-_log = logging.getLogger("enginekit")
 FRAGMENTATION_SAMPLE_STEPS = 16  # external fragmentation is sampled (it scans the pool)
 DTYPE_BITS = {"bfloat16": 16, "float16": 16, "float32": 32}
 
@@ -54,7 +53,7 @@ def _as_engine_config(config: EngineConfig | DictConfig | None) -> DictConfig:
     return merged
 
 
-class Engine:
+class Engine(WorkloadMixin):
     """Serves requests step by step over the configured plugins and executor.
 
     Time is the executor's: simulated seconds for ``sim``. A request arrives at its
@@ -223,72 +222,6 @@ class Engine:
                 f"{num_blocks} the cache has"
             )
 
-    def add_workload(self) -> int:
-        """Queues the configured workload's requests; returns how many were accepted.
-
-        A request that can never be served is counted (``num_requests_rejected``) and
-        logged, and the rest run: one oversized request does not void a sweep's job."""
-        from enginekit.workloads import make_workload
-
-        requests = make_workload(self.config.workload, self.shape.vocab_size, self.max_model_len)
-        num_accepted = 0
-        rejections: list[str] = []
-        for item in requests:
-            if item.follows is not None:
-                self._followers.setdefault(item.follows, []).append(item)
-                continue
-            try:
-                self.add_request(
-                    item.prompt_token_ids,
-                    SamplingParams(
-                        max_tokens=item.max_tokens,
-                        ignore_eos=True,
-                        n=item.n,
-                        beam_width=item.beam_width,
-                    ),
-                    request_id=item.request_id,
-                    arrival_time=item.arrival_time,
-                    scripted_output_ids=item.output_token_ids,
-                )
-                num_accepted += 1
-            except RequestRejectedError as exc:
-                rejections.append(str(exc))
-        if rejections:
-            _log.warning(
-                "%d of %d requests rejected; the first: %s",
-                len(rejections),
-                len(requests),
-                rejections[0],
-            )
-        return num_accepted
-
-    def _add_followers(self, finished: Request) -> None:
-        """Queues the turns that follow ``finished``: each arrives its think time from now,
-        with ``finished``'s prompt and output in front of its own message."""
-        for item in self._followers.pop(finished.request_id, ()):
-            try:
-                self.add_request(
-                    finished.token_ids + list(item.prompt_token_ids),
-                    SamplingParams(
-                        max_tokens=item.max_tokens,
-                        ignore_eos=True,
-                        n=item.n,
-                        beam_width=item.beam_width,
-                    ),
-                    request_id=item.request_id,
-                    arrival_time=self.clock + item.think_time_s,
-                    scripted_output_ids=item.output_token_ids,
-                )
-            except RequestRejectedError as exc:
-                _log.warning("rejected %s", exc)
-                self._drop_followers(item.request_id)
-
-    def _drop_followers(self, request_id: str) -> None:
-        """The turns after a rejected turn never come: counted as rejected too."""
-        for item in self._followers.pop(request_id, ()):
-            self.metrics.on_request_rejected()
-            self._drop_followers(item.request_id)
-
     # -- running ---------------------------------------------------------------------------
 
     def has_unfinished_requests(self) -> bool:
@@ -384,18 +317,6 @@ class Engine:
 
     def output(self, request_id: str) -> RequestOutput:
         return RequestOutput.of(self._requests[request_id])
-
-    def ideal_prefix_hit_tokens(self, block_size: int | None = None) -> int:
-        """Hits a perfect, unbounded prefix cache of ``block_size`` granularity (default:
-        the cache's) would get on the requests added so far, each seeing the prompts and
-        outputs of every request that arrived before it."""
-        from enginekit.workloads import ideal_prefix_hit_tokens
-
-        return ideal_prefix_hit_tokens(
-            list(self._requests.values()),
-            block_size or self.kv_spec.block_size,
-            include_outputs=True,
-        )
 
     def summary(self) -> dict[str, Any]:
         """The run's metrics. The ideal hit count is at the prefix cache's own granularity:
