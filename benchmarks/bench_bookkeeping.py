@@ -6,7 +6,7 @@ Measured side by side in one run, interleaved, on the same operations:
    (how many blocks the batch needs, grow every table by one token, export the batch's
    block tables as one int32 array), with a block boundary crossed by 1 in 16 sequences;
 2. engine: one whole engine step (schedule, simulated execute, update, metrics) with 256
-   running decodes, native structures against the reference ones.
+   running decodes, native structures against the reference ones, for both prefix caches.
 
 Goals: structures <= 100 us per step with Rust, and Rust >= 20x faster than Python.
 Absolute times are this machine's only; the ratios are what carries over.
@@ -54,10 +54,10 @@ def structure_step_factory(pool_cls: type, tables_cls: type) -> Callable[[], Non
     return step
 
 
-def engine_step_factory(native: bool) -> Callable[[], None]:
+def engine_step_factory(native: bool, prefix: str = "block_hash") -> Callable[[], None]:
     """A closure doing one engine step with NUM_SEQS running decodes."""
     engine = Engine.from_overrides(
-        ["progress=false", "+prefix=block_hash", f"cache.native={native}",
+        ["progress=false", f"+prefix={prefix}", f"cache.native={native}",
          f"scheduler.max_num_seqs={NUM_SEQS}", "cache.num_blocks=200000"]
     )  # fmt: skip
     for i in range(NUM_SEQS):
@@ -86,7 +86,7 @@ def side_by_side(
         rust_times.append(time_per_call(rust, steps))
         python_times.append(time_per_call(python, max(1, steps // 10)))
     r, p = statistics.median(rust_times), statistics.median(python_times)
-    print(f"{name:<42} {r * 1e6:>10.1f} {p * 1e6:>12.1f} {p / r:>8.1f}x")
+    print(f"{name:<46} {r * 1e6:>10.1f} {p * 1e6:>12.1f} {p / r:>8.1f}x")
     return r, p
 
 
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     print(f"{NUM_SEQS} running decode sequences, block size {BLOCK_SIZE}, ~{CONTEXT} tokens each")
-    print(f"{'per step':<42} {'Rust us':>10} {'Python us':>12} {'ratio':>9}")
+    print(f"{'per step':<46} {'Rust us':>10} {'Python us':>12} {'ratio':>9}")
     side_by_side(
         "structures: grow + export block tables",
         structure_step_factory(BlockPool, BlockTables),
@@ -104,13 +104,14 @@ def main() -> None:
         args.steps,
         args.rounds,
     )
-    side_by_side(
-        "engine step (schedule + sim + update)",
-        engine_step_factory(native=True),
-        engine_step_factory(native=False),
-        max(1, args.steps // 10),
-        args.rounds,
-    )
+    for prefix in ("block_hash", "radix"):
+        side_by_side(
+            f"engine step, {prefix} (schedule+sim+update)",
+            engine_step_factory(native=True, prefix=prefix),
+            engine_step_factory(native=False, prefix=prefix),
+            max(1, args.steps // 10),
+            args.rounds,
+        )
 
 
 if __name__ == "__main__":
