@@ -8,6 +8,7 @@ result = engine.run()
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from enginekit.models.shapes import ModelShape
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
 from enginekit.request import Request, RequestOutput, SamplingParams
 from enginekit.scheduler import Scheduler
+from enginekit.tokenizer import Tokenizer
 from enginekit.workloads.request import WorkloadRequest
 
 FRAGMENTATION_SAMPLE_STEPS = 16  # external fragmentation is sampled (it scans the pool)
@@ -141,9 +143,13 @@ class Engine(WorkloadMixin):
         extra_key: bytes | None = None,
         scripted_output_ids: Sequence[int] | None = None,
     ) -> str:
-        """Queues a request; returns its id. Raises RequestRejectedError, queuing nothing,
-        if it can never be served: empty, a token outside the vocabulary, prompt plus
-        max_tokens beyond the model's context, or more blocks than the whole cache."""
+        """Queues a request; returns its id. A text prompt is tokenized with the tokenizer
+        of ``model.path`` (ConfigError for a model without a folder). Raises
+        RequestRejectedError, queuing nothing, if it can never be served: empty, a token
+        outside the vocabulary, prompt plus max_tokens beyond the model's context, or more
+        blocks than the whole cache."""
+        if isinstance(prompt_token_ids, str):
+            prompt_token_ids = self.tokenizer.encode(prompt_token_ids)
         sampling = sampling or SamplingParams()
         seq_id = next(self._seq_ids)
         request_id = str(seq_id) if request_id is None else request_id
@@ -311,6 +317,15 @@ class Engine(WorkloadMixin):
         return RunResult(self.outputs(), self.summary())
 
     # -- results ---------------------------------------------------------------------------
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer of ``model.path`` (loaded on first use). ConfigError if none."""
+        return Tokenizer.of_model_path(self.config.model.path)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` (e.g. ``output(request_id).output_token_ids``)."""
+        return self.tokenizer.decode(list(token_ids))
 
     def outputs(self) -> list[RequestOutput]:
         return [RequestOutput.of(r) for r in self._requests.values()]

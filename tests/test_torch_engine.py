@@ -279,3 +279,41 @@ def test_swapped_out_and_back_sequences_continue_as_if_never_preempted(saved_mod
         assert summary["swap_in_bytes_total"] == summary["swap_out_bytes_total"] > 0
     for request_id, prompt in zip(ids, batch, strict=True):
         assert eng.output(request_id).output_token_ids == hf_greedy(model, prompt, memo)
+
+
+def _save_word_tokenizer(folder, vocab_size: int):
+    """A word-level tokenizer ("w<id>" is token id), built offline and saved beside the
+    weights as a Hugging Face folder holds one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    inner = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=inner, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.save_pretrained(folder)
+
+
+def test_text_prompts_use_the_tokenizer_of_the_model_folder(tmp_path):
+    config = hf_config("tiny")
+    model = hf_model(config, random_state_dict(config, seed=3))
+    folder, memo = tmp_path / "llama", {}
+    model.save_pretrained(folder)
+    _save_word_tokenizer(folder, model.config.vocab_size)
+    eng = engine(folder, "cache.num_blocks=64")
+    text = "w5 w17 w3 w300 w41 w41 w9"
+    request_id = eng.add_request(text, SamplingParams(max_tokens=NEW_TOKENS))
+    eng.run()
+    out = eng.output(request_id)
+    assert out.prompt_token_ids == [5, 17, 3, 300, 41, 41, 9]
+    assert out.output_token_ids == hf_greedy(model, out.prompt_token_ids, memo)
+    words = [f"w{t}" for t in out.output_token_ids if t > 2]
+    assert eng.decode(out.output_token_ids).split() == words
+
+
+def test_text_prompts_without_a_model_folder_are_refused():
+    eng = Engine.from_overrides(["executor=torch", "model=tiny", "progress=false"])
+    with pytest.raises(ConfigError, match="text prompts need a tokenizer"):
+        eng.add_request("hello", SamplingParams(max_tokens=2))
