@@ -68,6 +68,12 @@ class RadixPrefixCache(PrefixCache):
         return PrefixMatch(block_ids, num_tokens)
 
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
+        if request.num_output_tokens:
+            # Decoding (or prefilling prompt and outputs again after a preemption): its
+            # outputs enter the tree when it leaves (on_released). Inserting the whole
+            # sequence at every filled block would cost more than sharing a running
+            # request's outputs is worth.
+            return
         block_size = self.kv.spec.block_size
         start = self._num_inserted.get(request.seq_id, 0)
         if num_computed_tokens <= start:
