@@ -29,8 +29,9 @@ class RadixPrefixCache(PrefixCache):
     (copy-on-write), so only the unmatched tail is prefilled: a 103-token prompt sharing
     100 tokens reuses 100, where block hashing at block size 16 reuses 96.
 
-    Tokens enter the tree when scheduled, like block_hash's blocks: a request admitted
-    later in the same step shares whole blocks that step computes (every token's KV is
+    A prompt's tokens enter the tree when scheduled, like block_hash's blocks (a request's
+    outputs enter when it leaves, finished or preempted): a request admitted later in the
+    same step shares whole blocks that step computes (every token's KV is
     written before any attention reads it). A partially matched block is copied before the
     step computes, though, so a match may not end inside a block whose matched part the
     step is still computing: it is cut back to the block edge and the cut tokens are
