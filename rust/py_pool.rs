@@ -9,6 +9,18 @@ use crate::py::{
     OutOfBlocksError,
 };
 
+/// A number of blocks to allocate or evict: an int past u64 can never be met, so it is
+/// an [`OutOfBlocksError`] against the `available` blocks of that `kind`.
+fn request(num_blocks: &Bound<'_, PyAny>, verb: &str, available: u32, kind: &str) -> PyResult<u64> {
+    let n = count(num_blocks, "num_blocks")?;
+    if n == u64::MAX {
+        return Err(OutOfBlocksError::new_err(format!(
+            "cannot {verb} {num_blocks} blocks: only {available} {kind}"
+        )));
+    }
+    Ok(n)
+}
+
 #[pyclass(name = "BlockPool", module = "enginekit._native")]
 pub struct PyBlockPool {
     pub(crate) inner: BlockPool,
@@ -75,26 +87,14 @@ impl PyBlockPool {
 
     fn allocate(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         guard(|| {
-            let n = count(num_blocks, "num_blocks")?;
-            if n == u64::MAX {
-                return Err(OutOfBlocksError::new_err(format!(
-                    "cannot allocate {num_blocks} blocks: only {} free",
-                    self.inner.num_free_blocks()
-                )));
-            }
+            let n = request(num_blocks, "allocate", self.inner.num_free_blocks(), "free")?;
             self.inner.allocate(n).map_err(to_py)
         })
     }
 
     fn allocate_run(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         guard(|| {
-            let n = count(num_blocks, "num_blocks")?;
-            if n == u64::MAX {
-                return Err(OutOfBlocksError::new_err(format!(
-                    "cannot allocate {num_blocks} blocks: only {} free",
-                    self.inner.num_free_blocks()
-                )));
-            }
+            let n = request(num_blocks, "allocate", self.inner.num_free_blocks(), "free")?;
             self.inner.allocate_run(n).map_err(to_py)
         })
     }
@@ -191,13 +191,12 @@ impl PyBlockPool {
 
     fn evict_lru(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         guard(|| {
-            let n = count(num_blocks, "num_blocks")?;
-            if n == u64::MAX {
-                return Err(OutOfBlocksError::new_err(format!(
-                    "cannot evict {num_blocks} blocks: only {} evictable",
-                    self.inner.num_evictable_blocks()
-                )));
-            }
+            let n = request(
+                num_blocks,
+                "evict",
+                self.inner.num_evictable_blocks(),
+                "evictable",
+            )?;
             self.inner.evict_lru(n).map_err(to_py)
         })
     }
