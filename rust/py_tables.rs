@@ -29,6 +29,14 @@ pub struct PyBlockTables {
 }
 
 impl PyBlockTables {
+    /// The id of an existing sequence, checked before the call's other arguments so that
+    /// an unknown sequence is reported first.
+    fn existing_seq_arg(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let s = seq_arg(seq_id)?;
+        self.inner.num_blocks(s).map_err(to_py)?;
+        Ok(s)
+    }
+
     /// A logical index into an existing sequence's table; an int outside u64 is out of range.
     fn index_arg(&self, seq_id: u64, index: &Bound<'_, PyAny>) -> PyResult<u64> {
         let len = self.inner.num_blocks(seq_id).map_err(to_py)?;
@@ -116,8 +124,7 @@ impl PyBlockTables {
         block_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         guard(|| {
-            let s = seq_arg(seq_id)?;
-            self.inner.num_blocks(s).map_err(to_py)?;
+            let s = self.existing_seq_arg(seq_id)?;
             let ids = table_block_ids(block_ids)?;
             self.inner.append_blocks(s, &ids).map_err(to_py)
         })
@@ -129,8 +136,7 @@ impl PyBlockTables {
         num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<u32>> {
         guard(|| {
-            let s = seq_arg(seq_id)?;
-            self.inner.num_blocks(s).map_err(to_py)?;
+            let s = self.existing_seq_arg(seq_id)?;
             let n = count(num_blocks, "num_blocks")?;
             self.inner.truncate(s, n).map_err(to_py)
         })
@@ -142,8 +148,7 @@ impl PyBlockTables {
         num_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<u32>> {
         guard(|| {
-            let s = seq_arg(seq_id)?;
-            self.inner.num_blocks(s).map_err(to_py)?;
+            let s = self.existing_seq_arg(seq_id)?;
             let n = count(num_blocks, "num_blocks")?;
             self.inner.release_front(s, n).map_err(to_py)
         })
@@ -162,8 +167,7 @@ impl PyBlockTables {
         child_id: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<u32>> {
         guard(|| {
-            let p = seq_arg(parent_id)?;
-            self.inner.num_blocks(p).map_err(to_py)?;
+            let p = self.existing_seq_arg(parent_id)?;
             let c = new_seq_arg(child_id)?;
             self.inner.fork(p, c).map_err(to_py)
         })
