@@ -73,11 +73,7 @@ def _shared_prefix_lengths(
             "workload.shared_prefix_len must be >= 0 and workload.unique_prompt_len >= 1, got "
             f"{config.shared_prefix_len} and {config.unique_prompt_len}"
         )
-    if not 1 <= config.min_output_len <= config.max_output_len:
-        raise ConfigError(
-            "workload needs 1 <= min_output_len <= max_output_len, got "
-            f"{config.min_output_len} and {config.max_output_len}"
-        )
+    multi_prefix.check_output_lengths(config)
     if config.shared_prefix_len + 2 > max_model_len:
         raise ConfigError(
             f"workload.shared_prefix_len={config.shared_prefix_len} leaves no room for a "

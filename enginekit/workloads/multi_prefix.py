@@ -31,7 +31,8 @@ from enginekit.workloads.request import WorkloadRequest
 ODD_MODULUS = 16  # document lengths avoid multiples of this (the default block size)
 
 
-def _check_outputs(config: WorkloadConfig) -> None:
+def check_output_lengths(config: WorkloadConfig) -> None:
+    """ConfigError unless 1 <= min_output_len <= max_output_len."""
     if not 1 <= config.min_output_len <= config.max_output_len:
         raise ConfigError(
             "workload needs 1 <= min_output_len <= max_output_len, got "
@@ -46,7 +47,7 @@ def odd_lengths(
     vocab_size: int,
     max_model_len: int,
 ) -> list[WorkloadRequest]:
-    _check_outputs(config)
+    check_output_lengths(config)
     if config.num_documents < 1 or config.max_suffix_len < 1:
         raise ConfigError(
             "workload.num_documents and workload.max_suffix_len must be >= 1, got "
@@ -83,7 +84,7 @@ def multiturn(
     vocab_size: int,
     max_model_len: int,
 ) -> list[WorkloadRequest]:
-    _check_outputs(config)
+    check_output_lengths(config)
     if not 1 <= config.min_turns <= config.max_turns or config.message_len < 1:
         raise ConfigError(
             "workload needs 1 <= min_turns <= max_turns and message_len >= 1, got "
