@@ -40,10 +40,11 @@ class KVUsage(NamedTuple):
 
 
 class KVCacheManager:
-    """Admission, growth and release of sequences' KV blocks.
+    """Admission, growth, forking, swapping and release of sequences' KV blocks.
 
     Invariant between calls (checked by ``check_integrity``): every block's reference
-    count equals the number of block tables that hold it.
+    count equals the references held on it by block tables, copy-on-write pins and the
+    prefix cache itself.
     """
 
     def __init__(
@@ -130,7 +131,7 @@ class KVCacheManager:
         eviction cannot take them), then fresh blocks for the rest, evicting cached blocks
         if the free list is short. A match ending inside a block (token-granular prefix
         caches) is copy-on-write: the request's first fresh block receives a copy of that
-        block, whose pin is held until the copy has run (the next ``take_block_ops``).
+        block, whose pin is held until the copy has run (``on_step_executed``).
         Sets ``num_computed_tokens`` to the match. Raises OutOfBlocksError, changing
         nothing, if the room is not there (call can_admit first)."""
         pool = self.pool
@@ -219,8 +220,8 @@ class KVCacheManager:
             return []
         found = []
         for request in decodes:
-            index = request.num_computed_tokens // self.block_size
-            if request.num_computed_tokens % self.block_size == 0:
+            index, slot = divmod(request.num_computed_tokens, self.block_size)
+            if slot == 0:
                 continue  # writes at the start of a fresh block
             block_id = self.tables.block_id_at(request.seq_id, index)
             writers = shared.get(block_id)
@@ -231,7 +232,8 @@ class KVCacheManager:
     def try_copy_on_write(self, decodes: Sequence[Request]) -> bool:
         """Before ``decodes`` write their next token: each that would write into a block
         another sequence still writes into gets a copy of it (queued for the executor).
-        Returns False, changing nothing, if the blocks for the copies are not there."""
+        Returns False, copying nothing, if the blocks for the copies are not there
+        (cached blocks it evicted trying stay evicted)."""
         writers = self._tail_writers(decodes)
         num_copies = len(writers)  # an upper bound: the last writer of a block copies nothing
         if num_copies and (
@@ -336,21 +338,22 @@ class KVCacheManager:
         pool.check_integrity()
         tables.check_integrity(pool)
         self.prefix.check_integrity()
-        cache_refs = self.prefix.held_block_ids()
-        holders: Counter[int] = Counter(self._unpin_after_copy + cache_refs)
-        num_other_refs = len(self._unpin_after_copy) + len(cache_refs)
+        table_refs: Counter[int] = Counter()
         for seq_id in tables.seq_ids():
-            holders.update(b for b in tables.block_ids(seq_id) if b >= 0)  # -1: a hole
-        num_reserved = self.allocator.num_reserved_blocks()
-        if num_reserved != sum(holders.values()) - num_other_refs:
+            table_refs.update(b for b in tables.block_ids(seq_id) if b >= 0)  # -1: a hole
+        num_table_refs = sum(table_refs.values())
+        if self.allocator.num_reserved_blocks() != num_table_refs:
             raise KVCacheError(
-                f"the allocator counts {num_reserved} reserved blocks but the tables hold "
-                f"{sum(holders.values()) - num_other_refs}"
+                f"the allocator counts {self.allocator.num_reserved_blocks()} reserved blocks "
+                f"but the tables hold {num_table_refs}"
             )
+        holders = (
+            table_refs + Counter(self._unpin_after_copy) + Counter(self.prefix.held_block_ids())
+        )
         for block_id, ref_count in enumerate(pool.ref_counts()):
-            if ref_count != holders.get(block_id, 0):
+            if ref_count != holders[block_id]:
                 raise KVCacheError(
-                    f"block {block_id} has ref_count {ref_count} but "
-                    f"{holders.get(block_id, 0)} block tables, copy-on-write pins and prefix-cache "
-                    "references hold it"
+                    f"block {block_id} has ref_count {ref_count} but block tables, "
+                    f"copy-on-write pins and prefix-cache references hold it {holders[block_id]} "
+                    "times"
                 )
