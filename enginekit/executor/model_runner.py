@@ -7,12 +7,11 @@ over the pool; sample one token for each ``sample_seq_ids`` entry. ``step_time_s
 measured wall time of all of it (the device is synchronised by reading the tokens back).
 
 Per-sequence state lives from ``add_sequence`` until ``finished_seq_ids`` lists the
-sequence: its tokens (prompt, then every token sampled for it), its sampling parameters
-and its generator. A preempted sequence keeps all of it; when the scheduler prefills it
-again, the chunk tokens come from prompt + outputs. A forked sample (parallel sampling)
-starts with its parent's prompt, its own generator (seeded with the request's seed + the
-sample's index, when the request has a seed) and draws its first token from the parent's
-logits.
+sequence: its sampling parameters and its generator (the tokens each step computes come
+in the SchedulerOutput). A preempted sequence keeps both. A forked sequence gets its
+parent's parameters and a generator of its own (seeded with the request's seed + the
+sample's index, when the request has a seed); a forked sample draws its first token from
+the parent's logits.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -34,15 +33,9 @@ from enginekit.models.llama import LlamaModel
 from enginekit.request import SamplingParams
 
 
-@dataclass
-class _Sequence:
-    token_ids: list[int]
+class _Sequence(NamedTuple):
     sampling: SamplingParams
     generator: torch.Generator
-    num_prompt_tokens: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.num_prompt_tokens = len(self.token_ids)
 
 
 class TorchExecutor(Executor):
@@ -88,18 +81,14 @@ class TorchExecutor(Executor):
         sampling: SamplingParams,
         scripted_output_ids: Sequence[int] | None = None,
     ) -> None:
-        """Registers ``seq_id`` (``scripted_output_ids`` is ignored: the model decides).
+        """Registers ``seq_id`` (the prompt comes with each step; ``scripted_output_ids`` is
+        ignored: the model decides).
         Raises ValueError if it is already registered."""
         if seq_id in self._sequences:
             raise ValueError(f"sequence {seq_id} is already registered with the executor")
         generator = torch.Generator(device=self.device)
         generator.manual_seed(request_seed(self.base_seed, seq_id, sampling))
-        self._sequences[seq_id] = _Sequence(list(prompt_token_ids), sampling, generator)
-
-    def output_token_ids(self, seq_id: int) -> list[int]:
-        """The tokens sampled so far for a registered sequence."""
-        seq = self._sequences[seq_id]
-        return seq.token_ids[seq.num_prompt_tokens :]
+        self._sequences[seq_id] = _Sequence(sampling, generator)
 
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
         """Forgets ``finished_seq_ids`` (unknown ids ignored), applies the block operations,
@@ -114,7 +103,7 @@ class TorchExecutor(Executor):
             sampling = parent.sampling
             if sampling.seed is not None:
                 sampling = dataclasses.replace(sampling, seed=sampling.seed + fork.sample_index)
-            self.add_sequence(fork.child_seq_id, parent.token_ids, sampling)
+            self.add_sequence(fork.child_seq_id, (), sampling)
         self.cache.apply(scheduled.swap_outs, scheduled.swap_ins, scheduled.block_copies)
         if scheduled.is_empty:
             return ModelOutput([], time.perf_counter() - started)
@@ -122,8 +111,6 @@ class TorchExecutor(Executor):
         logits = self.model.forward(batch, self.cache.pool, self.ops)
         sampled = [sequences[seq_id] for seq_id in scheduled.sample_seq_ids]
         tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled])
-        for seq, token in zip(sampled, tokens, strict=True):
-            seq.token_ids.append(token)
         widths = [s.sampling.beam_width for s in sampled]
         candidates = beam_candidates(logits, widths) if max(widths, default=1) > 1 else None
         elapsed = time.perf_counter() - started
