@@ -52,10 +52,6 @@ class Preemption(Plugin, ABC):
         """True if the request's KV waits in host memory for ``restore``. Pure."""
         return False
 
-    def num_blocks_to_restore(self, request: Request) -> int:
-        """Device blocks ``restore`` takes. Pure. Only for swapped requests."""
-        raise NotImplementedError(f"{type(self).__name__} swaps nothing out")
-
     def restore(self, request: Request) -> int:
         """Brings a swapped request's KV back into fresh device blocks (the manager makes
         room first); returns the number of blocks. Mutates cache and plugin state."""

@@ -89,9 +89,6 @@ class SwapPreemption(Preemption):
     def is_swapped(self, request: Request) -> bool:
         return request.seq_id in self._swapped
 
-    def num_blocks_to_restore(self, request: Request) -> int:
-        return len(self._swapped[request.seq_id][0])
-
     def restore(self, request: Request) -> int:
         host_block_ids, num_holes = self._swapped[request.seq_id]
         # may raise OutOfBlocksError: then it stays swapped

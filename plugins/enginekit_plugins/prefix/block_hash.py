@@ -29,8 +29,6 @@ class BlockHashPrefixCache(PrefixCache):
 
     def __init__(self, config: BlockHashConfig, kv: KVContext) -> None:
         super().__init__(config, kv)
-        if kv.spec.block_size < 1:
-            raise ValueError("block_size must be >= 1")
         native = type(kv.pool).__module__ == "enginekit._native"
         if native:
             from enginekit._native import ROOT_HASH, hash_block, hash_blocks
