@@ -82,14 +82,16 @@ class Engine(WorkloadMixin):
         self.quantizer = quantizer_cls(quantizer_cfg)
         self.kv_spec = KVSpec.of(
             self.shape,
-            bits_per_element=self.quantizer.bits_per_element(model_bits),
+            bits_per_element=model_bits,
             block_size=cfg.cache.block_size,
-            scale_bytes_per_token=self.quantizer.scale_bytes_per_token(self.shape),
+            quant=self.quantizer.kv_quant(self.shape, cfg.cache.block_size),
         )
         if not 0.0 <= cfg.cache.watermark < 1.0:
             raise ConfigError(f"cache.watermark must be in [0, 1), got {cfg.cache.watermark}")
 
-        self.executor, num_blocks = build_executor(cfg, self.shape, self.kv_spec, model_bits)
+        self.executor, num_blocks = build_executor(
+            cfg, self.shape, self.kv_spec, model_bits, self.quantizer
+        )
         pool, tables = make_structures(num_blocks, cfg.cache.block_size, cfg.cache.native)
         kv = KVContext(pool, tables, self.kv_spec, self.max_model_len, self.shape.sliding_window)
         allocator_cls, allocator_cfg = plugins["allocator"]

@@ -62,7 +62,7 @@ def test_help_lists_every_installed_plugin_as_typed(cli):
     assert "+prefix=block_hash* | none | radix" in out
     assert "+eviction=lru*" in out
     assert "+preemption=recompute* | swap" in out
-    assert "+quantizer=none*" in out
+    assert "+quantizer=fp8 | int4 | none*" in out
     assert "model=" in out and "llama-3-8b*" in out
     assert "group=option" not in out  # Hydra's own wording would mislead
 

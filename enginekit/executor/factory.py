@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from enginekit.errors import ConfigError
 from enginekit.executor.base import Executor
+from enginekit.interfaces.quantizer import Quantizer
 from enginekit.kv.spec import KVSpec
 from enginekit.models.shapes import ModelShape, model_preset
 
@@ -37,10 +38,16 @@ def model_shape(model: DictConfig) -> ModelShape:
 
 
 def build_executor(
-    cfg: DictConfig, shape: ModelShape, kv_spec: KVSpec, model_bits: int
+    cfg: DictConfig,
+    shape: ModelShape,
+    kv_spec: KVSpec,
+    model_bits: int,
+    quantizer: Quantizer | None = None,
 ) -> tuple[Executor, int]:
     """The executor ``cfg.executor`` names, and the number of KV blocks of the pool:
-    ``cache.num_blocks`` if set, else what the device's memory holds."""
+    ``cache.num_blocks`` if set, else what the device's memory holds. ``quantizer``
+    (the plugin behind ``kv_spec.quant``) tells the torch executor where fp8 scales
+    come from."""
     if cfg.executor not in EXECUTORS:
         raise ConfigError(
             f"executor={cfg.executor!r} is not available; choose: {', '.join(EXECUTORS)}"
@@ -48,7 +55,7 @@ def build_executor(
     if cfg.executor == "torch":
         from enginekit.executor.torch_factory import build_torch_executor
 
-        return build_torch_executor(cfg, shape, kv_spec, model_bits)
+        return build_torch_executor(cfg, shape, kv_spec, model_bits, quantizer)
     from enginekit.executor.hardware import hardware_preset, kv_pool_num_blocks
     from enginekit.executor.sim import SimExecutor
 

@@ -1,4 +1,4 @@
-"""Quantizer: what the cache stores per element, and the scales that come with it."""
+"""Quantizer: how the cache stores K and V, and where fp8's scales come from."""
 
 from __future__ import annotations
 
@@ -7,19 +7,33 @@ from typing import ClassVar
 
 from enginekit.config import QuantizerConfig
 from enginekit.interfaces.base import Plugin
+from enginekit.kv.quant import KVQuant
 from enginekit.models.shapes import ModelShape
 
 
 class Quantizer(Plugin, ABC):
+    """Chooses the cache's storage format. The bytes it implies are computed by
+    ``KVSpec`` (both executors); the torch executor stores and reads that format with the
+    kernels of ``enginekit.kernels`` (kinds ``none``, ``fp8``, ``int4``)."""
+
     Config: ClassVar[type[QuantizerConfig]] = QuantizerConfig
 
     def __init__(self, config: QuantizerConfig) -> None:
         self.config = config
 
     @abstractmethod
-    def bits_per_element(self, model_bits: int) -> int:
-        """Bits of one stored K or V element, given the model's activation width. Pure."""
+    def kv_quant(self, shape: ModelShape, block_size: int) -> KVQuant:
+        """The storage format for ``shape`` with blocks of ``block_size`` tokens. Pure.
+        Raises ConfigError (naming the ``quantizer.*`` key) when the format cannot hold
+        this shape."""
 
-    @abstractmethod
-    def scale_bytes_per_token(self, shape: ModelShape) -> int:
-        """Bytes of scales (and zero points) stored per token, over all layers. Pure."""
+    def scale_source(self) -> str:
+        """Where fp8 scales come from: ``checkpoint`` (the model folder's ``k_scale`` /
+        ``v_scale``; an error if absent), ``calibrate`` (max-abs of the first prefill
+        with a margin) or ``auto`` (checkpoint when present, else calibrate). Irrelevant
+        to formats without global scales."""
+        return "auto"
+
+    def calibration_margin(self) -> float:
+        """Factor applied to the calibrated max-abs before it becomes the fp8 range."""
+        return 2.0

@@ -1,23 +1,38 @@
 """The physical layout of the paged KV pool, shared by the references and the kernels.
 
-One tensor holds the whole pool::
+A pool is a ``KVPool``: tensors whose first axis is the block id, so a block moves
+(copy-on-write, swap) by copying index ``b`` of each. The K/V elements::
 
-    pool[num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim]   (contiguous)
+    data[num_blocks, num_layers, 2, num_kv_heads, block_size, stored_dim]   (contiguous)
 
-Why this order:
+with ``stored_dim`` = head_dim in the model's dtype (``none``) or in float8_e4m3fn
+(``fp8``), and head_dim / 2 bytes (uint8) for ``int4`` (channel 2i in the low nibble of
+byte i, 2i + 1 in the high nibble). ``int4`` adds, per block, its float16 scales and
+zero points (``value ≈ zero + code × scale``)::
 
-- A block is one contiguous run of ``KVSpec.bytes_per_block`` bytes (every layer, K and V),
-  so copy-on-write and swapping move a block with one contiguous copy, and a block id is
-  all the host-side bookkeeping needs.
-- For one (block, layer, K|V, kv head) the ``block_size × head_dim`` tile is contiguous:
-  the decode kernel, which walks a sequence's blocks per kv head, loads each tile with
-  fully coalesced reads and shares it among the query heads of its GQA group.
+    key_meta[num_blocks, num_layers, num_kv_heads, block_size // key_group_tokens, 2, head_dim]
+    value_meta[num_blocks, num_layers, num_kv_heads, block_size, 2, head_dim // value_group_channels]
+
+where index 0 of the ``2`` axis is the scale and 1 the zero point. ``fp8`` has one
+float32 scale per (layer, K|V, kv head) for the whole pool (``value ≈ stored × scale``)::
+
+    fp8_scales[num_layers, 2, num_kv_heads]
+
+which is not per block and so does not travel with swaps (a host pool has none).
+
+Why this order: a block's bytes are one contiguous run per tensor, and for one (block,
+layer, K|V, kv head) the ``block_size × stored_dim`` tile is contiguous, so the attention
+kernels, which walk a sequence's blocks per kv head, load each tile with coalesced reads
+and share it among the query heads of its GQA group.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from enginekit.kv.quant import KVQuant
 from enginekit.kv.spec import KVSpec
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -27,8 +42,44 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 
 
+@dataclass
+class KVPool:
+    """The tensors of one pool (device or host). ``quant`` says which are present:
+    ``key_meta``/``value_meta`` for int4, ``fp8_scales`` for fp8 device pools."""
+
+    data: torch.Tensor
+    quant: KVQuant
+    key_meta: torch.Tensor | None = None
+    value_meta: torch.Tensor | None = None
+    fp8_scales: torch.Tensor | None = None
+
+    @property
+    def block_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by block id: what a block copy or swap moves."""
+        return [t for t in (self.data, self.key_meta, self.value_meta) if t is not None]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.data.shape[4]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.data.shape[3]
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block takes in this pool, over every block tensor."""
+        return sum(t[0].numel() * t.element_size() for t in self.block_tensors)
+
+
 def pool_shape(spec: KVSpec, num_blocks: int) -> tuple[int, int, int, int, int, int]:
-    return (num_blocks, spec.num_layers, 2, spec.num_kv_heads, spec.block_size, spec.head_dim)
+    """Shape of ``data`` (see the module docstring)."""
+    stored_dim = spec.head_dim // 2 if spec.quant.kind == "int4" else spec.head_dim
+    return (num_blocks, spec.num_layers, 2, spec.num_kv_heads, spec.block_size, stored_dim)
 
 
 def allocate_pool(
@@ -38,15 +89,38 @@ def allocate_pool(
     device: torch.device | str,
     *,
     pin_memory: bool = False,
-) -> torch.Tensor:
-    """A zeroed pool of ``num_blocks`` blocks. ``pin_memory`` only for host pools and only
-    where CUDA exists (pinning needs a CUDA context)."""
-    return torch.zeros(
-        pool_shape(spec, num_blocks), dtype=dtype, device=device, pin_memory=pin_memory
-    )
+    with_fp8_scales: bool = True,
+) -> KVPool:
+    """A zeroed pool of ``num_blocks`` blocks in ``spec.quant``'s format; ``dtype`` is
+    the model's (what ``none`` stores). fp8 scales start as NaN: they must be set (from
+    a checkpoint or by calibration) before the first write. ``pin_memory`` only for host
+    pools and only where CUDA exists (pinning needs a CUDA context)."""
+    quant = spec.quant
+    kind = quant.kind
+    if kind == "int4" and spec.head_dim % 2:
+        raise ValueError(f"int4 needs an even head_dim, got {spec.head_dim}")
+    data_dtype = {"none": dtype, "fp8": torch.float8_e4m3fn, "int4": torch.uint8}[kind]
+
+    def zeros(shape: tuple[int, ...], of: torch.dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=of, device=device, pin_memory=pin_memory)
+
+    pool = KVPool(zeros(pool_shape(spec, num_blocks), data_dtype), quant)
+    layers, heads, bs, d = spec.num_layers, spec.num_kv_heads, spec.block_size, spec.head_dim
+    if kind == "int4":
+        key_groups = bs // quant.key_group_tokens
+        value_groups = d // quant.value_group_channels
+        pool.key_meta = zeros((num_blocks, layers, heads, key_groups, 2, d), torch.float16)
+        pool.value_meta = zeros((num_blocks, layers, heads, bs, 2, value_groups), torch.float16)
+    if kind == "fp8" and with_fp8_scales:
+        pool.fp8_scales = torch.full(
+            (layers, 2, heads), float("nan"), dtype=torch.float32, device=device
+        )
+    return pool
 
 
 def pool_bytes_per_block(spec: KVSpec, dtype: torch.dtype) -> int:
-    """Bytes of one block of this layout (equal to ``spec.bytes_per_block`` when the
-    spec's bits per element match ``dtype``)."""
-    return spec.num_elements_per_token * spec.block_size * torch.finfo(dtype).bits // 8
+    """Bytes of one block of this layout; equals ``spec.bytes_per_block`` (tested) when
+    the spec was made for ``dtype``'s width."""
+    elements = spec.num_elements_per_token * spec.block_size
+    bits = torch.finfo(dtype).bits if spec.quant.kind == "none" else spec.bits_per_element
+    return elements * bits // 8 + spec.scale_bytes_per_block

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from enginekit.errors import ConfigError
+from enginekit.kv.quant import KVQuant
 from enginekit.models.shapes import ModelShape
 
 
 @dataclass(frozen=True)
 class KVSpec:
-    """Bytes of KV per token and per block.
+    """Bytes of KV per block and per token.
 
-    Per token: K and V (2) for every layer and KV head, head_dim elements of
-    ``bits_per_element`` bits each, plus ``scale_bytes_per_token`` of quantization scales
-    (0 without a quantizer). A block holds ``block_size`` tokens of every layer.
+    A block holds ``block_size`` tokens of every layer: K and V (2) for every layer and KV
+    head, ``head_dim`` elements of ``bits_per_element`` bits each, plus the block's
+    quantization scales and zero points (``quant.scale_bytes_per_block``, 0 unquantized).
+    ``bytes_per_block`` is exact; ``bytes_per_token`` is its share per token (a fraction
+    when a block's scales do not split evenly over its tokens).
     """
 
     num_layers: int
@@ -22,7 +25,7 @@ class KVSpec:
     head_dim: int
     bits_per_element: int
     block_size: int
-    scale_bytes_per_token: int = 0
+    quant: KVQuant = field(default_factory=KVQuant)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -38,15 +41,17 @@ class KVSpec:
         shape: ModelShape,
         bits_per_element: int,
         block_size: int,
-        scale_bytes_per_token: int = 0,
+        quant: KVQuant | None = None,
     ) -> KVSpec:
+        """``bits_per_element`` is the model's when ``quant`` is None or ``none``."""
+        quant = quant or KVQuant()
         return cls(
             num_layers=shape.num_layers,
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
-            bits_per_element=bits_per_element,
+            bits_per_element=quant.bits_per_element(bits_per_element),
             block_size=block_size,
-            scale_bytes_per_token=scale_bytes_per_token,
+            quant=quant,
         )
 
     @property
@@ -54,12 +59,23 @@ class KVSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
     @property
-    def bytes_per_token(self) -> int:
-        return self.num_elements_per_token * self.bits_per_element // 8 + self.scale_bytes_per_token
+    def scale_bytes_per_block(self) -> int:
+        return self.quant.scale_bytes_per_block(
+            self.num_layers, self.num_kv_heads, self.head_dim, self.block_size
+        )
+
+    @property
+    def value_bytes_per_block(self) -> int:
+        """Bytes of the stored K and V elements of one block, scales excluded."""
+        return self.num_elements_per_token * self.block_size * self.bits_per_element // 8
 
     @property
     def bytes_per_block(self) -> int:
-        return self.bytes_per_token * self.block_size
+        return self.value_bytes_per_block + self.scale_bytes_per_block
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.bytes_per_block / self.block_size
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from enginekit.config import QuantizerConfig
 from enginekit.interfaces import Quantizer
+from enginekit.kv.quant import KVQuant
 from enginekit.models.shapes import ModelShape
 
 
@@ -17,8 +18,5 @@ class NoQuantizerConfig(QuantizerConfig):
 class NoQuantizer(Quantizer):
     Config = NoQuantizerConfig
 
-    def bits_per_element(self, model_bits: int) -> int:
-        return model_bits
-
-    def scale_bytes_per_token(self, shape: ModelShape) -> int:
-        return 0
+    def kv_quant(self, shape: ModelShape, block_size: int) -> KVQuant:
+        return KVQuant()
