@@ -29,6 +29,11 @@ class ModelShape:
     max_model_len: int
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
+    # Attention sinks (StreamingLLM): keys at positions < attention_sinks stay visible to
+    # every later query however far the window has moved. With a window w and s sinks, the
+    # query at position p sees the key at k iff k <= p and (k > p - w or k < s). 0 without
+    # a window; set by the engine from the eviction policy, never by a model's config.
+    attention_sinks: int = 0
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim"):
@@ -39,6 +44,10 @@ class ModelShape:
                 f"model.num_heads ({self.num_heads}) must be a multiple of "
                 f"model.num_kv_heads ({self.num_kv_heads})"
             )
+        if self.attention_sinks < 0:
+            raise ConfigError(f"attention_sinks must be >= 0, got {self.attention_sinks}")
+        if self.attention_sinks and self.sliding_window is None:
+            raise ConfigError("attention_sinks only apply to attention with a sliding window")
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], name: str | None = None) -> ModelShape:
