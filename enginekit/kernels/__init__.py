@@ -1,2 +1,3 @@
 """Paged-KV operations: pure-torch references (``reference``), Triton kernels
-(``triton_ops``, imported only where Triton is used) and the pool layout (``layout``)."""
+(``triton_ops``, imported only where Triton is used), the pool layout (``layout``) and
+the arithmetic of the quantized storage formats (``quantize``)."""

@@ -11,7 +11,8 @@ byte i, 2i + 1 in the high nibble). ``int4`` adds, per block, its float16 scales
 zero points (``value ≈ zero + code × scale``)::
 
     key_meta[num_blocks, num_layers, num_kv_heads, block_size // key_group_tokens, 2, head_dim]
-    value_meta[num_blocks, num_layers, num_kv_heads, block_size, 2, head_dim // value_group_channels]
+    value_meta[num_blocks, num_layers, num_kv_heads, block_size, 2,
+               head_dim // value_group_channels]
 
 where index 0 of the ``2`` axis is the scale and 1 the zero point. ``fp8`` has one
 float32 scale per (layer, K|V, kv head) for the whole pool (``value ≈ stored × scale``)::
@@ -69,6 +70,16 @@ class KVPool:
     @property
     def num_kv_heads(self) -> int:
         return self.data.shape[3]
+
+    @property
+    def num_layers(self) -> int:
+        return self.data.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        """Channels of one K or V vector (int4 stores two per byte)."""
+        stored_dim = self.data.shape[5]
+        return 2 * stored_dim if self.quant.kind == "int4" else stored_dim
 
     @property
     def bytes_per_block(self) -> int:

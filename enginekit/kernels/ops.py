@@ -2,8 +2,10 @@
 
 ``ReferenceOps`` runs the pure-torch references (any device; what CPU uses).
 ``TritonOps`` runs the Triton kernels (CUDA, or anywhere under ``TRITON_INTERPRET=1``).
-Both take the same arguments; tensors named ``*_starts``/``*_lens``/``block_tables``
-live on the pool's device.
+Both take the same arguments and store the same format; tensors named
+``*_starts``/``*_lens``/``block_tables`` live on the pool's device. Every operation takes
+a ``KVPool`` of any storage kind (none, fp8, int4): writes quantize, attention
+dequantizes inside the kernel.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from enginekit.kernels import reference
+from enginekit.kernels.layout import KVPool
 
 
 class PagedOps(ABC):
@@ -21,24 +24,27 @@ class PagedOps(ABC):
     @abstractmethod
     def write_kv(
         self,
-        pool: torch.Tensor,
+        pool: KVPool,
         layer: int,
         key: torch.Tensor,
         value: torch.Tensor,
         slots: torch.Tensor,
     ) -> None:
-        """Stores K/V [N, kvh, d] at ``slots`` (int64 [N], negative = skip). Mutates pool."""
+        """Stores K/V [N, kvh, d] at ``slots`` (int64 [N], negative = skip), quantized to
+        the pool's kind. See ``reference.write_kv``. Mutates pool; raises ValueError for
+        unset (NaN) fp8 scales."""
 
     @abstractmethod
     def decode_attention(
         self,
         query: torch.Tensor,
-        pool: torch.Tensor,
+        pool: KVPool,
         layer: int,
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         scale: float,
         window: int | None,
+        sinks: int = 0,
     ) -> torch.Tensor:
         """See ``reference.decode_attention``. Pure."""
 
@@ -46,7 +52,7 @@ class PagedOps(ABC):
     def prefill_attention(
         self,
         query: torch.Tensor,
-        pool: torch.Tensor,
+        pool: KVPool,
         layer: int,
         block_tables: torch.Tensor,
         query_starts: torch.Tensor,
@@ -54,15 +60,16 @@ class PagedOps(ABC):
         max_query_len: int,
         scale: float,
         window: int | None,
+        sinks: int = 0,
     ) -> torch.Tensor:
         """See ``reference.prefill_attention``; ``query_starts`` int32 [S + 1] and
         ``context_starts`` int32 [S]; ``max_query_len`` bounds every chunk. Pure."""
 
     @abstractmethod
     def copy_blocks(
-        self, pool: torch.Tensor, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor
+        self, pool: KVPool, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor
     ) -> None:
-        """``pool[dst[i]] = pool[src[i]]``. Mutates pool."""
+        """``t[dst[i]] = t[src[i]]`` for every block tensor ``t``. Mutates pool."""
 
 
 class ReferenceOps(PagedOps):
@@ -70,7 +77,7 @@ class ReferenceOps(PagedOps):
 
     def write_kv(
         self,
-        pool: torch.Tensor,
+        pool: KVPool,
         layer: int,
         key: torch.Tensor,
         value: torch.Tensor,
@@ -81,21 +88,22 @@ class ReferenceOps(PagedOps):
     def decode_attention(
         self,
         query: torch.Tensor,
-        pool: torch.Tensor,
+        pool: KVPool,
         layer: int,
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
         scale: float,
         window: int | None,
+        sinks: int = 0,
     ) -> torch.Tensor:
         return reference.decode_attention(
-            query, pool, layer, block_tables, context_lens, scale, window
+            query, pool, layer, block_tables, context_lens, scale, window, sinks
         )
 
     def prefill_attention(
         self,
         query: torch.Tensor,
-        pool: torch.Tensor,
+        pool: KVPool,
         layer: int,
         block_tables: torch.Tensor,
         query_starts: torch.Tensor,
@@ -103,6 +111,7 @@ class ReferenceOps(PagedOps):
         max_query_len: int,
         scale: float,
         window: int | None,
+        sinks: int = 0,
     ) -> torch.Tensor:
         return reference.prefill_attention(
             query,
@@ -113,16 +122,17 @@ class ReferenceOps(PagedOps):
             context_starts.tolist(),
             scale,
             window,
+            sinks,
         )
 
     def copy_blocks(
-        self, pool: torch.Tensor, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor
+        self, pool: KVPool, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor
     ) -> None:
         reference.copy_blocks(pool, src_block_ids, dst_block_ids)
 
 
 def make_ops(kind: str) -> PagedOps:
-    """``reference`` or ``triton`` (imports Triton)."""
+    """``reference`` or ``triton`` (imports Triton). Raises ValueError for another kind."""
     if kind == "reference":
         return ReferenceOps()
     if kind == "triton":
