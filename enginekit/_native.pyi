@@ -139,13 +139,16 @@ class BlockTables:
     or huge id included) raises KVCacheError. A negative count (num_blocks, num_tokens, width)
     raises ValueError. Arguments are checked left to right before the state is looked at.
 
-    Holes: release_front turns leading entries into holes, for a sliding-window policy that
-    releases the blocks a sequence can no longer attend to. A hole keeps its logical slot:
-    num_blocks, max_num_blocks, grow and num_blocks_to_grow count it (grow never refills it).
-    block_ids and block_id_at show a hole as -1; export_into writes it as ``pad``; fork copies
-    holes; set_block and cache_blocks refuse a hole index with KVCacheError; check_integrity
-    skips holes. remove_sequence, truncate and fork return the block ids the caller must free
-    or incref, so they skip holes. Holes always form a prefix of a table.
+    Holes: release_range (release_front is its leading case) turns entries into holes, for a
+    sliding-window policy that releases the blocks a sequence can no longer attend to while
+    keeping attention-sink blocks in front of them; append_holes recreates holes for a
+    sequence brought back from a swap. A hole keeps its logical slot: num_blocks,
+    max_num_blocks, grow and num_blocks_to_grow count it (grow never refills it). block_ids
+    and block_id_at show a hole as -1; export_into writes it as ``pad``; fork copies holes;
+    set_block and cache_blocks refuse a hole index with KVCacheError. remove_sequence,
+    truncate and fork return the block ids the caller must free or incref, so they skip
+    holes. Holes may sit anywhere in a table; each table counts its own (num_holes is O(1),
+    and check_integrity verifies the count).
     """
 
     def __init__(self, block_size: int) -> None:
@@ -165,6 +168,11 @@ class BlockTables:
         Raises KVCacheError for an unknown seq_id (as do all methods below).
         """
     def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None: ...
+    def append_holes(self, seq_id: int, num_holes: int) -> None:
+        """Appends num_holes holes: logical slots that hold no block.
+
+        Raises ValueError if num_holes is negative or the table would pass 2**31 - 1 entries.
+        """
     def truncate(self, seq_id: int, num_blocks: int) -> list[int]:
         """Keeps the first num_blocks entries; returns the removed blocks in logical order,
         holes skipped.
@@ -172,14 +180,20 @@ class BlockTables:
         Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
         """
     def release_front(self, seq_id: int, num_blocks: int) -> list[int]:
-        """Makes the first num_blocks entries holes; returns the block ids that were there and
-        not holes yet, in logical order (the caller frees them). Entries already holes are
-        skipped, so releasing a shorter or equal front again returns [].
+        """release_range(seq_id, 0, num_blocks).
 
         Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
         """
+    def release_range(self, seq_id: int, first: int, end: int) -> list[int]:
+        """Makes entries first .. end - 1 holes; returns the block ids that were there and not
+        holes yet, in logical order (the caller frees them). Entries already holes are
+        skipped, so releasing a range again returns [].
+
+        Raises ValueError if first or end is negative, then KVCacheError unless
+        first <= end <= the table's length; changes nothing then.
+        """
     def num_holes(self, seq_id: int) -> int:
-        """Holes in the table (they are its first num_holes entries)."""
+        """Holes in the table, wherever they are (O(1))."""
     def fork(self, parent_id: int, child_id: int) -> list[int]:
         """The child gets a copy of the parent's table, holes included; returns its block ids,
         holes skipped (the caller increfs them).
@@ -233,8 +247,8 @@ class BlockTables:
         """Every sequence id, ascending."""
     def check_integrity(self, pool: BlockPool | None = None) -> None:
         """Raises KVCacheError if a table holds an id outside the pool or a block with
-        ref_count 0; without a pool, checks only that ids are valid entries. Holes are
-        skipped, but must form a prefix of their table."""
+        ref_count 0; without a pool, checks only that ids are valid entries. Holes may sit
+        anywhere, but each table's hole count must equal its holes."""
 
 class RadixMatch(NamedTuple):
     """Result of RadixTree.match_prefix."""

@@ -1,6 +1,9 @@
 //! Unit tests of module `block_table`.
 
+use std::cell::Cell;
+
 use super::*;
+use crate::block_pool::BlockPool;
 
 fn msg<T: std::fmt::Debug>(r: KvResult<T>) -> String {
     match r {
@@ -302,10 +305,92 @@ fn release_front_makes_holes() {
     assert_eq!(bt.truncate(5, 1).unwrap(), vec![4]);
     assert_eq!(bt.remove_sequence(5).unwrap(), Vec::<u32>::new());
     assert_eq!(bt.remove_sequence(1).unwrap(), vec![4, 1]);
-    // A hole after a block breaks integrity.
+    // A hole the table does not count breaks integrity.
     bt.add_sequence(6, &[2]).unwrap();
-    bt.tables.get_mut(&6).unwrap().push(HOLE);
-    assert!(msg(bt.check_integrity(None)).contains("hole after a block"));
+    bt.tables.get_mut(&6).unwrap().entries.push(HOLE);
+    assert_eq!(
+        msg(bt.check_integrity(None)),
+        "block tables integrity: sequence 6 counts 0 holes but has 1"
+    );
+}
+
+#[test]
+fn release_range_makes_holes_anywhere() {
+    let (mut bt, mut pool) = setup();
+    bt.grow(&mut pool, &[1], &[24]).unwrap(); // seq 1 -> 0, 1, 3, 4, 5, 6
+    assert_eq!(bt.release_range(1, 1, 3).unwrap(), vec![1, 3]);
+    pool.free(&[1, 3]).unwrap();
+    assert_eq!(bt.block_ids(1).unwrap(), &[0, HOLE, HOLE, 4, 5, 6]);
+    assert_eq!(bt.num_holes(1).unwrap(), 2);
+    bt.check_integrity(Some(&pool)).unwrap();
+    // Holes already there are skipped; an empty range releases nothing.
+    assert_eq!(bt.release_range(1, 2, 4).unwrap(), vec![4]);
+    pool.free(&[4]).unwrap();
+    assert_eq!(bt.release_range(1, 1, 4).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.release_range(1, 6, 6).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.release_range(1, 5, 5).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.num_holes(1).unwrap(), 3);
+    bt.check_integrity(Some(&pool)).unwrap();
+    // Errors change nothing.
+    assert_eq!(
+        msg(bt.release_range(1, 2, 7)),
+        "cannot release blocks [2, 7) of sequence 1: it has 6"
+    );
+    assert_eq!(
+        msg(bt.release_range(1, 3, 2)),
+        "cannot release blocks [3, 2) of sequence 1: it has 6"
+    );
+    assert!(msg(bt.release_range(1, u64::MAX, u64::MAX)).contains("it has 6"));
+    assert_eq!(msg(bt.release_range(9, 0, 0)), "unknown sequence 9");
+    assert_eq!(bt.block_ids(1).unwrap(), &[0, HOLE, HOLE, HOLE, 5, 6]);
+    // release_front counts what release_range made, and skips the holes in its range.
+    assert_eq!(bt.release_front(1, 5).unwrap(), vec![0, 5]);
+    pool.free(&[0, 5]).unwrap();
+    assert_eq!(bt.num_holes(1).unwrap(), 5);
+    // Export writes middle holes as pad; fork copies them and their count.
+    bt.add_sequence(4, &[]).unwrap();
+    bt.grow(&mut pool, &[4], &[12]).unwrap();
+    let ids = bt.block_ids(4).unwrap().to_vec();
+    assert_eq!(bt.release_range(4, 1, 2).unwrap(), vec![ids[1]]);
+    pool.free(&[ids[1]]).unwrap();
+    let mut buf = vec![9i32; 8];
+    let cells = Cell::from_mut(&mut buf[..]).as_slice_of_cells();
+    bt.export_into(&[4], cells, 4, -1).unwrap();
+    assert_eq!(buf, vec![ids[0] as i32, -1, ids[2] as i32, -1, 9, 9, 9, 9]);
+    assert_eq!(bt.fork(4, 7).unwrap(), vec![ids[0], ids[2]]);
+    assert_eq!(bt.num_holes(7).unwrap(), 1);
+    // Truncating through holes uncounts them.
+    assert_eq!(bt.truncate(7, 1).unwrap(), vec![ids[2]]);
+    assert_eq!(bt.num_holes(7).unwrap(), 0);
+    assert_eq!(bt.block_ids(7).unwrap(), &[ids[0]]);
+    assert_eq!(bt.truncate(1, 2).unwrap(), vec![6]);
+    pool.free(&[6]).unwrap();
+    assert_eq!(bt.block_ids(1).unwrap(), &[HOLE, HOLE]);
+    assert_eq!(bt.num_holes(1).unwrap(), 2);
+    pool.incref(ids[0]).unwrap(); // seq 7's reference
+    bt.check_integrity(Some(&pool)).unwrap();
+    pool.check_integrity().unwrap();
+}
+
+#[test]
+fn append_holes_adds_counted_slots() {
+    let (mut bt, mut pool) = setup();
+    bt.append_holes(3, 2).unwrap();
+    bt.append_blocks(3, &pool.allocate(1).unwrap()).unwrap();
+    bt.append_holes(3, 0).unwrap();
+    assert_eq!(bt.block_ids(3).unwrap(), &[HOLE, HOLE, 3]);
+    assert_eq!(
+        (bt.num_holes(3).unwrap(), bt.num_blocks(3).unwrap()),
+        (2, 3)
+    );
+    bt.check_integrity(Some(&pool)).unwrap();
+    // Growth counts the holes' slots; the limit is checked first and changes nothing.
+    assert_eq!(bt.grow(&mut pool, &[3], &[16]).unwrap(), 1);
+    assert!(value_msg(bt.append_holes(3, MAX_TABLE_LEN)).contains("at most 2**31 - 1"));
+    assert!(value_msg(bt.append_holes(3, u64::MAX)).contains("at most"));
+    assert_eq!(msg(bt.append_holes(9, 1)), "unknown sequence 9");
+    assert_eq!(bt.num_blocks(3).unwrap(), 4);
+    assert_eq!(bt.remove_sequence(3).unwrap(), vec![3, 4]);
 }
 
 #[test]
@@ -320,7 +405,7 @@ fn integrity_against_pool() {
     bt.set_block(3, 0, 10).unwrap();
     assert!(msg(bt.check_integrity(Some(&pool))).contains("outside the pool of 10 blocks"));
     bt.check_integrity(None).unwrap();
-    bt.tables.get_mut(&3).unwrap()[0] = MAX_BLOCK_ID + 1;
+    bt.tables.get_mut(&3).unwrap().entries[0] = MAX_BLOCK_ID + 1;
     assert!(msg(bt.check_integrity(None)).contains("invalid id"));
     pool.check_integrity().unwrap();
 }

@@ -154,6 +154,37 @@ impl PyBlockTables {
         })
     }
 
+    fn release_range(
+        &mut self,
+        seq_id: &Bound<'_, PyAny>,
+        first: &Bound<'_, PyAny>,
+        end: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let s = self.existing_seq_arg(seq_id)?;
+            let first = count(first, "first")?;
+            let end = count(end, "end")?;
+            self.inner.release_range(s, first, end).map_err(to_py)
+        })
+    }
+
+    fn append_holes(
+        &mut self,
+        seq_id: &Bound<'_, PyAny>,
+        num_holes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        guard(|| {
+            let s = self.existing_seq_arg(seq_id)?;
+            let n = count(num_holes, "num_holes")?;
+            if as_u64(num_holes)?.is_none() {
+                // Past u64: report the int as given, not the saturated count.
+                let len = self.inner.num_blocks(s).map_err(to_py)?;
+                return Err(to_py(BlockTables::too_many_holes(s, num_holes, len)));
+            }
+            self.inner.append_holes(s, n).map_err(to_py)
+        })
+    }
+
     fn num_holes(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         guard(|| {
             let s = seq_arg(seq_id)?;

@@ -377,6 +377,77 @@ def test_release_front_makes_holes(impl) -> None:
     pool.check_integrity()
 
 
+def test_release_range_makes_holes_anywhere(impl) -> None:
+    Pool, Tables = impl
+    pool, tables = Pool(10), Tables(4)
+    tables.add_sequence(1, pool.allocate(6))  # 0 .. 5
+    # Keep a sink block in front, release the middle.
+    assert tables.release_range(1, 1, 4) == [1, 2, 3]
+    pool.free([1, 2, 3])
+    assert tables.block_ids(1) == [0, -1, -1, -1, 4, 5]
+    assert (tables.num_holes(1), tables.num_blocks(1)) == (3, 6)
+    tables.check_integrity(pool)
+    # Holes already there are skipped; empty ranges release nothing.
+    assert tables.release_range(1, 2, 5) == [4]
+    pool.free([4])
+    assert tables.release_range(1, 1, 5) == []
+    assert tables.release_range(1, 6, 6) == []
+    assert tables.release_range(1, 0, 0) == []
+    assert tables.num_holes(1) == 4
+    tables.check_integrity(pool)
+    ru = lambda exc, fn: raises_unchanged(pool, tables, exc, fn)  # noqa: E731
+    ru(KVCacheError, lambda: tables.release_range(1, 2, 7))  # past the end
+    ru(KVCacheError, lambda: tables.release_range(1, 3, 2))  # first > end
+    ru(KVCacheError, lambda: tables.release_range(1, 2**70, 2**71))
+    ru(KVCacheError, lambda: tables.release_range(1, 2**71, 2**70))
+    ru(ValueError, lambda: tables.release_range(1, -1, 2))
+    ru(ValueError, lambda: tables.release_range(1, 0, -2))
+    ru(KVCacheError, lambda: tables.release_range(9, 0, 0))
+    # Growth counts every hole's slot; export writes middle holes as pad.
+    assert tables.grow(pool, [1], [28]) == 1
+    out = np.full((1, 8), 9, np.int32)
+    tables.export_into([1], out, 8)
+    assert out.tolist() == [[0, -1, -1, -1, -1, 5, tables.block_id_at(1, 6), -1]]
+    # fork copies the holes and their count; truncate uncounts the holes it drops.
+    child_blocks = tables.fork(1, 2)
+    for b in child_blocks:
+        pool.incref(b)
+    assert tables.num_holes(2) == 4
+    assert tables.truncate(2, 3) == child_blocks[1:]
+    pool.free(child_blocks[1:])
+    assert (tables.block_ids(2), tables.num_holes(2)) == ([0, -1, -1], 2)
+    # release_front over middle holes releases only what is still held.
+    assert tables.release_front(1, 6) == [0, 5]
+    pool.free([0, 5])
+    assert tables.num_holes(1) == 6
+    tables.check_integrity(pool)
+    newest = child_blocks[-1]
+    assert tables.remove_sequence(1) == [newest]
+    pool.free([newest])
+    assert tables.remove_sequence(2) == [0]
+    pool.free([0])
+    assert pool.num_used_blocks == 0
+    pool.check_integrity()
+
+
+def test_append_holes_restores_a_layout(impl) -> None:
+    Pool, Tables = impl
+    pool, tables = Pool(8), Tables(4)
+    tables.add_sequence(1, pool.allocate(1))
+    tables.append_holes(1, 3)
+    tables.append_blocks(1, pool.allocate(2))
+    tables.append_holes(1, 0)
+    assert tables.block_ids(1) == [0, -1, -1, -1, 1, 2]
+    assert (tables.num_holes(1), tables.num_blocks(1)) == (3, 6)
+    tables.check_integrity(pool)
+    ru = lambda exc, fn: raises_unchanged(pool, tables, exc, fn)  # noqa: E731
+    ru(ValueError, lambda: tables.append_holes(1, -1))
+    ru(ValueError, lambda: tables.append_holes(1, 2**31 - 6))  # past 2**31 - 1 entries
+    ru(ValueError, lambda: tables.append_holes(1, 2**70))
+    ru(KVCacheError, lambda: tables.append_holes(9, 1))
+    assert tables.remove_sequence(1) == [0, 1, 2]
+
+
 def test_check_integrity(impl) -> None:
     Pool, Tables = impl
     pool, tables = Pool(4), Tables(4)
@@ -495,6 +566,25 @@ class TablesTwins(RuleBasedStateMachine):
         kind, ids = self.both(lambda p, t: t.release_front(seq_id, n), f"release({seq_id}, {n})")
         if kind == "returned":
             self.release(ids)
+
+    @rule(data=st.data())
+    @precondition(has_sequences)
+    def release_range(self, data: st.DataObject) -> None:
+        seq_id = self.seq(data)
+        length = len(self.table(seq_id))
+        first = data.draw(st.integers(-1, length + 1))
+        end = data.draw(st.integers(-1, length + 1))
+        kind, ids = self.both(
+            lambda p, t: t.release_range(seq_id, first, end), f"release({seq_id}, {first}, {end})"
+        )
+        if kind == "returned":
+            self.release(ids)
+
+    @rule(data=st.data(), n=st.integers(-1, 3))
+    @precondition(has_sequences)
+    def append_holes(self, data: st.DataObject, n: int) -> None:
+        seq_id = self.seq(data)
+        self.both(lambda p, t: t.append_holes(seq_id, n), f"append_holes({seq_id}, {n})")
 
     @rule(data=st.data())
     @precondition(has_sequences)

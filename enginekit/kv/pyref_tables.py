@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
+from enginekit.kv.pyref_buffer import HOLE, int32_view, write_rows
 from enginekit.kv.pyref_pool import (
     _INT32_MAX,
     _INT32_MIN,
@@ -22,8 +23,8 @@ from enginekit.kv.pyref_pool import (
 
 __all__ = ["HOLE", "PyBlockTables"]
 
-HOLE = -1
-"""A released table entry (see release_front); block_ids and block_id_at show it as -1."""
+MAX_TABLE_LEN = _INT32_MAX
+"""Most entries append_holes lets a table reach (logical block indices fit an int32)."""
 
 
 class PyBlockTables:
@@ -42,11 +43,13 @@ class PyBlockTables:
     - arguments are checked in order, left to right, before the state is looked at; a bad
       count (negative num_blocks, num_tokens or width) raises ValueError.
 
-    Holes: release_front turns leading entries into holes (HOLE, i.e. -1), for a sliding window
-    that drops blocks a sequence can no longer attend to. A hole keeps its logical slot
-    (num_blocks counts it, grow does not refill it) but references no block, so the lists
-    handed back for the caller to free or incref (remove_sequence, truncate, fork) skip holes.
-    Holes always form a prefix of a table.
+    Holes: release_range (and release_front, its leading case) turns entries into holes
+    (HOLE, i.e. -1), for a sliding window that drops blocks a sequence can no longer attend
+    to, possibly keeping attention-sink blocks in front of them; append_holes recreates them
+    for a sequence brought back from a swap. A hole keeps its logical slot (num_blocks counts
+    it, grow does not refill it) but references no block, so the lists handed back for the
+    caller to free or incref (remove_sequence, truncate, fork) skip holes. Holes may sit
+    anywhere in a table; each table's count of them is kept, so num_holes is O(1).
     """
 
     def __init__(self, block_size: int) -> None:
@@ -56,6 +59,7 @@ class PyBlockTables:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self._block_size = block_size
         self._tables: dict[int, list[int]] = {}
+        self._num_holes: dict[int, int] = {}  # seq_id -> HOLE entries in its table
 
     @property
     def block_size(self) -> int:
@@ -123,6 +127,7 @@ class PyBlockTables:
         if seq_id in self._tables:
             raise KVCacheError(f"sequence {seq_id} already exists")
         self._tables[seq_id] = entries
+        self._num_holes[seq_id] = 0
 
     def remove_sequence(self, seq_id: int) -> list[int]:
         """Forgets the sequence; returns its blocks in logical order, holes skipped (the caller
@@ -132,11 +137,29 @@ class PyBlockTables:
         """
         table = self._table(seq_id)
         del self._tables[operator.index(seq_id)]
+        del self._num_holes[operator.index(seq_id)]
         return _held(table)
 
     def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None:
         table = self._table(seq_id)
         table.extend(self._entries(block_ids))
+
+    def append_holes(self, seq_id: int, num_holes: int) -> None:
+        """Appends num_holes holes: logical slots that hold no block (a sequence restored with
+        the blocks it had released still released).
+
+        Raises ValueError if num_holes is negative or the table would pass MAX_TABLE_LEN
+        (2**31 - 1) entries.
+        """
+        table = self._table(seq_id)
+        num_holes = _check_count("num_holes", num_holes)
+        if num_holes > MAX_TABLE_LEN - len(table):
+            raise ValueError(
+                f"cannot append {num_holes} holes to sequence {seq_id} of {len(table)} blocks: "
+                "a table holds at most 2**31 - 1 entries"
+            )
+        table.extend([HOLE] * num_holes)
+        self._num_holes[operator.index(seq_id)] += num_holes
 
     def truncate(self, seq_id: int, num_blocks: int) -> list[int]:
         """Keeps the first num_blocks blocks; returns the removed ones in logical order.
@@ -151,11 +174,12 @@ class PyBlockTables:
             )
         removed = table[num_blocks:]
         del table[num_blocks:]
-        return _held(removed)
+        held = _held(removed)
+        self._num_holes[operator.index(seq_id)] -= len(removed) - len(held)
+        return held
 
     def release_front(self, seq_id: int, num_blocks: int) -> list[int]:
-        """Makes the first num_blocks entries holes; returns the blocks that were there and not
-        holes yet, in logical order (the caller frees them).
+        """release_range(seq_id, 0, num_blocks).
 
         Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
         """
@@ -165,14 +189,32 @@ class PyBlockTables:
             raise KVCacheError(
                 f"cannot release {num_blocks} blocks of sequence {seq_id}: it has {len(table)}"
             )
-        released = _held(table[:num_blocks])
-        table[:num_blocks] = [HOLE] * num_blocks
+        return self.release_range(seq_id, 0, num_blocks)
+
+    def release_range(self, seq_id: int, first: int, end: int) -> list[int]:
+        """Makes entries first .. end - 1 holes; returns the blocks that were there and not
+        holes yet, in logical order (the caller frees them). Entries already holes are
+        skipped, so releasing a range again returns [].
+
+        Raises ValueError if first or end is negative, then KVCacheError unless
+        first <= end <= the table's length.
+        """
+        table = self._table(seq_id)
+        first = _check_count("first", first)
+        end = _check_count("end", end)
+        if not first <= end <= len(table):
+            raise KVCacheError(
+                f"cannot release blocks [{first}, {end}) of sequence {seq_id}: it has {len(table)}"
+            )
+        released = _held(table[first:end])
+        table[first:end] = [HOLE] * (end - first)
+        self._num_holes[operator.index(seq_id)] += len(released)
         return released
 
     def num_holes(self, seq_id: int) -> int:
-        """Holes at the front of the table."""
-        table = self._table(seq_id)
-        return next((i for i, b in enumerate(table) if b != HOLE), len(table))
+        """Holes in the table, wherever they are."""
+        self._table(seq_id)
+        return self._num_holes[operator.index(seq_id)]
 
     def fork(self, parent_id: int, child_id: int) -> list[int]:
         """The child gets a copy of the parent's table, holes included; returns its blocks,
@@ -185,6 +227,7 @@ class PyBlockTables:
         if child_id in self._tables:
             raise KVCacheError(f"fork into existing sequence {child_id}")
         self._tables[child_id] = list(parent)
+        self._num_holes[child_id] = self._num_holes[operator.index(parent_id)]
         return _held(parent)
 
     def set_block(self, seq_id: int, index: int, block_id: int) -> int:
@@ -308,7 +351,7 @@ class PyBlockTables:
         pad = operator.index(pad)
         if not _INT32_MIN <= pad <= _INT32_MAX:
             raise ValueError(f"pad {pad} is not in [-2**31, 2**31)")
-        flat = _int32_view(out)
+        flat = int32_view(out)
         if len(flat) < len(seqs) * width:
             raise ValueError(
                 f"out holds {len(flat)} int32 values, the batch needs {len(seqs) * width}"
@@ -319,10 +362,7 @@ class PyBlockTables:
             if len(table) > width:
                 raise ValueError(f"sequence {s} has {len(table)} blocks, width is {width}")
             tables.append(table)
-        for row, table in enumerate(tables):
-            padded = [pad if b == HOLE else b for b in table] + [pad] * (width - len(table))
-            for col, value in enumerate(padded):
-                flat[row * width + col] = value
+        write_rows(flat, tables, width, pad)
 
     def seq_ids(self) -> list[int]:
         """Every sequence id, ascending."""
@@ -331,14 +371,13 @@ class PyBlockTables:
     def check_integrity(self, pool: PyBlockPool | None = None) -> None:
         """Raises KVCacheError if a table holds an id outside the pool or a block with
         ref_count 0; without a pool, checks only that ids are valid entries (in [0, 2**31)).
-        Holes are skipped, but must form a prefix of their table."""
+        Holes may sit anywhere, but each table's hole count must equal its holes."""
         for seq_id in sorted(self._tables):
             table = self._tables[seq_id]
-            for index in range(self.num_holes(seq_id), len(table)):
-                block_id = table[index]
+            for index, block_id in enumerate(table):
                 where = f"BlockTables integrity: sequence {seq_id} block {index}"
                 if block_id == HOLE:
-                    raise KVCacheError(f"{where} is a hole after a block")
+                    continue
                 if not 0 <= block_id <= _INT32_MAX:
                     raise KVCacheError(f"{where} holds invalid id {block_id}")
                 if pool is None:
@@ -349,23 +388,12 @@ class PyBlockTables:
                     )
                 if pool.ref_count(block_id) == 0:
                     raise KVCacheError(f"{where} holds {block_id}, whose ref_count is 0")
-
-
-def _int32_view(out: Any) -> memoryview:
-    """A flat, writable int32 memoryview over ``out``; ValueError if it is not one."""
-    try:
-        view = memoryview(out)
-    except TypeError as exc:
-        raise ValueError(f"out does not support the buffer protocol: {exc}") from exc
-    if view.readonly:
-        raise ValueError("out is read-only")
-    if not view.c_contiguous:
-        raise ValueError("out is not C-contiguous")
-    if view.itemsize != 4 or view.format.lstrip("@=<") not in ("i", "l"):
-        raise ValueError(f"out is not int32 (format {view.format!r})")
-    if view.nbytes == 0:  # memoryview cannot cast a view with a zero in its shape
-        return memoryview(bytearray()).cast("i")
-    return view.cast("B").cast("i")
+            num_holes = table.count(HOLE)
+            if num_holes != self._num_holes[seq_id]:
+                raise KVCacheError(
+                    f"BlockTables integrity: sequence {seq_id} counts "
+                    f"{self._num_holes[seq_id]} holes but has {num_holes}"
+                )
 
 
 def _held(entries: list[int]) -> list[int]:

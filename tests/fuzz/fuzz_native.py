@@ -226,6 +226,23 @@ class Fuzz:
         if ok:
             self.free(ids)
 
+    def op_release_range(self) -> None:
+        seq = self.seq_id()
+        length = len(self.table(seq))
+        first, end = self.b.int(-1, length + 1), self.b.int(-1, length + 1)
+        ok, ids = self.call(
+            f"release_range({seq}, {first}, {end})",
+            lambda w: w.tables.release_range(seq, first, end),
+            True,
+        )
+        if ok:
+            self.free(ids)
+
+    def op_append_holes(self) -> None:
+        seq = self.seq_id()
+        n = self.b.pick([-1, 0, 1, 2, 3, 2**31 - 1, 2**64])
+        self.call(f"append_holes({seq}, {n})", lambda w: w.tables.append_holes(seq, n), True)
+
     def op_fork(self) -> None:
         parent, child = self.seq_id(), self.seq_id()
         ok, ids = self.call(f"fork({parent}, {child})", lambda w: w.tables.fork(parent, child))
@@ -385,6 +402,9 @@ Fuzz.OPS = [
     Fuzz.op_append,
     Fuzz.op_truncate,
     Fuzz.op_release_front,
+    Fuzz.op_release_range,
+    Fuzz.op_release_range,
+    Fuzz.op_append_holes,
     Fuzz.op_fork,
     Fuzz.op_copy_on_write,
     Fuzz.op_grow,

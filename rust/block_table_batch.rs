@@ -1,0 +1,169 @@
+//! `BlockTables` operations over a batch of sequences: growth from the pool, publishing
+//! blocks to the pool's hash map, and the int32 export of block tables.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+
+use super::{lengths_match, BlockTables, HOLE};
+use crate::block_pool::{cache_err, BlockPool, KvError, KvResult};
+use crate::hash::FastBuild;
+
+impl BlockTables {
+    /// Sum over the batch of max(0, ceil(num_tokens / block_size) - num_blocks(seq)); a
+    /// sequence listed twice counts twice (saturating at u64::MAX).
+    pub fn num_blocks_to_grow(&self, seq_ids: &[u64], num_tokens: &[u64]) -> KvResult<u64> {
+        lengths_match(seq_ids, num_tokens)?;
+        let mut total = 0u64;
+        for (&s, &n) in seq_ids.iter().zip(num_tokens) {
+            let have = self.table(s)?.len() as u64;
+            total = total.saturating_add(self.blocks_for_tokens(n).saturating_sub(have));
+        }
+        Ok(total)
+    }
+
+    /// Exact blocks `grow` allocates: a sequence listed twice grows to its largest target once.
+    fn exact_blocks_to_grow(&self, seq_ids: &[u64], num_tokens: &[u64]) -> u64 {
+        let mut target: HashMap<u64, u64, FastBuild> = HashMap::default();
+        for (&s, &n) in seq_ids.iter().zip(num_tokens) {
+            let t = target.entry(s).or_insert(0);
+            *t = (*t).max(self.blocks_for_tokens(n));
+        }
+        target.iter().fold(0u64, |acc, (s, &t)| {
+            acc.saturating_add(t.saturating_sub(self.tables[s].len() as u64))
+        })
+    }
+
+    /// Allocates from `pool` and appends so that each sequence holds at least
+    /// ceil(num_tokens / block_size) blocks, in batch order; returns the number allocated.
+    /// All or nothing.
+    pub fn grow(
+        &mut self,
+        pool: &mut BlockPool,
+        seq_ids: &[u64],
+        num_tokens: &[u64],
+    ) -> KvResult<u64> {
+        // Upper bound (exact unless a sequence is listed twice); validates every id.
+        let bound = self.num_blocks_to_grow(seq_ids, num_tokens)?;
+        let free = u64::from(pool.num_free_blocks());
+        if bound > free {
+            let exact = self.exact_blocks_to_grow(seq_ids, num_tokens);
+            if exact > free {
+                return Err(KvError::OutOfBlocks(format!(
+                    "cannot allocate {exact} blocks: only {free} free"
+                )));
+            }
+        }
+        let mut total = 0u64;
+        for (&s, &n) in seq_ids.iter().zip(num_tokens) {
+            let want = self.blocks_for_tokens(n);
+            let t = self
+                .tables
+                .get_mut(&s)
+                .expect("sequence vanished after validation");
+            let need = want.saturating_sub(t.len() as u64);
+            if need > 0 {
+                pool.allocate_into(need, &mut t.entries)
+                    .expect("allocation failed after validation");
+                total += need;
+            }
+        }
+        Ok(total)
+    }
+
+    /// `pool.cache_block(block_id_at(seq_id, first_index + i), block_hashes[i])` for each i;
+    /// returns how many recorded. The range is checked first; if a `cache_block` errors, the
+    /// ones already recorded by this call are undone, so an error changes nothing.
+    pub fn cache_blocks(
+        &self,
+        pool: &mut BlockPool,
+        seq_id: u64,
+        first_index: u64,
+        block_hashes: &[u64],
+    ) -> KvResult<usize> {
+        let t = self.table(seq_id)?;
+        let in_range = match first_index.checked_add(block_hashes.len() as u64) {
+            Some(end) => end <= t.len() as u64,
+            None => false,
+        };
+        if !in_range {
+            return cache_err(format!(
+                "cannot cache {} blocks from index {first_index} of sequence {seq_id}: it has {} blocks",
+                block_hashes.len(),
+                t.len()
+            ));
+        }
+        let blocks = &t.entries[first_index as usize..][..block_hashes.len()];
+        if let Some(i) = blocks.iter().position(|&b| b == HOLE) {
+            return Err(Self::hole_error(seq_id, first_index + i as u64));
+        }
+        // Blocks recorded by this call, to undo on error. Each block is recorded at most once:
+        // a second cache_block on it returns false or errors.
+        let mut recorded: Vec<u32> = Vec::new();
+        for (&b, &h) in blocks.iter().zip(block_hashes) {
+            match pool.cache_block(b, h) {
+                Ok(true) => recorded.push(b),
+                Ok(false) => {}
+                Err(e) => {
+                    for &b2 in recorded.iter().rev() {
+                        pool.uncache_used(b2);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(recorded.len())
+    }
+
+    /// The longest table among `seq_ids` (0 for an empty batch).
+    pub fn max_num_blocks(&self, seq_ids: &[u64]) -> KvResult<usize> {
+        let mut m = 0;
+        for &s in seq_ids {
+            m = m.max(self.table(s)?.len());
+        }
+        Ok(m)
+    }
+
+    /// Writes the batch's tables row by row (row stride `width`) into `out`, padding each row
+    /// with `pad`; a hole is written as `pad` too. Checks everything before writing anything.
+    pub fn export_into(
+        &self,
+        seq_ids: &[u64],
+        out: &[Cell<i32>],
+        width: usize,
+        pad: i32,
+    ) -> KvResult<()> {
+        let fits = match seq_ids.len().checked_mul(width) {
+            Some(n) => n <= out.len(),
+            None => false,
+        };
+        if !fits {
+            return Err(KvError::Value(format!(
+                "out holds {} int32 items, fewer than {} rows x width {width}",
+                out.len(),
+                seq_ids.len()
+            )));
+        }
+        for &s in seq_ids {
+            let len = self.table(s)?.len();
+            if len > width {
+                return Err(KvError::Value(format!(
+                    "sequence {s} has {len} blocks, more than width {width}"
+                )));
+            }
+        }
+        if width == 0 {
+            return Ok(());
+        }
+        for (&s, row) in seq_ids.iter().zip(out.chunks_exact(width)) {
+            let t = &self.tables[&s];
+            // Ids are <= MAX_BLOCK_ID, so the casts are lossless.
+            for (cell, &b) in row.iter().zip(&t.entries) {
+                cell.set(if b == HOLE { pad } else { b as i32 });
+            }
+            for cell in &row[t.len()..] {
+                cell.set(pad);
+            }
+        }
+        Ok(())
+    }
+}
