@@ -4,9 +4,12 @@ Run as a script (``python tests/kernel_cases.py [name ...]``): it sets TRITON_IN
 before Triton is imported, runs the cases on the CPU and prints one JSON object
 {case: "ok" | error}. ``test_torch_kernels.py`` runs it in a subprocess.
 
-Pools hold random K/V where sequences live, a large finite value (1e4) in the unused
-tail slots of their last blocks and NaN in every block no sequence owns (block 0 aside:
-the reference reads it for -1 padding), so an unmasked or misdirected load shows.
+Pools of every storage kind (none, fp8, int4 with several group sizes) are filled by the
+reference write in two chunks per sequence (so int4 key groups are re-quantized), then
+poisoned so that an unmasked or misdirected load shows: every block no sequence owns
+(block 0 included) holds NaN (int4: NaN scales and zeros), the unused tail slots of last
+blocks hold large finite values, and with a window the blocks between the sinks and the
+window are released: their table entries become -1 or point at a NaN block.
 """
 
 from __future__ import annotations
@@ -21,31 +24,99 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 from enginekit.kernels import reference, triton_attention, triton_cache  # noqa: E402
+from enginekit.kernels.layout import KVPool, allocate_pool  # noqa: E402
+from enginekit.kv.quant import KVQuant  # noqa: E402
+from enginekit.kv.spec import KVSpec  # noqa: E402
 
 HEAD_DIM = 16
 NUM_LAYERS = 2
 LAYER = 1
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+FP8_NAN, FP8_MAX_BITS = 0x7F, 0x7E
+NONE = KVQuant()
 
 
-def make_pool(seq_lens, num_kv_heads, block_size, dtype, seed):
-    """(pool, block_tables int32 [S, W] padded with -1) for sequences of ``seq_lens``."""
+def quant_of(kind: str, block_size: int) -> KVQuant:
+    """``none``, ``fp8`` or ``int4-g<group>``."""
+    if kind.startswith("int4"):
+        return KVQuant.int4(int(kind.split("-g")[1]), block_size, HEAD_DIM)
+    return KVQuant(kind)
+
+
+def new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g) -> KVPool:
+    bits = quant.bits_per_element(torch.finfo(dtype).bits)
+    spec = KVSpec(NUM_LAYERS, num_kv_heads, HEAD_DIM, bits, block_size, quant)
+    pool = allocate_pool(spec, num_blocks, dtype, "cpu")
+    if pool.fp8_scales is not None:
+        pool.fp8_scales.copy_((0.5 + torch.rand(pool.fp8_scales.shape, generator=g)) * 3 / 448)
+    return pool
+
+
+def poison(pool: KVPool, block: int, first_slot: int = 0) -> None:
+    """Garbage in ``block`` from slot ``first_slot`` on: NaN for a whole block, large
+    finite values for a tail (int4 key groups are poisoned only when wholly past it)."""
+    kind = pool.quant.kind
+    whole = first_slot == 0
+    data = pool.data[block, :, :, :, first_slot:]
+    if kind == "none":
+        data.fill_(float("nan") if whole else 1e4)
+    elif kind == "fp8":
+        data.view(torch.uint8).fill_(FP8_NAN if whole else FP8_MAX_BITS)
+    else:
+        assert pool.key_meta is not None and pool.value_meta is not None
+        data.copy_(torch.randint(0, 256, data.shape, dtype=torch.uint8))
+        garbage = float("nan") if whole else 1e4
+        pool.value_meta[block, :, :, first_slot:] = garbage
+        group = pool.quant.key_group_tokens
+        pool.key_meta[block, :, :, -(-first_slot // group) :] = garbage
+
+
+def attended_blocks(total, first_query, block_size, window, sinks):
+    """Logical blocks holding a position some query in [first_query, total) attends."""
+    if window is None:
+        positions = set(range(total))
+    else:
+        positions = set(range(min(sinks, total))) | set(
+            range(max(0, first_query - window + 1), total)
+        )
+    return {p // block_size for p in positions}
+
+
+def make_pool(seq_lens, num_kv_heads, block_size, dtype, seed, quant=NONE, first_queries=None,
+              window=None, sinks=0):  # fmt: skip
+    """(pool, block_tables int32 [S, W] padded with -1) for sequences of ``seq_lens``,
+    whose first queries sit at ``first_queries`` (for holes; default: the last token)."""
     g = torch.Generator().manual_seed(seed)
     need = [-(-n // block_size) for n in seq_lens]
     num_blocks = 1 + sum(need) + 3
-    pool = torch.full((num_blocks, NUM_LAYERS, 2, num_kv_heads, block_size, HEAD_DIM), float("nan"))
-    pool[0] = torch.randn(pool[0].shape, generator=g)
+    pool = new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g)
     ids = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
     width = max(need) + 1
     tables = torch.full((len(seq_lens), width), -1, dtype=torch.int32)
+    owned = set()
     for s, n in enumerate(seq_lens):
         for j in range(need[s]):
-            block = ids.pop()
-            tables[s, j] = block
-            pool[block] = torch.randn(pool[block].shape, generator=g)
-            used = min(block_size, n - j * block_size)
-            pool[block, :, :, :, used:] = 1e4
-    return pool.to(dtype), tables
+            tables[s, j] = ids.pop()
+            owned.add(int(tables[s, j]))
+        positions = torch.arange(n)
+        slots = tables[s, positions // block_size].long() * block_size + positions % block_size
+        kv = torch.randn(n, 2, num_kv_heads, HEAD_DIM, generator=g).to(dtype)
+        for chunk in (slice(0, n // 2 + 1), slice(n // 2 + 1, n)):
+            reference.write_kv(pool, LAYER, kv[chunk, 0], kv[chunk, 1], slots[chunk])
+        used = n - (need[s] - 1) * block_size
+        if used < block_size:
+            poison(pool, int(tables[s, need[s] - 1]), used)
+    released = [b for b in range(num_blocks) if b not in owned]
+    for block in released:
+        poison(pool, block)
+    if window is not None:
+        for s, n in enumerate(seq_lens):
+            first = n - 1 if first_queries is None else first_queries[s]
+            keep = attended_blocks(n, first, block_size, window, sinks)
+            for j in range(need[s]):
+                if j not in keep:
+                    tables[s, j] = -1 if j % 2 else released[j % len(released)]
+    return pool, tables
 
 
 def check(got, want, dtype):
@@ -55,75 +126,144 @@ def check(got, want, dtype):
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
-def case_decode(num_heads, num_kv_heads, block_size, window, dtype):
-    lens = [1, 5, block_size, block_size + 1, 3 * block_size + 2, 7]
-    pool, tables = make_pool(lens, num_kv_heads, block_size, dtype, seed=num_heads + block_size)
+def case_decode(num_heads, num_kv_heads, block_size, window, dtype, kind="none", sinks=0):
+    lens = [1, 5, block_size, block_size + 1, 3 * block_size + 2, 7, 5 * block_size + 1]
+    pool, tables = make_pool(lens, num_kv_heads, block_size, dtype, num_heads + block_size,
+                             quant_of(kind, block_size), None, window, sinks)  # fmt: skip
     q = torch.randn(len(lens), num_heads, HEAD_DIM, generator=torch.Generator().manual_seed(1))
     q = q.to(dtype)
     ctx = torch.tensor(lens, dtype=torch.int32)
-    want = reference.decode_attention(q, pool, LAYER, tables, ctx, 0.25, window)
-    got = triton_attention.decode_attention(q, pool, LAYER, tables, ctx, 0.25, window)
+    want = reference.decode_attention(q, pool, LAYER, tables, ctx, 0.25, window, sinks)
+    got = triton_attention.decode_attention(q, pool, LAYER, tables, ctx, 0.25, window, sinks)
     check(got, want, dtype)
 
 
-def case_prefill(num_heads, num_kv_heads, block_size, window, dtype):
-    # Cached prefixes ending at a block start, mid-block and none; ragged chunks.
-    starts = [0, 3, block_size, block_size + 5, 2]
-    chunk = [5, 1, 2 * block_size + 3, 13, 20]
+def case_prefill(num_heads, num_kv_heads, block_size, window, dtype, kind="none", sinks=0):
+    # Cached prefixes ending at a block start, mid-block, none and long; ragged chunks.
+    starts = [0, 3, block_size, block_size + 5, 2, 4 * block_size + 1]
+    chunk = [5, 1, 2 * block_size + 3, 13, 20, 3]
     totals = [s + c for s, c in zip(starts, chunk, strict=True)]
-    pool, tables = make_pool(totals, num_kv_heads, block_size, dtype, seed=block_size)
+    pool, tables = make_pool(totals, num_kv_heads, block_size, dtype, block_size,
+                             quant_of(kind, block_size), starts, window, sinks)  # fmt: skip
     q_starts = torch.tensor([0] + torch.tensor(chunk).cumsum(0).tolist(), dtype=torch.int32)
     q = torch.randn(sum(chunk), num_heads, HEAD_DIM, generator=torch.Generator().manual_seed(2))
     q = q.to(dtype)
     ctx = torch.tensor(starts, dtype=torch.int32)
     want = reference.prefill_attention(q, pool, LAYER, tables, q_starts.tolist(), starts, 0.25,
-                                       window)  # fmt: skip
+                                       window, sinks)  # fmt: skip
     got = triton_attention.prefill_attention(q, pool, LAYER, tables, q_starts, ctx, max(chunk),
-                                             0.25, window)  # fmt: skip
+                                             0.25, window, sinks)  # fmt: skip
     check(got, want, dtype)
 
 
-def case_write(num_kv_heads, block_size, dtype):
+def clone(pool: KVPool) -> KVPool:
+    def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.clone()
+
+    return KVPool(copy(pool.data), pool.quant, copy(pool.key_meta), copy(pool.value_meta),
+                  copy(pool.fp8_scales))  # fmt: skip
+
+
+def fill_random(pool: KVPool, g: torch.Generator) -> None:
+    """Random finite contents in every block tensor (bytes below 120 are finite numbers
+    in every dtype used here)."""
+    for tensor in pool.block_tensors:
+        flat = tensor.view(torch.uint8)
+        flat.copy_(torch.randint(0, 120, flat.shape, dtype=torch.uint8, generator=g))
+
+
+def assert_same_pool(got: KVPool, want: KVPool) -> None:
+    for a, b in zip(got.block_tensors, want.block_tensors, strict=True):
+        if a.dtype == torch.float8_e4m3fn:
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def case_write(num_kv_heads, block_size, dtype, kind="none"):
+    """A random scatter of tokens (none, fp8), or for int4 a batch continuing sequences
+    whose groups already hold tokens, in shuffled sequence order with skipped slots."""
     g = torch.Generator().manual_seed(3)
-    num_blocks = 6
-    pool = torch.randn(num_blocks, NUM_LAYERS, 2, num_kv_heads, block_size, HEAD_DIM, generator=g)
-    pool = pool.to(dtype)
-    slots = torch.randperm(num_blocks * block_size, generator=g)[:11]
-    slots[4] = -1
-    kv = torch.randn(11, 2 * num_kv_heads, HEAD_DIM, generator=g).to(dtype)
-    key, value = kv[:, :num_kv_heads], kv[:, num_kv_heads:]  # strided views, as in the model
-    want = pool.clone()
-    reference.write_kv(want, LAYER, key, value, slots)
-    triton_cache.write_kv(pool, LAYER, key, value, slots)
-    torch.testing.assert_close(pool, want, rtol=0, atol=0)
+    quant = quant_of(kind, block_size)
+    num_blocks = 10
+    pool = new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g)
+    if quant.kind != "int4":
+        fill_random(pool, g)
+        slots = torch.randperm(num_blocks * block_size, generator=g)[:11]
+        slots[4] = -1
+        batches = [slots]
+    else:
+        # (blocks, cached tokens, new tokens) per sequence; the prefix written first.
+        seqs = [([1, 4], block_size // 2 + 1, 3), ([6, 3], 0, block_size + 1),
+                ([2, 7], block_size, 1), ([8], 1, 1), ([5, 0], block_size - 1, 2)]  # fmt: skip
+        prefix, batch = [], []
+        for blocks, cached, new in seqs:
+            pos = torch.arange(cached + new)
+            slots = torch.tensor(blocks)[pos // block_size] * block_size + pos % block_size
+            prefix.append(slots[:cached])
+            batch.append(slots[cached:])
+        order = [3, 0, 4, 1, 2]
+        parts = [batch[i] for i in order]
+        parts.insert(2, torch.tensor([-1]))
+        batches = [torch.cat(prefix), torch.cat(parts)]
+    want = clone(pool)
+    for i, slots in enumerate(batches):
+        n = slots.shape[0]
+        kv = torch.randn(n, 2 * num_kv_heads, HEAD_DIM, generator=g).to(dtype)
+        key, value = kv[:, :num_kv_heads], kv[:, num_kv_heads:]  # strided views, as the model
+        reference.write_kv(want, LAYER, key, value, slots)
+        if i == len(batches) - 1:
+            triton_cache.write_kv(pool, LAYER, key, value, slots)
+        else:
+            reference.write_kv(pool, LAYER, key, value, slots)
+    assert_same_pool(pool, want)
 
 
-def case_copy(block_size, dtype):
+def case_copy(block_size, dtype, kind="none"):
     g = torch.Generator().manual_seed(4)
-    pool = torch.randn(7, NUM_LAYERS, 2, 2, block_size, HEAD_DIM, generator=g).to(dtype)
+    pool = new_pool(quant_of(kind, block_size), 7, 2, block_size, dtype, g)
+    fill_random(pool, g)
     src, dst = torch.tensor([1, 5, 2]), torch.tensor([3, 0, 6])
-    want = pool.clone()
+    want = clone(pool)
     reference.copy_blocks(want, src, dst)
     triton_cache.copy_blocks(pool, src, dst)
-    torch.testing.assert_close(pool, want, rtol=0, atol=0)
+    assert_same_pool(pool, want)
+
+
+def expect_value_error(fn, *args):
+    try:
+        fn(*args)
+    except ValueError:
+        return
+    raise AssertionError(f"a bad argument was launched: {fn.__name__}")
 
 
 def case_checks():
     pool, tables = make_pool([5], 2, 4, torch.float32, seed=0)
     q = torch.randn(1, 4, HEAD_DIM)
+    lens = torch.tensor([5], dtype=torch.int32)
     bad = [
-        (q.to(torch.bfloat16), tables, torch.tensor([5], dtype=torch.int32)),  # dtype
-        (q, tables.long(), torch.tensor([5], dtype=torch.int32)),  # table dtype
-        (q, tables, torch.tensor([5, 5], dtype=torch.int32)),  # lens shape
-        (torch.randn(1, 3, HEAD_DIM), tables, torch.tensor([5], dtype=torch.int32)),  # heads
-        (torch.randn(1, HEAD_DIM, 4).transpose(1, 2), tables, torch.tensor([5], dtype=torch.int32)),
+        (q.to(torch.bfloat16), tables, lens, 0),  # dtype
+        (q, tables.long(), lens, 0),  # table dtype
+        (q, tables, torch.tensor([5, 5], dtype=torch.int32), 0),  # lens shape
+        (torch.randn(1, 3, HEAD_DIM), tables, lens, 0),  # heads
+        (torch.randn(1, HEAD_DIM, 4).transpose(1, 2), tables, lens, 0),  # stride
+        (q, tables, lens, -1),  # sinks
     ]
-    for query, table, lens in bad:
-        try:
-            triton_attention.decode_attention(query, pool, 0, table, lens, 1.0)
-        except ValueError:
-            continue
-        raise AssertionError("a bad argument was launched")
+    for query, table, n, sinks in bad:
+        expect_value_error(triton_attention.decode_attention, query, pool, 0, table, n, 1.0,
+                           4, sinks)  # fmt: skip
+    # Quantized pools: fp8 writes need scales; int4 needs its scale/zero tensors.
+    g = torch.Generator().manual_seed(0)
+    fp8 = new_pool(KVQuant("fp8"), 3, 2, 4, torch.float32, g)
+    assert fp8.fp8_scales is not None
+    fp8.fp8_scales[LAYER] = float("nan")
+    kv = torch.randn(2, 2, HEAD_DIM)
+    slots = torch.tensor([0, 1])
+    expect_value_error(triton_cache.write_kv, fp8, LAYER, kv, kv, slots)
+    int4 = new_pool(quant_of("int4-g4", 4), 3, 2, 4, torch.float32, g)
+    int4.key_meta = None
+    expect_value_error(triton_cache.write_kv, int4, LAYER, kv, kv, slots)
+    expect_value_error(triton_attention.decode_attention, q, int4, 0, tables, lens, 1.0)
 
 
 def case_engine():
@@ -150,23 +290,38 @@ def case_engine():
 
 def cases():
     out = {}
+    f32 = torch.float32
     for h, kvh in ((4, 4), (8, 2), (8, 1)):  # GQA ratios 1, 4, 8
         for bs in (4, 16):
-            for window in (None, 6):
-                out[f"decode-h{h}-kv{kvh}-bs{bs}-w{window}"] = (case_decode, h, kvh, bs, window,
-                                                                torch.float32)  # fmt: skip
-                out[f"prefill-h{h}-kv{kvh}-bs{bs}-w{window}"] = (case_prefill, h, kvh, bs, window,
-                                                                 torch.float32)  # fmt: skip
+            for window, sinks in ((None, 0), (6, 0), (6, 3)):
+                tag = f"h{h}-kv{kvh}-bs{bs}-w{window}-s{sinks}"
+                out[f"decode-{tag}"] = (case_decode, h, kvh, bs, window, f32, "none", sinks)
+                out[f"prefill-{tag}"] = (case_prefill, h, kvh, bs, window, f32, "none", sinks)
+    for kind in ("fp8", "int4-g4", "int4-g8", "int4-g16"):
+        for h, kvh, bs, window, sinks in ((8, 2, 16, None, 0), (4, 4, 4, 5, 2), (8, 1, 16, 7, 5)):
+            tag = f"{kind}-h{h}-kv{kvh}-bs{bs}-w{window}-s{sinks}"
+            out[f"decode-{tag}"] = (case_decode, h, kvh, bs, window, f32, kind, sinks)
+            out[f"prefill-{tag}"] = (case_prefill, h, kvh, bs, window, f32, kind, sinks)
     out["decode-bf16"] = (case_decode, 8, 2, 16, None, torch.bfloat16)
-    out["prefill-bf16"] = (case_prefill, 8, 2, 16, 7, torch.bfloat16)
+    out["prefill-bf16"] = (case_prefill, 8, 2, 16, 7, torch.bfloat16, "none", 2)
     out["prefill-fp16"] = (case_prefill, 4, 4, 16, None, torch.float16)
-    out["decode-fp16"] = (case_decode, 8, 1, 4, 6, torch.float16)
+    out["decode-fp16"] = (case_decode, 8, 1, 4, 6, torch.float16, "none", 1)
+    out["prefill-fp8-bf16"] = (case_prefill, 8, 2, 16, 9, torch.bfloat16, "fp8", 3)
+    out["prefill-int4-g8-fp16"] = (case_prefill, 4, 4, 16, None, torch.float16, "int4-g8")
+    out["decode-int4-g4-bf16"] = (case_decode, 8, 2, 4, 6, torch.bfloat16, "int4-g4", 2)
     for kvh in (1, 2, 3):
         for bs in (4, 16):
-            out[f"write-kv{kvh}-bs{bs}"] = (case_write, kvh, bs, torch.float32)
+            out[f"write-kv{kvh}-bs{bs}"] = (case_write, kvh, bs, f32)
     out["write-bf16"] = (case_write, 2, 16, torch.bfloat16)
-    out["copy-bs4"] = (case_copy, 4, torch.float32)
+    for kind, kvh, bs, dtype in (("fp8", 2, 4, f32), ("fp8", 3, 16, torch.bfloat16),
+                                 ("int4-g4", 2, 4, f32), ("int4-g4", 1, 16, f32),
+                                 ("int4-g8", 3, 16, f32), ("int4-g16", 2, 16, torch.bfloat16),
+                                 ("int4-g16", 2, 4, torch.float16)):  # fmt: skip
+        out[f"write-{kind}-kv{kvh}-bs{bs}-{str(dtype)[6:]}"] = (case_write, kvh, bs, dtype, kind)
+    out["copy-bs4"] = (case_copy, 4, f32)
     out["copy-bs16-bf16"] = (case_copy, 16, torch.bfloat16)
+    out["copy-fp8"] = (case_copy, 4, f32, "fp8")
+    out["copy-int4"] = (case_copy, 16, torch.float16, "int4-g8")
     out["launcher-checks"] = (case_checks,)
     out["engine"] = (case_engine,)
     return out

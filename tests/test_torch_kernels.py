@@ -1,9 +1,12 @@
 """Every Triton kernel against its pure-torch reference under the Triton interpreter
 (TRITON_INTERPRET=1 must be set before Triton is imported, so the cases run in a child
-process: see kernel_cases.py), on small shapes that cross block boundaries: GQA ratios
-1, 4 and 8, ragged lengths, partial last blocks, prefixes ending mid-block, sliding
-windows; float32 to 1e-5, float16 to 2e-3, bfloat16 to 2e-2. Then the engine end to end
-with kernels=triton against kernels=reference."""
+process: see kernel_cases.py), on small shapes that cross block boundaries: every storage
+kind (none, fp8, int4 with key/value groups of 4, 8 and 16), GQA ratios 1, 4 and 8,
+ragged lengths, partial last blocks, prefixes ending mid-block, sliding windows with and
+without attention sinks (released blocks between them: -1 or NaN-filled), in float32 to
+1e-5, float16 to 2e-3, bfloat16 to 2e-2. Writes (int4 key groups re-quantized over
+earlier tokens) and block copies of every block tensor match bit for bit. Then the
+engine end to end with kernels=triton against kernels=reference."""
 
 from __future__ import annotations
 
@@ -14,13 +17,13 @@ import sys
 from pathlib import Path
 
 CASES = Path(__file__).with_name("kernel_cases.py")
-NUM_CASES = 39
+NUM_CASES = 87
 
 
 def test_triton_kernels_match_references_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
