@@ -1,33 +1,99 @@
 """``python -m enginekit [+group=plugin ...] [key=value ...]``: run a workload, print the report.
 
-Writes ``report.json`` into Hydra's run (or sweep job) folder.
+Every job writes ``report.json`` into Hydra's run (or sweep job) folder: the summary of a
+completed run, or ``status: failed`` with the error message when the job could not run.
+
+Errors: a single run that fails on a configuration or engine error prints ``error: ...``
+and exits with code 2 (any other exception shows its traceback). In a sweep (``-m``) a
+failing job is recorded (its report.json says failed, stderr names the job and the
+error) and the sweep goes on; the sweep exits 0 once every job ran or was recorded, and
+its summary table (``enginekit.sweep``) lists failed jobs with their errors.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
+from typing import Any
 
 from enginekit.app import CONFIG_NAME, register_configs, rewrite_overrides
 from enginekit.errors import EngineKitError
 
 
-def run_job(cfg: object) -> dict[str, object]:
-    """One run on a composed config: build the engine, run the workload, report."""
+def _output_dir() -> Path:
     from hydra.core.hydra_config import HydraConfig
 
-    from enginekit.engine import Engine
-    from enginekit.report import render_report, write_json
+    return Path(HydraConfig.get().runtime.output_dir)
 
-    engine = Engine(cfg)  # type: ignore[arg-type]
-    engine.add_workload()
-    result = engine.run(progress=bool(engine.config.progress))
-    header = engine.describe()
+
+def _config_header(cfg: Any) -> dict[str, Any]:
+    """What a failed job was asked to run: plugin names, model and executor from ``cfg``."""
+    from enginekit.config import PLUGIN_GROUPS
+
+    header: dict[str, Any] = {}
+    for group in PLUGIN_GROUPS:
+        header[group] = str(cfg[group]["name"]) if group in cfg else None
+    header["model"] = str(cfg.model.name) if "model" in cfg else None
+    header["executor"] = str(cfg.executor) if "executor" in cfg else None
+    return header
+
+
+def run_job(cfg: Any) -> dict[str, Any]:
+    """One run on a composed config: build the engine, run the workload, print the report
+    and write it as ``report.json`` in the job's folder; returns the summary. On any
+    exception writes a failed report.json (status, error, the config's plugins) and
+    re-raises."""
+    from enginekit.engine import Engine
+    from enginekit.report import STATUS_FAILED, render_report, write_json
+
+    path = _output_dir() / "report.json"
+    try:
+        engine = Engine(cfg)
+        engine.add_workload()
+        result = engine.run(progress=bool(engine.config.progress))
+        header = engine.describe()
+    except Exception as exc:
+        error = str(exc) if isinstance(exc, EngineKitError) else f"{type(exc).__name__}: {exc}"
+        write_json({}, _config_header(cfg), path, status=STATUS_FAILED, error=error)
+        raise
     print(render_report(result.summary, header))
-    output_dir = Path(HydraConfig.get().runtime.output_dir)
-    write_json(result.summary, header, output_dir / "report.json")
-    print(f"report: {output_dir / 'report.json'}")
+    write_json(result.summary, header, path)
+    print(f"report: {path}")
     return result.summary
+
+
+def _is_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _job_name() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    return f"job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)})"
+
+
+def run_task(cfg: Any) -> dict[str, Any] | None:
+    """The Hydra task: ``run_job``, with the error policy of the module docstring. Returns
+    the summary, or None for a job of a sweep that failed (and was recorded)."""
+    try:
+        return run_job(cfg)
+    except EngineKitError as exc:
+        if _is_multirun():
+            print(f"error: {_job_name()} failed: {exc}", file=sys.stderr)
+            return None
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception:
+        if not _is_multirun():
+            raise
+        print(f"error: {_job_name()} failed:", file=sys.stderr)
+        traceback.print_exc()
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,12 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {problem}", file=sys.stderr)
 
     @hydra.main(version_base=None, config_path=None, config_name=CONFIG_NAME)
-    def task(cfg: object) -> None:
-        try:
-            run_job(cfg)
-        except EngineKitError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
+    def task(cfg: object) -> dict[str, Any] | None:
+        return run_task(cfg)
 
     sys.argv = [sys.argv[0], *rewritten]
     task()

@@ -154,12 +154,25 @@ def render_report(summary: Mapping[str, Any], header: Mapping[str, Any]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def write_json(summary: Mapping[str, Any], header: Mapping[str, Any], path: str | Path) -> None:
-    """Writes ``{"header": header, "summary": summary}`` as strict JSON (NaN refused) to
-    ``path``, creating parent folders."""
+STATUS_COMPLETED = "completed"
+STATUS_FAILED = "failed"
+
+
+def write_json(
+    summary: Mapping[str, Any],
+    header: Mapping[str, Any],
+    path: str | Path,
+    *,
+    status: str = STATUS_COMPLETED,
+    error: str | None = None,
+) -> None:
+    """Writes ``{"status": status, "error": error, "header": header, "summary": summary}``
+    as strict JSON (NaN refused) to ``path``, creating parent folders. A job that could
+    not run writes ``status=STATUS_FAILED``, its error message and an empty summary."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"header": header, "summary": summary}, indent=2, allow_nan=False)
+    data = {"status": status, "error": error, "header": header, "summary": summary}
+    text = json.dumps(data, indent=2, allow_nan=False)
     path.write_text(text + "\n", encoding="utf-8")
 
 
