@@ -3,9 +3,13 @@
 - ``register_configs`` stores the schema, the primary config and every installed plugin's
   Config in Hydra's ConfigStore (plugin groups never appear in a defaults list, so users
   write ``+allocator=paged``).
-- ``rewrite_overrides`` also accepts ``allocator=paged`` (rewritten to ``+allocator=paged``)
-  and ``model=llama-3-70b`` (rewritten to ``model.name=llama-3-70b``), and refuses unknown
-  plugins and keys with the valid choices.
+- ``rewrite_overrides`` also accepts ``allocator=paged`` (rewritten to ``+allocator=paged``),
+  ``experiment=x`` and ``ablation=x`` (to ``+experiment=x``, ``+ablation=x``) and
+  ``model=llama-3-70b`` (rewritten to ``model.name=llama-3-70b``), and refuses unknown
+  plugins, conf files and keys with the valid choices.
+- The primary config registers the sweep-summary callback (``enginekit.sweep``): every
+  multirun ends with one table (and plots) of its jobs in the sweep folder; disable it with
+  ``~hydra.callbacks.sweep_summary``, its plots with ``hydra.callbacks.sweep_summary.plots=false``.
 - ``compose_config`` turns override strings into the same config the command line builds.
 """
 
@@ -25,9 +29,12 @@ from enginekit.errors import ConfigError
 from enginekit.plugins import load_all_configs
 
 PRESET_GROUPS: tuple[str, ...] = ("model", "hardware", "workload")
+# Groups of YAML files under conf/, selected with +group=name (never in a defaults list).
+CONF_GROUPS: tuple[str, ...] = ("experiment", "ablation")
 # conf/ of a source checkout (experiment files); absent from a wheel install.
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "enginekit"
+SWEEP_CALLBACK = "enginekit.sweep.SweepSummaryCallback"
 _GROUP_OVERRIDE = re.compile(r"^(?P<prefix>\+{0,2})(?P<group>[A-Za-z_]\w*)=(?P<value>.*)$")
 _KEY_OVERRIDE = re.compile(r"^(?P<prefix>[+~]{0,2})(?P<key>[A-Za-z_][\w.]*)(?P<rest>=.*)?$")
 
@@ -44,6 +51,11 @@ def preset_names() -> dict[str, list[str]]:
     }
 
 
+def conf_names(group: str) -> list[str]:
+    """The YAML files of a ``CONF_GROUPS`` group under conf/ (sorted stems; [] without conf/)."""
+    return sorted(f.stem for f in (CONF_DIR / group).glob("*.yaml"))
+
+
 def help_text(plugin_options: dict[str, list[str]], problems: list[str]) -> str:
     """The text of ``--help``: every installed plugin in the form a user types."""
     lines = [
@@ -51,6 +63,7 @@ def help_text(plugin_options: dict[str, list[str]], problems: list[str]) -> str:
         "",
         "Usage:  python -m enginekit [+group=plugin ...] [key=value ...]",
         "        python -m enginekit -m +allocator=paged +prefix=none,block_hash   (a sweep)",
+        "        python -m enginekit -m +ablation=prefix   (a ready-made sweep: table + plots)",
         "",
         "Plugins (one per group; the default is marked *):",
     ]
@@ -65,9 +78,17 @@ def help_text(plugin_options: dict[str, list[str]], problems: list[str]) -> str:
         default = getattr(defaults, group).name
         marked = [n + ("*" if n == default else "") for n in names]
         lines.append(f"  {group}=" + " | ".join(marked))
-    experiments = sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml"))
+    experiments = conf_names("experiment")
     if experiments:
         lines += ["", "Experiments (whole runs):", "  +experiment=" + " | ".join(experiments)]
+    ablations = conf_names("ablation")
+    if ablations:
+        lines += [
+            "",
+            "Ablations (sweeps; each ends with summary.md, summary.csv and plots):",
+            "  -m +ablation=" + " | ".join(ablations),
+            "  rebuild a sweep's table and plots: python -m enginekit.sweep <sweep folder>",
+        ]
     if problems:
         lines += ["", "Plugins that failed to load (skipped):"] + [f"  {p}" for p in problems]
     lines += [
@@ -90,7 +111,10 @@ def register_configs() -> list[str]:
         for name, config_cls in options.items():
             store.store(group=group, name=name, node=config_cls)
     names = {group: sorted(configs[group]) for group in PLUGIN_GROUPS}
-    hydra: dict[str, Any] = {"help": {"template": help_text(names, problems)}}
+    hydra: dict[str, Any] = {
+        "help": {"template": help_text(names, problems)},
+        "callbacks": {"sweep_summary": {"_target_": SWEEP_CALLBACK, "plots": True}},
+    }
     if CONF_DIR.is_dir():
         hydra["searchpath"] = [f"file://{CONF_DIR}"]
     primary = {"defaults": ["enginekit_schema", "_self_"], "hydra": hydra}
@@ -106,6 +130,20 @@ def _check_plugin_value(group: str, value: str) -> None:
 
     for name in _sweep_values(value):
         load_plugin(group, name)
+
+
+def _check_conf_value(group: str, value: str) -> None:
+    """Refuses a name that no YAML file of ``group`` under conf/ has (when conf/ exists)."""
+    names = conf_names(group)
+    if not CONF_DIR.is_dir():
+        return
+    for name in _sweep_values(value):
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"unknown {group} {name!r}; available: {', '.join(names) or 'none'}{hint}"
+            )
 
 
 def _sweep_values(value: str) -> list[str]:
@@ -131,6 +169,10 @@ def rewrite_overrides(overrides: list[str]) -> list[str]:
             if len(values) == 1:
                 selected[group] = values[0]
             rewritten.append(f"+{group}={value}")
+        elif group_match and group_match["group"] in CONF_GROUPS:
+            group, value = group_match["group"], group_match["value"]
+            _check_conf_value(group, value)
+            rewritten.append(f"+{group}={value}")
         elif group_match and group_match["group"] in PRESET_GROUPS:
             rewritten.append(f"{group_match['group']}.name={group_match['value']}")
         else:
@@ -143,7 +185,7 @@ def rewrite_overrides(overrides: list[str]) -> list[str]:
 def _check_key(arg: str, selected: dict[str, str]) -> None:
     """Raises ConfigError if ``arg`` sets a key the schema (or the selected plugin's
     Config) does not have, naming the valid keys and the closest one."""
-    if arg.startswith("-") or arg.startswith("hydra"):
+    if arg.startswith("-") or arg.lstrip("+~").startswith("hydra"):
         return
     match = _KEY_OVERRIDE.match(arg)
     if match is None or "+" in match["prefix"] and "." not in match["key"]:

@@ -52,6 +52,7 @@ def test_multirun_with_joblib_launcher(cli, tmp_path):
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "sweep" / "0" / "report.json").exists()
     assert (tmp_path / "sweep" / "1" / "report.json").exists()
+    assert (tmp_path / "sweep" / "summary.md").exists()  # written once, by the main process
 
 
 def test_help_lists_every_installed_plugin_as_typed(cli):
@@ -65,6 +66,10 @@ def test_help_lists_every_installed_plugin_as_typed(cli):
     assert "+quantizer=fp8 | int4 | none*" in out
     assert "model=" in out and "llama-3-8b*" in out
     assert "group=option" not in out  # Hydra's own wording would mislead
+    ablations = next(line for line in out.splitlines() if line.startswith("  -m +ablation="))
+    for name in ["all", "allocator", "eviction", "preemption", "prefix", "quantizer"]:
+        assert name in ablations.split("=", 1)[1].split(" | ")
+    assert "python -m enginekit.sweep <sweep folder>" in out
 
 
 @pytest.mark.parametrize(
@@ -85,6 +90,8 @@ def test_help_lists_every_installed_plugin_as_typed(cli):
         (["cache.blok_size=8"], ["unknown key 'cache.blok_size'", "'cache.block_size'"]),
         (["sheduler.max_num_seqs=8"], ["unknown key 'sheduler.max_num_seqs'", "'scheduler'"]),
         (["++allocator=paged"], ["+allocator=paged"]),
+        (["ablation=prefx"], ["unknown ablation 'prefx'", "allocator, eviction", "'prefix'"]),
+        (["+experiment=tiny"], ["unknown experiment 'tiny'", "tiny_chat"]),
     ],
 )
 def test_bad_input_is_named_with_what_is_valid(cli, args, expected):
@@ -107,6 +114,16 @@ def test_semantic_config_error_names_the_key(cli):
     assert result.returncode == 2
     assert "cache.block_size must be >= 1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_refused_single_run_exits_2_and_writes_a_failed_report(cli, tmp_path):
+    result = cli("+allocator=contiguous", "+prefix=radix", *SMALL, "hydra.run.dir=run")
+    assert result.returncode == 2
+    assert "error: +allocator=contiguous cannot be combined with +prefix=radix" in result.stderr
+    assert "Traceback" not in result.stderr
+    report = _report(tmp_path / "run")
+    assert report["status"] == "failed" and "cannot be combined" in report["error"]
+    assert report["header"]["allocator"] == "contiguous" and report["summary"] == {}
 
 
 def test_plugins_command_lists_distribution_and_version(cli):
@@ -138,4 +155,5 @@ def test_readme_main_job_runs_real_tokens_on_the_tiny_model(cli, tmp_path):
     summary = report["summary"]
     assert summary["num_requests_finished"] == 64
     assert summary["prefix_cache_hits"] == summary["prefix_cache_hits_ideal"] > 0
-    assert "+experiment=tiny_chat" in cli("--help").stdout
+    experiments = next(line for line in cli("--help").stdout.splitlines() if "+experiment=" in line)
+    assert "tiny_chat" in experiments.split("=", 1)[1].split(" | ")

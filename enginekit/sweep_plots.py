@@ -1,0 +1,294 @@
+"""PNG plots of a sweep's completed jobs, each written only when the sweep varies its key.
+
+- ``kv_utilization.png``, when ``allocator`` varies: slot utilisation; KV usage mean (bar)
+  and peak (tick); running sequences mean (bar) and peak (tick).
+- ``prefix_hit_rate.png``, when ``prefix`` or ``workload.name`` varies: prefix hit rate
+  (bar) and its ideal (tick).
+- ``latency.png``, when anything varies (2+ completed jobs): TTFT and TPOT p50 / p90 / p99
+  in ms on a log scale.
+- ``pool_size.png``, when ``cache.num_blocks`` or ``cache.memory_gib`` varies: preemptions
+  per request and output tok/s against the pool size, one line per combination of the
+  other swept keys.
+- ``capacity.png``, when ``quantizer`` varies: pool tokens and KV bytes per token.
+
+Bar plots have one horizontal bar per job, labelled with its swept choices, ordered and
+coloured by the plot's key. Figures are drawn with matplotlib's object API on the Agg
+canvas (no pyplot, no display, no global state).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from enginekit.sweep_jobs import JobResult, job_label, swept_keys
+from enginekit.sweep_table import pool_tokens, preemptions_per_request
+
+POOL_KEYS: tuple[str, ...] = ("cache.num_blocks", "cache.memory_gib")
+_MARKERS = {"p50": "o", "p90": "s", "p99": "^"}
+
+
+class Series(NamedTuple):
+    """One value per job in a panel: drawn as a bar, or as a tick over the bar."""
+
+    label: str
+    read: Callable[[JobResult], Any]
+    is_tick: bool = False
+
+
+class Panel(NamedTuple):
+    title: str
+    series: tuple[Series, ...]
+    is_fraction: bool = False
+
+
+def _summary(key: str) -> Callable[[JobResult], Any]:
+    return lambda job: job.summary.get(key)
+
+
+def _value(raw: Any) -> float:
+    return math.nan if raw is None else float(raw)
+
+
+def _ordered(jobs: Sequence[JobResult], focus: Sequence[str]) -> list[JobResult]:
+    """Jobs grouped by their values of ``focus`` (first seen first), else in given order."""
+    first_seen: dict[tuple[str | None, ...], int] = {}
+    for job in jobs:
+        first_seen.setdefault(tuple(job.overrides.get(k) for k in focus), len(first_seen))
+    return sorted(jobs, key=lambda j: first_seen[tuple(j.overrides.get(k) for k in focus)])
+
+
+def _colors(jobs: Sequence[JobResult], key: str | None) -> tuple[list[Any], dict[str, Any]]:
+    """One colour per job by its value of ``key`` (tab10 cycle), and the legend's map."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    palette: dict[str, Any] = {}
+    for job in jobs:
+        value = "-" if key is None else str(job.overrides.get(key, "default"))
+        palette.setdefault(value, cmap(len(palette) % 10))
+    values = ["-" if key is None else str(j.overrides.get(key, "default")) for j in jobs]
+    return [palette[v] for v in values], palette
+
+
+def _figure(num_panels: int, num_rows: int) -> tuple[Any, list[Any]]:
+    from matplotlib.figure import Figure
+
+    height = 1.6 + 0.3 * num_rows
+    fig = Figure(figsize=(4.0 + 4.0 * max(num_panels, 2), height), layout="constrained")
+    axes = fig.subplots(1, num_panels, sharey=True, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _panel_title(panel: Panel) -> str:
+    """``"KV cache usage (bar: mean, |: peak)"`` when a panel draws ticks."""
+    ticks = [s.label for s in panel.series if s.is_tick]
+    if not ticks:
+        return panel.title
+    bars = [s.label for s in panel.series if not s.is_tick]
+    return f"{panel.title} (bar: {', '.join(bars)}; |: {', '.join(ticks)})"
+
+
+def _bar_plot(
+    path: Path,
+    title: str,
+    jobs: Sequence[JobResult],
+    swept: Sequence[str],
+    focus: Sequence[str],
+    panels: Sequence[Panel],
+) -> Path:
+    """Horizontal bars, one row per job (ordered by ``focus``, coloured by its last key)."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import PercentFormatter
+
+    rows = _ordered(jobs, focus)
+    colour_key = focus[-1] if focus else None
+    colours, palette = _colors(rows, colour_key)
+    fig, axes = _figure(len(panels), len(rows))
+    ys = list(range(len(rows)))
+    for ax, panel in zip(axes, panels, strict=True):
+        for series in panel.series:
+            values = [_value(series.read(job)) for job in rows]
+            if series.is_tick:
+                ax.scatter(values, ys, marker="|", s=300, color="black")
+            else:
+                ax.barh(ys, values, color=colours, height=0.7)
+        ax.set_title(_panel_title(panel), fontsize="medium")
+        ax.grid(axis="x", alpha=0.3)
+        if panel.is_fraction:
+            ax.set_xlim(0, 1.05)
+            ax.xaxis.set_major_formatter(PercentFormatter(xmax=1))
+    axes[0].set_yticks(ys, [job_label(job, swept) for job in rows], fontsize="small")
+    axes[0].invert_yaxis()
+    if colour_key is not None and len(palette) > 1:
+        handles = [Patch(color=c, label=v) for v, c in palette.items()]
+        fig.legend(handles=handles, title=colour_key, loc="outside right upper", fontsize="small")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _latency_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -> Path:
+    """Per job, p50 / p90 / p99 of TTFT and TPOT on a log scale, joined by a line."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import LogFormatter
+
+    colours, _ = _colors(jobs, swept[0] if swept else None)
+    fig, axes = _figure(2, len(jobs))
+    ys = list(range(len(jobs)))
+    metrics = (("time_to_first_token_seconds", "TTFT"), ("time_per_output_token_seconds", "TPOT"))
+    for ax, (key, name) in zip(axes, metrics, strict=True):
+        for y, job, colour in zip(ys, jobs, colours, strict=True):
+            stats = job.summary.get(key) or {}
+            points = {p: float(stats[p]) for p in _MARKERS if stats.get(p) is not None}
+            if not points:
+                continue
+            xs = [1e3 * v for v in points.values()]
+            ax.plot([min(xs), max(xs)], [y, y], color=colour, linewidth=2, alpha=0.6)
+            for stat, value in points.items():
+                ax.scatter([1e3 * value], [y], marker=_MARKERS[stat], color=colour)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+        ax.set_title(f"{name} (ms)", fontsize="medium")
+        ax.grid(axis="x", which="both", alpha=0.3)
+    axes[0].set_yticks(ys, [job_label(job, swept) for job in jobs], fontsize="small")
+    axes[0].invert_yaxis()
+    handles = [
+        Line2D([], [], marker=m, color="black", linestyle="", label=stat)
+        for stat, m in _MARKERS.items()
+    ]
+    axes[1].legend(handles=handles, fontsize="small", loc="lower right")
+    fig.suptitle("Latency percentiles: p50 (o), p90 (s), p99 (^)")
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _pool_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -> Path | None:
+    """Preemptions per request and output tok/s against the pool size (swept key's value,
+    or the pool's GB when both pool keys vary); a line per combination of the other keys."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
+
+    pool = [k for k in POOL_KEYS if k in swept]
+    others = [k for k in swept if k not in POOL_KEYS]
+    if len(pool) == 1:
+        xlabel = pool[0]
+        x_of: Callable[[JobResult], float] = lambda job: _value(job.overrides.get(pool[0]))  # noqa: E731
+    else:
+        xlabel = "KV pool (GB)"
+        x_of = lambda job: _value(job.summary.get("kv_cache_pool_gb"))  # noqa: E731
+    try:
+        points = [(x_of(job), job) for job in jobs]
+    except ValueError:  # a pool value that is not a number (e.g. "null")
+        xlabel = "KV pool (GB)"
+        points = [(_value(job.summary.get("kv_cache_pool_gb")), job) for job in jobs]
+    lines: dict[str, list[tuple[float, JobResult]]] = {}
+    for x, job in points:
+        if not math.isnan(x):
+            lines.setdefault(job_label(job, others) if others else "", []).append((x, job))
+    if not lines:
+        return None
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    panels: tuple[tuple[str, Callable[[JobResult], Any]], ...] = (
+        ("preemptions per request", preemptions_per_request),
+        ("output tok/s", _summary("output_tokens_per_s")),
+    )
+    xs_all = sorted({x for line in lines.values() for x, _ in line})
+    for index, (ax, (title, read)) in enumerate(zip(axes, panels, strict=True)):
+        for label, line in lines.items():
+            line.sort(key=lambda point: point[0])
+            ys = [_value(read(job)) for _, job in line]
+            legend = label if index == 0 and label else None
+            ax.plot([x for x, _ in line], ys, marker="o", label=legend)
+        if xs_all[0] > 0 and xs_all[-1] / xs_all[0] >= 8:
+            ax.set_xscale("log", base=2)
+        if len(xs_all) <= 12:
+            ax.set_xticks(xs_all, [f"{x:g}" for x in xs_all])
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize="medium")
+        ax.grid(alpha=0.3)
+    if others:
+        fig.legend(loc="outside right upper", fontsize="small", title=", ".join(others))
+    fig.suptitle("Preemption and throughput against the KV pool size")
+    fig.savefig(path, dpi=100)
+    return path
+
+
+_KV_PANELS = (
+    Panel(
+        "slot utilisation",
+        (Series("slot utilisation", _summary("kv_cache_slot_utilization")),),
+        True,
+    ),
+    Panel(
+        "KV cache usage",
+        (
+            Series("mean", _summary("kv_cache_usage_perc_mean")),
+            Series("peak", _summary("kv_cache_usage_perc_peak"), True),
+        ),
+        True,
+    ),
+    Panel(
+        "running sequences",
+        (
+            Series("mean", _summary("num_running_mean")),
+            Series("peak", _summary("num_running_peak"), True),
+        ),
+    ),
+)
+_HIT_PANELS = (
+    Panel(
+        "prefix cache hit rate",
+        (
+            Series("hit rate", _summary("prefix_cache_hit_rate")),
+            Series("ideal", _summary("prefix_cache_hit_rate_ideal"), True),
+        ),
+        True,
+    ),
+)
+_CAPACITY_PANELS = (
+    Panel("KV pool (tokens)", (Series("pool tokens", pool_tokens),)),
+    Panel(
+        "KV bytes per token", (Series("bytes", lambda job: job.header.get("kv_bytes_per_token")),)
+    ),
+)
+
+
+def write_plots(jobs: Sequence[JobResult], folder: str | Path) -> list[Path]:
+    """Writes into ``folder`` the plots (see the module docstring) that the sweep's varied
+    keys call for, from its completed jobs; returns their paths (none without completed
+    jobs). Raises ImportError without matplotlib."""
+    import matplotlib  # noqa: F401  (fail early and clearly when it is missing)
+
+    folder = Path(folder)
+    swept = swept_keys(jobs)
+    done = [job for job in jobs if job.is_completed]
+    if not done:
+        return []
+    written: list[Path | None] = []
+    if "allocator" in swept:
+        title = "KV utilisation and concurrency by allocator"
+        written.append(
+            _bar_plot(folder / "kv_utilization.png", title, done, swept, ["allocator"], _KV_PANELS)
+        )
+    prefix_focus = [k for k in ("workload.name", "prefix") if k in swept]
+    if prefix_focus:
+        title = "Prefix cache hit rate by " + " and ".join(prefix_focus)
+        written.append(
+            _bar_plot(folder / "prefix_hit_rate.png", title, done, swept, prefix_focus, _HIT_PANELS)
+        )
+    if len(done) >= 2 and swept:
+        written.append(_latency_plot(folder / "latency.png", done, swept))
+    if any(k in swept for k in POOL_KEYS):
+        written.append(_pool_plot(folder / "pool_size.png", done, swept))
+    if "quantizer" in swept:
+        title = "KV capacity by quantizer"
+        written.append(
+            _bar_plot(folder / "capacity.png", title, done, swept, ["quantizer"], _CAPACITY_PANELS)
+        )
+    return [path for path in written if path is not None]

@@ -1,0 +1,147 @@
+"""One table of a sweep's jobs: markdown for people, CSV for programs.
+
+Rows are jobs (in folder order); columns are ``job``, the swept override keys, ``status``,
+then ``METRIC_COLUMNS`` (blank for a job that did not complete), and in the CSV every
+override key (fixed ones too) and the full ``error``. The markdown shows fixed overrides
+in a line above the table and failed jobs' errors below it. Values are the summary's
+(fractions stay fractions in the CSV, latencies are in ms); the markdown shows fractions
+as percentages.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from enginekit.sweep_jobs import JobResult, fixed_overrides, job_label, swept_keys
+
+
+class Column(NamedTuple):
+    """A metric column: its name, how to read it from a job (None: no value) and whether
+    it is a fraction (shown as a percentage in markdown)."""
+
+    name: str
+    read: Callable[[JobResult], Any]
+    is_fraction: bool = False
+
+
+def _summary(key: str) -> Callable[[JobResult], Any]:
+    return lambda job: job.summary.get(key)
+
+
+def _latency_ms(key: str, stat: str) -> Callable[[JobResult], Any]:
+    def read(job: JobResult) -> Any:
+        value = (job.summary.get(key) or {}).get(stat)
+        return None if value is None else 1e3 * value
+
+    return read
+
+
+def pool_tokens(job: JobResult) -> int | None:
+    """Token slots of the KV pool: blocks × block size (None without both)."""
+    blocks, block_size = job.summary.get("kv_cache_num_blocks"), job.header.get("block_size")
+    return None if blocks is None or block_size is None else int(blocks) * int(block_size)
+
+
+def preemptions_per_request(job: JobResult) -> float | None:
+    """Preemptions divided by requests (None without requests)."""
+    num, requests = job.summary.get("num_preemptions_total"), job.summary.get("num_requests")
+    return None if num is None or not requests else num / requests
+
+
+_TTFT = "time_to_first_token_seconds"
+_TPOT = "time_per_output_token_seconds"
+
+METRIC_COLUMNS: tuple[Column, ...] = (
+    Column("requests_finished", _summary("num_requests_finished")),
+    Column("hit_rate", _summary("prefix_cache_hit_rate"), True),
+    Column("hit_rate_ideal", _summary("prefix_cache_hit_rate_ideal"), True),
+    Column("slot_util", _summary("kv_cache_slot_utilization"), True),
+    Column("kv_usage_mean", _summary("kv_cache_usage_perc_mean"), True),
+    Column("kv_usage_peak", _summary("kv_cache_usage_perc_peak"), True),
+    Column("running_mean", _summary("num_running_mean")),
+    Column("running_peak", _summary("num_running_peak")),
+    Column("preemptions", _summary("num_preemptions_total")),
+    Column("ttft_p50_ms", _latency_ms(_TTFT, "p50")),
+    Column("ttft_p90_ms", _latency_ms(_TTFT, "p90")),
+    Column("ttft_p99_ms", _latency_ms(_TTFT, "p99")),
+    Column("tpot_p50_ms", _latency_ms(_TPOT, "p50")),
+    Column("tpot_p90_ms", _latency_ms(_TPOT, "p90")),
+    Column("tpot_p99_ms", _latency_ms(_TPOT, "p99")),
+    Column("output_tok_s", _summary("output_tokens_per_s")),
+    Column("kv_bytes_per_token", lambda job: job.header.get("kv_bytes_per_token")),
+    Column("pool_blocks", _summary("kv_cache_num_blocks")),
+    Column("pool_tokens", pool_tokens),
+    Column("pool_gb", _summary("kv_cache_pool_gb")),
+)
+
+
+def _cell(value: Any, is_fraction: bool) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value).replace("|", "\\|").replace("\n", " ")
+    if is_fraction:
+        return f"{100 * value:.1f} %"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+def _row(job: JobResult, keys: Sequence[str]) -> dict[str, Any]:
+    row: dict[str, Any] = {"job": job.name}
+    row.update({key: job.overrides.get(key) for key in keys})
+    row["status"] = job.status
+    for column in METRIC_COLUMNS:
+        row[column.name] = column.read(job) if job.is_completed else None
+    return row
+
+
+def table_rows(jobs: Sequence[JobResult]) -> list[dict[str, Any]]:
+    """The markdown table's rows as dicts (job, swept keys, status, metric columns)."""
+    keys = swept_keys(jobs)
+    return [_row(job, keys) for job in jobs]
+
+
+def render_markdown(jobs: Sequence[JobResult], title: str = "Sweep") -> str:
+    """The table as a markdown document: a title line, the counts, the fixed overrides,
+    the table, then the errors of jobs that did not complete."""
+    keys = swept_keys(jobs)
+    fractions = {c.name for c in METRIC_COLUMNS if c.is_fraction}
+    num_done = sum(job.is_completed for job in jobs)
+    lines = [
+        f"# {title}",
+        "",
+        f"{len(jobs)} jobs: {num_done} completed, {len(jobs) - num_done} not.",
+    ]
+    fixed = fixed_overrides(jobs)
+    if fixed:
+        lines += ["", "Fixed: " + " ".join(f"`{k}={v}`" for k, v in fixed.items())]
+    rows = [_row(job, keys) for job in jobs]
+    names = ["job", *keys, "status", *(c.name for c in METRIC_COLUMNS)]
+    lines += ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row[n], n in fractions) for n in names) + " |")
+    failed = [job for job in jobs if not job.is_completed]
+    if failed:
+        lines += ["", "## Jobs that did not complete", ""]
+        lines += [f"- job {j.name} ({job_label(j, keys)}), {j.status}: {j.error}" for j in failed]
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(jobs: Sequence[JobResult]) -> str:
+    """The table as CSV: job, every override key, status, metric columns (raw values),
+    error. Empty cells for missing values."""
+    all_keys: dict[str, None] = {}
+    for job in jobs:
+        all_keys.update(dict.fromkeys(job.overrides))
+    names = ["job", *all_keys, "status", *(c.name for c in METRIC_COLUMNS), "error"]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    for job in jobs:
+        row: Mapping[str, Any] = {**_row(job, list(all_keys)), "error": job.error}
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return out.getvalue()

@@ -1,0 +1,301 @@
+"""Sweeps: the summary table and plots, failed jobs, conf/ablation and conf/experiment files,
+the rebuild command and the parallel launchers."""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from enginekit.app import CONF_DIR, CONFIG_NAME, compose_config, register_configs
+from enginekit.config import PLUGIN_GROUPS
+from enginekit.plugins import load_plugin
+from enginekit.report import STATUS_FAILED, write_json
+from enginekit.sweep import SUMMARY_CSV, SUMMARY_MD, summarize
+from enginekit.sweep_jobs import STATUS_MISSING, load_jobs, parse_override, swept_keys
+from enginekit.sweep_table import METRIC_COLUMNS, render_csv
+
+ABLATIONS = sorted(f.stem for f in (CONF_DIR / "ablation").glob("*.yaml"))
+EXPERIMENTS = sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+# ---- synthetic sweep folders ------------------------------------------------------------
+
+
+def _summary(scale: float) -> dict:
+    latency = {"count": 10, "mean": 0.2 * scale, "p50": 0.1 * scale, "p90": 0.3 * scale}
+    latency["p99"] = 0.5 * scale
+    return {
+        "num_requests": 10,
+        "num_requests_finished": 10,
+        "prefix_cache_hit_rate": 0.5 / scale,
+        "prefix_cache_hit_rate_ideal": 0.6,
+        "kv_cache_slot_utilization": 0.9 / scale,
+        "kv_cache_usage_perc_mean": 0.4,
+        "kv_cache_usage_perc_peak": 0.8,
+        "num_running_mean": 3.5 * scale,
+        "num_running_peak": 8,
+        "num_preemptions_total": int(4 * scale),
+        "time_to_first_token_seconds": latency,
+        "time_per_output_token_seconds": latency,
+        "output_tokens_per_s": 1000.0 * scale,
+        "kv_cache_num_blocks": int(100 * scale),
+        "kv_cache_pool_gb": 1.5 * scale,
+    }
+
+
+def _job(root: Path, name: str, overrides: list[str], scale: float | None) -> None:
+    """A job folder as Hydra and ``python -m enginekit`` leave it: completed (scale), failed
+    (scale None) or, when ``name`` ends with "-missing", without report.json."""
+    job = root / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    header = {"block_size": 16, "kv_bytes_per_token": int(1000 / (scale or 1))}
+    if name.endswith("-missing"):
+        return
+    if scale is None:
+        write_json({}, header, job / "report.json", status=STATUS_FAILED, error="refused | no")
+    else:
+        write_json(_summary(scale), header, job / "report.json")
+
+
+@pytest.fixture
+def sweep_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "sweep"
+    common = ["progress=false", "workload.num_requests=10"]
+    _job(root, "0", ["+allocator=paged", "+quantizer=none", *common], 1.0)
+    _job(root, "1", ["+allocator=paged", "+quantizer=fp8", *common], 2.0)
+    _job(root, "2", ["+allocator=contiguous", "+quantizer=none", *common], None)
+    _job(root, "10", ["+allocator=contiguous", "+quantizer=fp8", *common], 3.0)
+    _job(root, "11-missing", ["+allocator=contiguous", "+quantizer=int4", *common], 0)
+    return root
+
+
+def test_jobs_are_read_in_natural_order_with_their_status(sweep_dir):
+    jobs = load_jobs(sweep_dir)
+    assert [j.name for j in jobs] == ["0", "1", "2", "10", "11-missing"]
+    assert [j.status for j in jobs] == ["completed", "completed", "failed", "completed"] + [
+        STATUS_MISSING
+    ]
+    assert jobs[2].error == "refused | no"
+    assert swept_keys(jobs) == ["allocator", "quantizer"]
+    assert parse_override("+prefix=radix") == ("prefix", "radix")
+    assert parse_override("~cache.num_blocks") == ("cache.num_blocks", "~")
+
+
+def test_summary_table_has_a_row_per_job_with_swept_choices_and_metrics(sweep_dir):
+    summary = summarize(sweep_dir, plots=False)
+    text = (sweep_dir / SUMMARY_MD).read_text()
+    assert text == summary.markdown
+    assert "Fixed: `progress=false` `workload.num_requests=10`" in text
+    header = next(line for line in text.splitlines() if line.startswith("| job |"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    assert names[:4] == ["job", "allocator", "quantizer", "status"]
+    assert names[4:] == [c.name for c in METRIC_COLUMNS]
+    row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
+    assert "| paged | fp8 | completed |" in row and "25.0 %" in row  # hit rate 0.5 / 2
+    assert "| 2 | contiguous | none | failed |" in text
+    assert "- job 2 (allocator=contiguous, quantizer=none), failed: refused | no" in text
+    assert "missing" in text
+
+    rows = list(csv.DictReader(io.StringIO((sweep_dir / SUMMARY_CSV).read_text())))
+    assert [r["job"] for r in rows] == ["0", "1", "2", "10", "11-missing"]
+    assert rows[1]["quantizer"] == "fp8" and rows[1]["progress"] == "false"
+    assert float(rows[1]["hit_rate"]) == 0.25
+    assert float(rows[1]["ttft_p99_ms"]) == pytest.approx(1000.0)
+    assert int(rows[1]["pool_tokens"]) == 200 * 16
+    assert rows[2]["status"] == STATUS_FAILED and rows[2]["error"] == "refused | no"
+    assert rows[2]["hit_rate"] == ""
+    assert render_csv(load_jobs(sweep_dir)) == (sweep_dir / SUMMARY_CSV).read_text()
+
+
+def test_plots_only_for_the_keys_the_sweep_varies(sweep_dir, tmp_path):
+    summary = summarize(sweep_dir)
+    written = sorted(p.name for p in summary.paths if p.suffix == ".png")
+    assert written == ["capacity.png", "kv_utilization.png", "latency.png"]
+    for name in written:
+        assert (sweep_dir / name).read_bytes()[:4] == b"\x89PNG"
+
+    pool = tmp_path / "pool"
+    for i, (gib, method) in enumerate(itertools.product([1, 2, 4], ["recompute", "swap"])):
+        _job(pool, str(i), [f"cache.memory_gib={gib}", f"+preemption={method}"], float(gib))
+    names = sorted(p.name for p in summarize(pool).paths if p.suffix == ".png")
+    assert names == ["latency.png", "pool_size.png"]
+
+
+def test_rebuild_command_on_a_folder_without_jobs_says_so(cli, tmp_path):
+    result = cli(str(tmp_path), module="enginekit.sweep")
+    assert result.returncode == 2
+    assert "no sweep jobs" in result.stderr
+
+
+def test_an_unexpected_error_fails_only_its_job_in_a_sweep(monkeypatch, capsys):
+    import enginekit.__main__ as entry
+
+    def broken(cfg):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(entry, "run_job", broken)
+    monkeypatch.setattr(entry, "_job_name", lambda: "job 7 (x=1)")
+    monkeypatch.setattr(entry, "_is_multirun", lambda: True)
+    assert entry.run_task(object()) is None
+    err = capsys.readouterr().err
+    assert "error: job 7 (x=1) failed:" in err and "RuntimeError: a bug" in err
+    monkeypatch.setattr(entry, "_is_multirun", lambda: False)
+    with pytest.raises(RuntimeError, match="a bug"):  # a single run shows its traceback
+        entry.run_task(object())
+
+
+def test_summary_callback_can_be_removed_or_set_from_the_command_line():
+    from enginekit.app import rewrite_overrides
+
+    args = ["~hydra.callbacks.sweep_summary", "hydra.callbacks.sweep_summary.plots=false"]
+    assert rewrite_overrides(args) == args
+
+
+# ---- conf/ablation and conf/experiment --------------------------------------------------
+
+
+def _sweep_params(name: str) -> dict[str, str]:
+    from hydra import compose, initialize
+
+    with initialize(version_base=None, config_path=None):
+        cfg = compose(CONFIG_NAME, [f"+ablation={name}"], return_hydra_config=True)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"  # `-m` is optional
+    return {str(k): str(v) for k, v in cfg.hydra.sweeper.params.items()}
+
+
+def _grid(params: dict[str, str]) -> list[list[str]]:
+    axes = [[f"{key}={v}" for v in value.split(",")] for key, value in params.items()]
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def _refusal(cfg) -> str | None:
+    selected = {group: str(cfg[group].name) for group in PLUGIN_GROUPS}
+    for group, name in selected.items():
+        try:
+            load_plugin(group, name).check_compatible(selected)
+        except Exception as exc:
+            return str(exc)
+    return None
+
+
+def test_conf_files_are_listed():
+    assert {"allocator", "prefix", "quantizer", "eviction", "preemption", "all"} <= set(ABLATIONS)
+    assert {"tiny_chat", "memory_pressure", "long_context"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", [a for a in ABLATIONS if a != "all"])
+def test_every_job_of_a_group_ablation_builds_an_engine(name):
+    from hydra import compose, initialize
+
+    from enginekit.engine import Engine
+
+    register_configs()
+    params = _sweep_params(name)
+    group_keys = [k.lstrip("+") for k in params if k.lstrip("+") in PLUGIN_GROUPS]
+    assert name in group_keys
+    with initialize(version_base=None, config_path=None):
+        for job in _grid(params):
+            cfg = compose(CONFIG_NAME, [f"+ablation={name}", *job])
+            Engine(cfg)  # raises for a refused combination or a bad value
+
+
+def test_ablation_all_crosses_every_group_and_only_documented_refusals_fail():
+    from hydra import compose, initialize
+
+    register_configs()
+    params = _sweep_params("all")
+    assert {k.lstrip("+") for k in params} == set(PLUGIN_GROUPS)
+    jobs = _grid(params)
+    assert len(jobs) == 2 * 3 * 3 * 2 * 2
+    refused = 0
+    with initialize(version_base=None, config_path=None):
+        for job in jobs:
+            cfg = compose(CONFIG_NAME, ["+ablation=all", *job])
+            allocator, prefix, eviction = (
+                str(cfg[g].name) for g in ("allocator", "prefix", "eviction")
+            )
+            documented = (
+                allocator == "contiguous" and (prefix != "none" or eviction != "lru")
+            ) or (eviction == "sliding_window" and prefix == "radix")
+            assert (_refusal(cfg) is not None) == documented, job
+            refused += documented
+    assert 0 < refused < len(jobs)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes(name):
+    cfg = compose_config([f"+experiment={name}"])
+    assert cfg.workload.num_requests > 0
+    if cfg.executor == "sim":
+        from enginekit.engine import Engine
+
+        Engine(cfg)
+
+
+# ---- real sweeps through the command line -----------------------------------------------
+
+
+def _pngs(folder: Path) -> set[str]:
+    return {p.name for p in folder.glob("*.png")}
+
+
+def test_grid_sweep_with_a_refused_job_ends_with_table_plots_and_rebuild(cli, tmp_path):
+    args = ["-m", "+allocator=paged,contiguous", "+prefix=none,radix", "progress=false"]
+    result = cli(*args, "workload.num_requests=12", "hydra.sweep.dir=sweep")
+    assert result.returncode == 0, result.stderr
+    sweep = tmp_path / "sweep"
+    assert "| job | allocator | prefix | status |" in result.stdout
+    assert "error: job 3 (+allocator=contiguous +prefix=radix" in result.stderr
+    failed = json.loads((sweep / "3" / "report.json").read_text())
+    assert failed["status"] == STATUS_FAILED and "cannot be combined" in failed["error"]
+    rows = list(csv.DictReader(io.StringIO((sweep / SUMMARY_CSV).read_text())))
+    assert [r["status"] for r in rows] == ["completed", "completed", "completed", "failed"]
+    assert float(rows[1]["hit_rate"]) > 0 == float(rows[0]["hit_rate"])
+    assert _pngs(sweep) == {"kv_utilization.png", "prefix_hit_rate.png", "latency.png"}
+
+    table = (sweep / SUMMARY_MD).read_text()
+    for path in [sweep / SUMMARY_MD, sweep / SUMMARY_CSV, *sweep.glob("*.png")]:
+        path.unlink()
+    rebuilt = cli(str(sweep), module="enginekit.sweep")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (sweep / SUMMARY_MD).read_text() == table
+    assert _pngs(sweep) == {"kv_utilization.png", "prefix_hit_rate.png", "latency.png"}
+
+
+def test_ablation_file_runs_its_sweep(cli, tmp_path):
+    result = cli(
+        "+ablation=preemption", "progress=false", "workload.num_requests=30", "hydra.sweep.dir=s"
+    )
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "s" / SUMMARY_CSV).read_text())))
+    assert len(rows) == 8 and {r["status"] for r in rows} == {"completed"}
+    assert {(r["preemption"], r["cache.memory_gib"]) for r in rows} == set(
+        itertools.product(["recompute", "swap"], ["1", "2", "4", "8"])
+    )
+    assert _pngs(tmp_path / "s") == {"latency.png", "pool_size.png"}
+
+
+def test_submitit_local_launcher_runs_each_job_in_its_own_process(cli, tmp_path):
+    result = cli(
+        "-m",
+        "hydra/launcher=submitit_local",
+        "+quantizer=none,int4",
+        "progress=false",
+        "workload.num_requests=10",
+        "hydra.sweep.dir=sweep",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "sweep" / SUMMARY_CSV).read_text())))
+    assert [(r["quantizer"], r["status"]) for r in rows] == [
+        ("none", "completed"),
+        ("int4", "completed"),
+    ]
+    assert int(rows[1]["pool_tokens"]) > int(rows[0]["pool_tokens"])
+    assert "capacity.png" in _pngs(tmp_path / "sweep")
