@@ -88,6 +88,8 @@ def help_text(plugin_options: dict[str, list[str]], problems: list[str]) -> str:
             "Ablations (sweeps; each ends with summary.md, summary.csv and plots):",
             "  -m +ablation=" + " | ".join(ablations),
             "  rebuild a sweep's table and plots: python -m enginekit.sweep <sweep folder>",
+            "  jobs in parallel: hydra/launcher=joblib (this machine),"
+            " hydra/launcher=slurm (a SLURM cluster)",
         ]
     if problems:
         lines += ["", "Plugins that failed to load (skipped):"] + [f"  {p}" for p in problems]

@@ -73,6 +73,18 @@ def _colors(jobs: Sequence[JobResult], key: str | None) -> tuple[list[Any], dict
     return [palette[v] for v in values], palette
 
 
+def _label_rows(ax: Any, jobs: Sequence[JobResult], swept: Sequence[str]) -> None:
+    """Y tick labels: ``key=value, ...`` for up to two swept keys; beyond, values only with
+    the keys named once as the axis label."""
+    if len(swept) > 2:
+        labels = [", ".join(job.overrides.get(k, "-") for k in swept) for job in jobs]
+        ax.set_ylabel(", ".join(swept))
+    else:
+        labels = [job_label(job, swept) for job in jobs]
+    ax.set_yticks(range(len(jobs)), labels, fontsize="small")
+    ax.invert_yaxis()
+
+
 def _figure(num_panels: int, num_rows: int) -> tuple[Any, list[Any]]:
     from matplotlib.figure import Figure
 
@@ -88,7 +100,7 @@ def _panel_title(panel: Panel) -> str:
     if not ticks:
         return panel.title
     bars = [s.label for s in panel.series if not s.is_tick]
-    return f"{panel.title} (bar: {', '.join(bars)}; |: {', '.join(ticks)})"
+    return f"{panel.title}\n(bar: {', '.join(bars)}; |: {', '.join(ticks)})"
 
 
 def _bar_plot(
@@ -120,8 +132,7 @@ def _bar_plot(
         if panel.is_fraction:
             ax.set_xlim(0, 1.05)
             ax.xaxis.set_major_formatter(PercentFormatter(xmax=1))
-    axes[0].set_yticks(ys, [job_label(job, swept) for job in rows], fontsize="small")
-    axes[0].invert_yaxis()
+    _label_rows(axes[0], rows, swept)
     if colour_key is not None and len(palette) > 1:
         handles = [Patch(color=c, label=v) for v, c in palette.items()]
         fig.legend(handles=handles, title=colour_key, loc="outside right upper", fontsize="small")
@@ -130,10 +141,39 @@ def _bar_plot(
     return path
 
 
+def _latency_points_ms(job: JobResult, key: str) -> dict[str, float]:
+    """The job's p50 / p90 / p99 of latency ``key`` in ms (those it has)."""
+    stats = job.summary.get(key) or {}
+    return {p: 1e3 * float(stats[p]) for p in _MARKERS if stats.get(p) is not None}
+
+
+def _plain(value: float, _pos: Any = None) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:g}"
+
+
+def _log_axis(ax: Any, values: Sequence[float]) -> None:
+    """A log x axis with plain numbers: decades labelled; within a span under a decade,
+    also the 2, 3 and 5 multiples, and every minor tick within a span under 3x."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+    positive = [v for v in values if v > 0]
+    span = max(positive) / min(positive) if positive else math.inf
+    if span < 10:
+
+        def minor(value: float, _pos: Any = None) -> str:
+            mantissa = round(value / 10 ** math.floor(math.log10(value)), 6)
+            return _plain(value) if span < 3 or mantissa in (2, 3, 5) else ""
+
+        ax.xaxis.set_minor_formatter(FuncFormatter(minor))
+    else:
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _latency_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -> Path:
     """Per job, p50 / p90 / p99 of TTFT and TPOT on a log scale, joined by a line."""
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import LogFormatter
 
     colours, _ = _colors(jobs, swept[0] if swept else None)
     fig, axes = _figure(2, len(jobs))
@@ -141,21 +181,17 @@ def _latency_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -
     metrics = (("time_to_first_token_seconds", "TTFT"), ("time_per_output_token_seconds", "TPOT"))
     for ax, (key, name) in zip(axes, metrics, strict=True):
         for y, job, colour in zip(ys, jobs, colours, strict=True):
-            stats = job.summary.get(key) or {}
-            points = {p: float(stats[p]) for p in _MARKERS if stats.get(p) is not None}
+            points = _latency_points_ms(job, key)
             if not points:
                 continue
-            xs = [1e3 * v for v in points.values()]
+            xs = list(points.values())
             ax.plot([min(xs), max(xs)], [y, y], color=colour, linewidth=2, alpha=0.6)
             for stat, value in points.items():
-                ax.scatter([1e3 * value], [y], marker=_MARKERS[stat], color=colour)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-        ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+                ax.scatter([value], [y], marker=_MARKERS[stat], color=colour)
+        _log_axis(ax, [x for job in jobs for x in _latency_points_ms(job, key).values()])
         ax.set_title(f"{name} (ms)", fontsize="medium")
         ax.grid(axis="x", which="both", alpha=0.3)
-    axes[0].set_yticks(ys, [job_label(job, swept) for job in jobs], fontsize="small")
-    axes[0].invert_yaxis()
+    _label_rows(axes[0], jobs, swept)
     handles = [
         Line2D([], [], marker=m, color="black", linestyle="", label=stat)
         for stat, m in _MARKERS.items()

@@ -239,6 +239,18 @@ def test_every_experiment_composes(name):
         Engine(cfg)
 
 
+def test_slurm_launcher_file_selects_submitit_slurm_with_our_defaults():
+    from hydra import compose, initialize
+
+    register_configs()
+    with initialize(version_base=None, config_path=None):
+        overrides = ["hydra/launcher=slurm", "+ablation=prefix", "hydra.launcher.partition=gpu"]
+        cfg = compose(CONFIG_NAME, overrides, return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.partition, launcher.gpus_per_node, launcher.timeout_min) == ("gpu", 0, 60)
+
+
 # ---- real sweeps through the command line -----------------------------------------------
 
 
