@@ -266,16 +266,20 @@ def case_checks():
     expect_value_error(triton_attention.decode_attention, q, int4, 0, tables, lens, 1.0)
 
 
-def case_engine():
-    """The whole engine with kernels=triton gives the reference kernels' greedy tokens."""
+def case_engine(quantizer="none"):
+    """The whole engine with kernels=triton gives the reference kernels' greedy tokens,
+    with preemptions, on a pool of the quantizer's storage kind."""
     from enginekit import Engine, SamplingParams
 
     outputs = []
+    quant = [f"+quantizer={quantizer}"] if quantizer != "none" else []
+    if quantizer == "int4":
+        quant.append("quantizer.group_size=4")
     for kernels in ("reference", "triton"):
         engine = Engine.from_overrides(
             ["executor=torch", "model=tiny", "model.dtype=float32", "progress=false",
              f"kernels={kernels}", "cache.block_size=4", "cache.num_blocks=14",
-             "cache.watermark=0"]
+             "cache.watermark=0", *quant]
         )  # fmt: skip
         g = torch.Generator().manual_seed(5)
         for n in (3, 9, 14, 6):
@@ -324,6 +328,8 @@ def cases():
     out["copy-int4"] = (case_copy, 16, torch.float16, "int4-g8")
     out["launcher-checks"] = (case_checks,)
     out["engine"] = (case_engine,)
+    out["engine-fp8"] = (case_engine, "fp8")
+    out["engine-int4"] = (case_engine, "int4")
     return out
 
 

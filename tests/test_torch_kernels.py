@@ -6,7 +6,8 @@ ragged lengths, partial last blocks, prefixes ending mid-block, sliding windows 
 without attention sinks (released blocks between them: -1 or NaN-filled), in float32 to
 1e-5, float16 to 2e-3, bfloat16 to 2e-2. Writes (int4 key groups re-quantized over
 earlier tokens) and block copies of every block tensor match bit for bit. Then the
-engine end to end with kernels=triton against kernels=reference."""
+engine end to end with kernels=triton against kernels=reference, unquantized, fp8 and
+int4."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 CASES = Path(__file__).with_name("kernel_cases.py")
-NUM_CASES = 87
+NUM_CASES = 89
 
 
 def test_triton_kernels_match_references_under_the_interpreter():
