@@ -93,8 +93,9 @@ class CacheConfig:
     num_blocks: int | None = None  # None: sized from device memory after weights and reserve
     watermark: float = 0.01  # share of blocks admission keeps free for running sequences
     native: bool = True  # Rust structures; false runs their pure-Python reference twins
-    # torch executor, when num_blocks is None: KV pool budget in GiB. None: 1 GiB on CPU;
-    # on CUDA, free memory after the weights × hardware.memory_utilization - reserve_gib.
+    # When num_blocks is None: KV pool budget in GiB (both executors). None: the simulated
+    # device's memory after weights and reserve; torch: 1 GiB on CPU, on CUDA free memory
+    # after the weights × hardware.memory_utilization - reserve_gib.
     memory_gib: float | None = None
     # torch executor: host swap pool in GiB (allocated at the first swap-out). None: the
     # preemption plugin's swap_space_gib when it has one, else no swap pool.

@@ -16,6 +16,7 @@ from enginekit.errors import ConfigError
 from enginekit.executor.base import BlockCopy, BlockSwap
 from enginekit.executor.kv_cache import PagedKVCache
 from enginekit.kernels.ops import ReferenceOps
+from enginekit.kv.quant import KVQuant
 from enginekit.kv.spec import KVSpec
 from enginekit.models.shapes import model_preset
 from enginekit.models.tiny import random_state_dict
@@ -171,19 +172,26 @@ def test_seeded_sampling_is_reproducible():
     ]
 
 
-def test_swaps_then_copies_in_contract_order():
-    spec = KVSpec.of(model_preset("tiny"), bits_per_element=32, block_size=4)
+@pytest.mark.parametrize("quant", [KVQuant(), KVQuant("fp8"), KVQuant.int4(4, 4, 16)])
+def test_swaps_then_copies_in_contract_order(quant):
+    """Whole blocks move, int4 scales and zero points with them."""
+    spec = KVSpec.of(model_preset("tiny"), bits_per_element=32, block_size=4, quant=quant)
     cache = PagedKVCache(spec, 8, 4, torch.float32, torch.device("cpu"), ReferenceOps())
-    cache.pool.copy_(torch.randn(cache.pool.shape))
-    before = cache.pool.clone()
+    for t in cache.pool.block_tensors:
+        t.copy_(torch.randint(0, 100, t.shape).to(t.dtype))
+    before = [t.clone() for t in cache.pool.block_tensors]
     cache.apply([BlockSwap(3, 0), BlockSwap(5, 1)], [], [])
     # Device block 3 is reused at once: host 1 (old block 5) comes back into it.
     cache.apply([BlockSwap(3, 2)], [BlockSwap(3, 1), BlockSwap(6, 0)], [BlockCopy(6, 7)])
     assert cache.host_pool is not None
-    torch.testing.assert_close(cache.host_pool[2], before[3], rtol=0, atol=0)
-    torch.testing.assert_close(cache.pool[3], before[5], rtol=0, atol=0)
-    torch.testing.assert_close(cache.pool[6], before[3], rtol=0, atol=0)
-    torch.testing.assert_close(cache.pool[7], before[3], rtol=0, atol=0)
+    assert len(cache.host_pool.block_tensors) == len(before)
+    for host, device, old in zip(
+        cache.host_pool.block_tensors, cache.pool.block_tensors, before, strict=True
+    ):
+        assert torch.equal(host[2].float(), old[3].float())
+        assert torch.equal(device[3].float(), old[5].float())
+        assert torch.equal(device[6].float(), old[3].float())
+        assert torch.equal(device[7].float(), old[3].float())
 
 
 @pytest.mark.parametrize("prefix", ["none", "block_hash"])

@@ -45,7 +45,8 @@ def build_executor(
     quantizer: Quantizer | None = None,
 ) -> tuple[Executor, int]:
     """The executor ``cfg.executor`` names, and the number of KV blocks of the pool:
-    ``cache.num_blocks`` if set, else what the device's memory holds. ``quantizer``
+    ``cache.num_blocks`` if set, else the blocks ``cache.memory_gib`` holds if set, else
+    what the device's memory holds. ``quantizer``
     (the plugin behind ``kv_spec.quant``) tells the torch executor where fp8 scales
     come from."""
     if cfg.executor not in EXECUTORS:
@@ -62,12 +63,24 @@ def build_executor(
     hardware = hardware_preset(cfg.hardware.name)
     weight_bytes = shape.num_params * model_bits // 8
     num_blocks = cfg.cache.num_blocks
+    if num_blocks is not None and num_blocks < 1:
+        raise ConfigError(f"cache.num_blocks must be >= 1, got {num_blocks}")
+    if num_blocks is None and cfg.cache.memory_gib is not None:
+        num_blocks = _blocks_in_budget(cfg.cache.memory_gib, kv_spec)
     if num_blocks is None:
         num_blocks = kv_pool_num_blocks(hardware, cfg.hardware, shape, kv_spec, weight_bytes)
-    elif num_blocks < 1:
-        raise ConfigError(f"cache.num_blocks must be >= 1, got {num_blocks}")
     executor = SimExecutor(shape, hardware, kv_spec, model_bits // 8, num_blocks=num_blocks)
     return executor, num_blocks
+
+
+def _blocks_in_budget(memory_gib: float, kv_spec: KVSpec) -> int:
+    """Whole blocks in a KV budget of ``memory_gib`` GiB; ConfigError when none fits."""
+    num_blocks = kv_spec.num_blocks_in(int(memory_gib * (1 << 30)))
+    if num_blocks < 1:
+        raise ConfigError(
+            f"cache.memory_gib={memory_gib} holds no block of {kv_spec.bytes_per_block} bytes"
+        )
+    return num_blocks
 
 
 def executor_eos_token_id(executor: Executor) -> int | None:

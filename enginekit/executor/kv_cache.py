@@ -1,7 +1,8 @@
 """PagedKVCache: the device KV pool, the host swap pool, and the step's block operations.
 
-Both pools have the layout of ``enginekit.kernels.layout`` (one contiguous block holds
-every layer's K and V), so a block moves with one copy. The host pool is allocated on
+Both pools have the layout of ``enginekit.kernels.layout`` in the cache's storage format
+(``KVSpec.quant``): a block is index ``b`` of each block tensor, so a block moves (with
+its int4 scales) by copying that index. The host pool is allocated on
 the first swap-out (a run without swaps costs no host memory) and is pinned only where
 CUDA exists. The scheduler owns both id spaces: it names device blocks by their pool
 index and host blocks by theirs.
@@ -15,14 +16,14 @@ import torch
 
 from enginekit.executor.base import BlockCopy, BlockSwap
 from enginekit.kernels import reference
-from enginekit.kernels.layout import allocate_pool
+from enginekit.kernels.layout import KVPool, allocate_pool
 from enginekit.kernels.ops import PagedOps
 from enginekit.kv.spec import KVSpec
 
 
 class PagedKVCache:
-    """``pool`` [num_blocks, layers, 2, kv_heads, block_size, head_dim] on ``device``;
-    ``host_pool`` likewise with ``num_host_blocks`` blocks on the CPU (None until used)."""
+    """``pool``: ``num_blocks`` blocks on ``device``; ``host_pool`` likewise with
+    ``num_host_blocks`` blocks on the CPU (None until used). ``dtype`` is the model's."""
 
     def __init__(
         self,
@@ -40,9 +41,9 @@ class PagedKVCache:
         self.device = device
         self.ops = ops
         self.pool = allocate_pool(spec, num_blocks, dtype, device)
-        self.host_pool: torch.Tensor | None = None
+        self.host_pool: KVPool | None = None
 
-    def _host(self) -> torch.Tensor:
+    def _host(self) -> KVPool:
         if self.host_pool is None:
             if self.num_host_blocks < 1:
                 raise RuntimeError("a swap was scheduled but the host swap pool has no blocks")
@@ -52,6 +53,7 @@ class PagedKVCache:
                 self.dtype,
                 "cpu",
                 pin_memory=torch.cuda.is_available(),
+                with_fp8_scales=False,
             )
         return self.host_pool
 

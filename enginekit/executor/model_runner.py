@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 
 from enginekit.executor.base import Executor, ModelOutput, SchedulerOutput
 from enginekit.executor.batch import build_batch
+from enginekit.executor.fp8_scales import FP8Scales
 from enginekit.executor.kv_cache import PagedKVCache
 from enginekit.executor.sampler import beam_candidates, request_seed, sample
 from enginekit.kernels.ops import PagedOps
@@ -40,8 +41,11 @@ class _Sequence(NamedTuple):
 
 class TorchExecutor(Executor):
     """Runs ``model`` on ``device`` with a pool of ``num_blocks`` KV blocks (and
-    ``num_host_blocks`` host blocks for swapping). ``eos_token_id`` is the model's, for
-    the scheduler. ``num_steps`` and ``busy_time_s`` accumulate over non-empty steps."""
+    ``num_host_blocks`` host blocks for swapping), stored in ``kv_spec.quant``'s format.
+    An fp8 pool takes its scales from the checkpoint or calibrates them on the first
+    prefill, as ``fp8_scale_source`` (``auto``, ``checkpoint``, ``calibrate``) and
+    ``fp8_margin`` say (see ``FP8Scales``). ``eos_token_id`` is the model's, for the
+    scheduler. ``num_steps`` and ``busy_time_s`` accumulate over non-empty steps."""
 
     needs_block_tables = True
     supports_forks = True
@@ -56,6 +60,8 @@ class TorchExecutor(Executor):
         *,
         num_host_blocks: int = 0,
         base_seed: int = 0,
+        fp8_scale_source: str = "auto",
+        fp8_margin: float = 2.0,
     ) -> None:
         self.model = model
         self.kv_spec = kv_spec
@@ -64,6 +70,13 @@ class TorchExecutor(Executor):
         self.cache = PagedKVCache(
             kv_spec, num_blocks, num_host_blocks, model.dtype, model.device, ops
         )
+        self.fp8_scale_source = fp8_scale_source
+        self.fp8_margin = fp8_margin
+        self.fp8_scales: FP8Scales | None = None
+        if kv_spec.quant.kind == "fp8":
+            self.fp8_scales = FP8Scales(
+                self.cache.pool, fp8_scale_source, fp8_margin, model.weights.kv_scales
+            )
         self.base_seed = base_seed
         self.eos_token_id = model.arch.eos_token_id
         self._sequences: dict[int, _Sequence] = {}
@@ -108,7 +121,7 @@ class TorchExecutor(Executor):
         if scheduled.is_empty:
             return ModelOutput([], time.perf_counter() - started)
         batch = build_batch(scheduled, self.kv_spec.block_size, self.device)
-        logits = self.model.forward(batch, self.cache.pool, self.ops)
+        logits = self.model.forward(batch, self.cache.pool, self.ops, self._before_write())
         sampled = [sequences[seq_id] for seq_id in scheduled.sample_seq_ids]
         tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled])
         widths = [s.sampling.beam_width for s in sampled]
@@ -118,18 +131,47 @@ class TorchExecutor(Executor):
         self.busy_time_s += elapsed
         return ModelOutput(tokens, elapsed, candidates)
 
+    def _before_write(
+        self,
+    ) -> Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None:
+        """The forward's hook while fp8 scales still wait for their calibration."""
+        scales = self.fp8_scales
+        if scales is None or not scales.is_pending:
+            return None
+        return lambda layer, _query, key, value: scales.calibrate(layer, key, value)
+
+    def prompt_logprobs(self, token_ids: Sequence[int], chunk_tokens: int = 512) -> torch.Tensor:
+        """float32 [len(token_ids), vocab] teacher-forced log-probabilities through a
+        private pool of this executor's KV format (see ``scoring``); this executor's
+        pool and sequences are untouched."""
+        from enginekit.executor.scoring import teacher_forced_logprobs
+
+        return teacher_forced_logprobs(
+            self.model,
+            self.ops,
+            self.kv_spec,
+            token_ids,
+            chunk_tokens,
+            fp8_scale_source=self.fp8_scale_source,
+            fp8_margin=self.fp8_margin,
+        )
+
     def describe(self) -> dict[str, object]:
         shape = self.model.arch.shape
-        return {
+        info: dict[str, object] = {
             "executor": "torch",
             "device": str(self.device),
             "model": shape.name,
             "architecture": self.model.arch.model_type,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "kernels": self.ops.name,
+            "kv_storage": self.kv_spec.quant.kind,
             "kv_bytes_per_token": self.kv_spec.bytes_per_token,
             "block_size": self.kv_spec.block_size,
             "kv_pool_blocks": self.cache.num_blocks,
             "kv_pool_gib": self.cache.num_blocks * self.kv_spec.bytes_per_block / (1 << 30),
             "swap_pool_blocks": self.cache.num_host_blocks,
         }
+        if self.fp8_scales is not None:
+            info["fp8_scales"] = self.fp8_scales.describe()
+        return info

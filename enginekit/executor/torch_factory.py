@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from enginekit.errors import ConfigError
 from enginekit.executor.model_runner import TorchExecutor
+from enginekit.interfaces.quantizer import Quantizer
 from enginekit.kernels.layout import TORCH_DTYPES, pool_bytes_per_block
 from enginekit.kernels.ops import PagedOps, make_ops
 from enginekit.kv.spec import KVSpec
@@ -91,12 +92,14 @@ def _num_host_blocks(cfg: DictConfig, block_bytes: int) -> int:
 
 
 def build_torch_executor(
-    cfg: DictConfig, shape: ModelShape, kv_spec: KVSpec, model_bits: int
+    cfg: DictConfig,
+    shape: ModelShape,
+    kv_spec: KVSpec,
+    model_bits: int,
+    quantizer: Quantizer | None = None,
 ) -> tuple[TorchExecutor, int]:
-    """The torch executor and its number of device KV blocks. Raises ConfigError for a
-    quantized KV cache (not supported yet), a missing device or missing weights."""
-    if kv_spec.bits_per_element != model_bits or kv_spec.scale_bytes_per_token:
-        raise ConfigError("executor=torch stores KV in the model dtype: use +quantizer=none")
+    """The torch executor and its number of device KV blocks, in ``kv_spec.quant``'s
+    storage format. Raises ConfigError for a missing device or missing weights."""
     device = _device(cfg.device)
     if cfg.threads is not None:
         if cfg.threads < 1:
@@ -113,5 +116,7 @@ def build_torch_executor(
         ops,
         num_host_blocks=_num_host_blocks(cfg, block_bytes),
         base_seed=cfg.model.seed,
+        fp8_scale_source=quantizer.scale_source() if quantizer else "auto",
+        fp8_margin=quantizer.calibration_margin() if quantizer else 2.0,
     )
     return executor, num_blocks

@@ -11,11 +11,13 @@ only in the ``ModelArch`` and in which weights exist; GQA/MQA come from the shap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from enginekit.kernels.layout import KVPool
 from enginekit.kernels.ops import PagedOps
 from enginekit.models.arch import ModelArch
 from enginekit.models.rope import RotaryTable
@@ -40,6 +42,8 @@ class LlamaWeights(NamedTuple):
     layers: list[LayerWeights]
     norm: torch.Tensor
     lm_head: torch.Tensor  # the embedding itself when the model ties them
+    # fp8 KV-cache scales shipped with the checkpoint: float32 [layers, K|V, kv_heads]
+    kv_scales: torch.Tensor | None = None
 
 
 class ForwardBatch(NamedTuple):
@@ -95,13 +99,22 @@ class LlamaModel:
         self.kv_size = shape.num_kv_heads * shape.head_dim
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, pool: torch.Tensor, ops: PagedOps) -> torch.Tensor:
+    def forward(
+        self,
+        batch: ForwardBatch,
+        pool: KVPool,
+        ops: PagedOps,
+        before_write: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> torch.Tensor:
         """Writes every batch token's K/V into ``pool`` (mutated) and returns float32
-        logits [len(logits_indices), vocab]."""
+        logits [len(logits_indices), vocab]. ``before_write(layer, query, key, value)``,
+        if given, sees each layer's query [T, heads, head_dim] and new K/V [T, kv_heads,
+        head_dim] (after the rotary embedding) before the K/V are stored: fp8
+        calibration and quality measurements hook in there."""
         shape = self.arch.shape
         eps = self.arch.rms_norm_eps
         num_heads, num_kv_heads, head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
-        window = shape.sliding_window
+        window, sinks = shape.sliding_window, shape.attention_sinks
         num_prefill = batch.num_prefill_tokens
         has_decodes = batch.input_ids.shape[0] > num_prefill
         w = self.weights
@@ -113,6 +126,8 @@ class LlamaModel:
             q = self.rotary.apply(q.reshape(-1, num_heads, head_dim), batch.positions)
             k = self.rotary.apply(k.reshape(-1, num_kv_heads, head_dim), batch.positions)
             v = v.reshape(-1, num_kv_heads, head_dim)
+            if before_write is not None:
+                before_write(layer, q, k, v)
             ops.write_kv(pool, layer, k, v, batch.slots)
             parts = []
             if num_prefill:
@@ -127,6 +142,7 @@ class LlamaModel:
                         batch.prefill_max_query_len,
                         self.scale,
                         window,
+                        sinks,
                     )
                 )
             if has_decodes:
@@ -139,6 +155,7 @@ class LlamaModel:
                         batch.decode_context_lens,
                         self.scale,
                         window,
+                        sinks,
                     )
                 )
             attn = parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -92,7 +92,53 @@ def weights_from_state_dict(
         lm_head = embed
     else:
         raise ConfigError("weights lack 'lm_head.weight' and the config does not tie embeddings")
-    return LlamaWeights(embed=embed, layers=layers, norm=get("norm.weight"), lm_head=lm_head)
+    return LlamaWeights(
+        embed=embed,
+        layers=layers,
+        norm=get("norm.weight"),
+        lm_head=lm_head,
+        kv_scales=kv_cache_scales(tensors, arch.shape.num_layers, arch.shape.num_kv_heads),
+    )
+
+
+# Names fp8 checkpoints use for the KV-cache scales of layer i, K then V, after
+# ``layers.{i}.self_attn.`` (newer exports, then the older output-scale naming).
+_KV_SCALE_NAMES = (("k_scale", "v_scale"), ("k_proj.output_scale", "v_proj.output_scale"))
+
+
+def kv_cache_scales(
+    tensors: Mapping[str, torch.Tensor], num_layers: int, num_kv_heads: int
+) -> torch.Tensor | None:
+    """float32 [num_layers, 2, num_kv_heads] fp8 KV scales (``value ≈ stored × scale``)
+    from ``layers.{i}.self_attn.k_scale`` / ``v_scale`` (or ``k_proj.output_scale`` /
+    ``v_proj.output_scale``), each a scalar or one per kv head; None when the checkpoint
+    has none. Raises ConfigError when only some layers have them or a shape is wrong."""
+    for k_name, v_name in _KV_SCALE_NAMES:
+        found = [
+            [tensors.get(f"layers.{i}.self_attn.{name}") for name in (k_name, v_name)]
+            for i in range(num_layers)
+        ]
+        present = [t is not None for pair in found for t in pair]
+        if not any(present):
+            continue
+        if not all(present):
+            raise ConfigError(f"the checkpoint has {k_name}/{v_name} for some layers only")
+        scales = torch.empty(num_layers, 2, num_kv_heads, dtype=torch.float32)
+        for i, pair in enumerate(found):
+            for j, t in enumerate(pair):
+                assert t is not None
+                if t.numel() not in (1, num_kv_heads):
+                    raise ConfigError(
+                        f"layers.{i}.self_attn.{(k_name, v_name)[j]} has {t.numel()} values; "
+                        f"expected 1 or {num_kv_heads} (one per kv head)"
+                    )
+                scales[i, j] = (
+                    t.float().flatten().expand(num_kv_heads)
+                    if t.numel() == 1
+                    else t.float().flatten()
+                )
+        return scales
+    return None
 
 
 def load_hf_folder(

@@ -1,0 +1,89 @@
+"""FP8Scales: where an fp8 KV pool's scales come from, and setting them.
+
+An fp8 cache stores ``K / scale`` per (layer, K|V, kv head). A wrong scale is the classic
+silent failure of fp8 KV caches (a scale left at 1.0 clips or flushes values and the
+model produces garbage without any error), so the scales here always have a stated
+origin, and the run's report prints it:
+
+- ``checkpoint``: the model folder's ``k_scale`` / ``v_scale`` tensors;
+- ``calibrated``: each layer's max-abs K and V per kv head on the first prefill the
+  executor runs, times a margin, mapped to e4m3's largest finite value (448).
+
+The pool's scales are NaN until set, and the write kernels refuse NaN scales.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from enginekit.errors import ConfigError
+from enginekit.kernels.layout import KVPool
+
+FP8_E4M3_MAX = 448.0
+MIN_SCALE = 1e-12  # an all-zero calibration batch must not give a zero scale
+
+
+class FP8Scales:
+    """Owns ``pool.fp8_scales`` [layers, 2, kv_heads]. ``source`` is the quantizer's
+    ``scale_source()``: ``checkpoint`` needs ``checkpoint_scales``, ``calibrate`` ignores
+    them, ``auto`` uses them when present. Raises ConfigError for ``checkpoint`` without
+    them."""
+
+    def __init__(
+        self,
+        pool: KVPool,
+        source: str,
+        margin: float,
+        checkpoint_scales: torch.Tensor | None,
+    ) -> None:
+        if pool.fp8_scales is None:
+            raise ValueError("FP8Scales needs an fp8 pool")
+        self.scales = pool.fp8_scales
+        self.margin = margin
+        self.num_calibration_tokens = 0
+        self._num_calibrated_layers = 0
+        if checkpoint_scales is not None and source in ("auto", "checkpoint"):
+            if tuple(checkpoint_scales.shape) != tuple(self.scales.shape):
+                raise ConfigError(
+                    f"checkpoint KV scales have shape {tuple(checkpoint_scales.shape)}, "
+                    f"expected {tuple(self.scales.shape)} (layers, K|V, kv heads)"
+                )
+            if not bool((checkpoint_scales > 0).all()):
+                raise ConfigError("checkpoint KV scales must be positive and finite")
+            self.scales.copy_(checkpoint_scales)
+            self.origin = "checkpoint"
+        elif source == "checkpoint":
+            raise ConfigError(
+                "quantizer.scales=checkpoint, but the model folder has no k_scale/v_scale "
+                "tensors: use quantizer.scales=calibrate (or auto)"
+            )
+        else:
+            self.origin = "calibrated"
+            self._num_calibrated_layers = 0
+
+    @property
+    def is_pending(self) -> bool:
+        """Whether some layer still waits for its calibration."""
+        return self.origin == "calibrated" and self._num_calibrated_layers < self.scales.shape[0]
+
+    def calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Sets ``layer``'s scales from ``key``/``value`` [N, kv_heads, head_dim] unless
+        already set (the first call per layer wins). Mutates the pool's scales."""
+        if not self.is_pending or not bool(torch.isnan(self.scales[layer, 0, 0])):
+            return
+        for index, x in ((0, key), (1, value)):
+            amax = x.detach().float().abs().amax(dim=(0, 2))
+            self.scales[layer, index] = (amax * self.margin / FP8_E4M3_MAX).clamp(min=MIN_SCALE)
+        self._num_calibrated_layers += 1
+        if layer == 0:
+            self.num_calibration_tokens = key.shape[0]
+
+    def describe(self) -> str:
+        if self.origin == "checkpoint":
+            return "from the checkpoint"
+        if self.is_pending:
+            return "not calibrated yet (no prefill has run)"
+        return (
+            f"calibrated on the first prefill ({self.num_calibration_tokens} tokens, "
+            f"max-abs x {self.margin:g})"
+        )
