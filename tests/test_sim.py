@@ -15,6 +15,7 @@ from enginekit.executor.sim import (
     STEP_OVERHEAD_S,
     SimExecutor,
     _causal_pairs,
+    _sink_pairs,
     fallback_token_id,
 )
 from enginekit.kv.spec import KVSpec
@@ -138,6 +139,42 @@ def test_sliding_window_caps_decode_reads():
     cost = ex.step_cost(step(decodes=[(0, 100), (1, 4000)]))
     assert cost.flops == TOKEN_FLOPS * 2 + PAIR_FLOPS * (100 + 512)
     assert cost.bytes == WEIGHT_BYTES + KV.bytes_per_token * (100 + 512 + 2)
+
+
+def visible(p: int, k: int, window: int, sinks: int) -> bool:
+    """The visibility rule: the query at p sees the key at k."""
+    return k <= p and (k > p - window or k < sinks)
+
+
+def test_sink_pairs_match_the_visibility_rule():
+    for start, length, window, sinks in itertools.product(
+        range(0, 14), range(1, 9), range(1, 8), range(0, 6)
+    ):
+        brute = sum(
+            visible(p, k, window, sinks) for p in range(start, start + length) for k in range(p + 1)
+        )
+        got = _causal_pairs(start, length, window) + _sink_pairs(start, length, window, sinks)
+        assert got == brute, (start, length, window, sinks)
+
+
+def test_sinks_add_the_keys_outside_the_window_to_decode_and_prefill_costs():
+    fields = {**SHAPE.__dict__, "name": "windowed", "sliding_window": 512}
+    plain = SimExecutor(ModelShape(**fields), HW, KV)
+    sinks = SimExecutor(ModelShape(**{**fields, "attention_sinks": 4}), HW, KV)
+    # Decodes seeing 100, 514 and 4000 keys: min(L, 512) + the sinks not inside the window.
+    s = step(decodes=[(0, 100), (1, 514), (2, 4000)])
+    keys = (100 + 0) + (512 + 2) + (512 + 4)
+    assert sinks.step_cost(s).flops == TOKEN_FLOPS * 3 + PAIR_FLOPS * keys
+    assert sinks.step_cost(s).bytes == WEIGHT_BYTES + KV.bytes_per_token * (keys + 3)
+    assert sinks.step_cost(s).flops - plain.step_cost(s).flops == PAIR_FLOPS * (2 + 4)
+    # A chunk of 100 queries at 1000..1099 after 1000 cached tokens: each query sees its
+    # window and all 4 sinks; the chunk reads the window and the sinks of its cached part.
+    s = step(prefills=[(0, 1000, 100)])
+    assert sinks.step_cost(s).flops - plain.step_cost(s).flops == PAIR_FLOPS * 100 * 4
+    assert sinks.step_cost(s).bytes - plain.step_cost(s).bytes == KV.bytes_per_token * 4
+    # Inside the window the sinks change nothing.
+    s = step(prefills=[(0, 0, 300)], decodes=[(1, 512)])
+    assert sinks.step_cost(s) == plain.step_cost(s)
 
 
 def test_scripted_tokens_come_back_in_order_across_preemption():

@@ -15,8 +15,10 @@ bytes
     its ``c``; all at ``kv_spec.bytes_per_token``. A copy-on-write block copy reads and
     writes one block. Activations are left out (small next to weights and KV).
 
-With a sliding-window model every attended length is capped at the window. An empty step
-(no prefill, no decode) costs nothing: no kernel is launched.
+With a sliding-window model every attended length is capped at the window, plus the
+attention sinks (``shape.attention_sinks``) that lie outside it: a query seeing ``L`` keys
+attends ``min(L, window) + min(sinks, max(0, L - window))``. An empty step (no prefill, no
+decode) costs nothing: no kernel is launched.
 
 Tokens: each sequence returns its scripted output ids in order, one per appearance in
 ``sample_seq_ids``; its count survives preemption (the re-prefill's sample continues the
@@ -106,6 +108,25 @@ def _causal_pairs(start: int, length: int, window: int | None) -> int:
     return under + (length - num_under) * window
 
 
+def _sinks_outside(num_keys: int, window: int, sinks: int) -> int:
+    """Sink keys a query that sees ``num_keys`` keys (itself included) reaches beyond its
+    window."""
+    return min(sinks, max(0, num_keys - window))
+
+
+def _sink_pairs(start: int, length: int, window: int, sinks: int) -> int:
+    """(query, sink key) pairs beyond the window of a chunk of ``length`` queries at
+    positions ``start .. start+length-1``: the sum of ``_sinks_outside(p + 1, ...)``."""
+
+    def upto(num_queries: int) -> int:  # the sum over positions 0 .. num_queries - 1
+        beyond = num_queries - window
+        if beyond <= sinks:
+            return max(0, beyond) * (max(0, beyond) + 1) // 2
+        return sinks * (sinks + 1) // 2 + (beyond - sinks) * sinks
+
+    return upto(start + length) - upto(start)
+
+
 class SimExecutor(Executor):
     """Simulated executor. Per-sequence state: a token iterator, from ``add_sequence`` until
     the step whose ``finished_seq_ids`` lists the sequence. ``last_cost`` is the roofline
@@ -136,6 +157,7 @@ class SimExecutor(Executor):
         self._kv_bytes_per_token = kv_spec.bytes_per_token
         self._copy_bytes = 2 * kv_spec.bytes_per_block
         self._window = shape.sliding_window
+        self._sinks = shape.attention_sinks
         self._effective_flops = hw.effective_flops
         self._effective_bandwidth = hw.effective_bandwidth
         self._vocab_size = shape.vocab_size
@@ -190,6 +212,13 @@ class SimExecutor(Executor):
             pairs = decode_keys
             for s, c in zip(starts, lens, strict=True):
                 pairs += _causal_pairs(s, c, window)
+            if sinks := self._sinks:
+                decode_sinks = sum(_sinks_outside(n, window, sinks) for n in context_lens)
+                decode_keys += decode_sinks
+                cached_keys += sum(_sinks_outside(s, window, sinks) for s in starts)
+                pairs += decode_sinks
+                for s, c in zip(starts, lens, strict=True):
+                    pairs += _sink_pairs(s, c, window, sinks)
         flops = (
             self._flops_per_token * (num_prefill_tokens + num_decodes)
             + self._flops_per_pair * pairs
