@@ -20,6 +20,8 @@ from typing import Any
 from enginekit.app import CONFIG_NAME, register_configs, rewrite_overrides
 from enginekit.errors import EngineKitError
 
+CLAIMS_JOB = "claims"  # hydra.job.name of the claims job (python -m enginekit +experiment=claims)
+
 
 def _output_dir() -> Path:
     from hydra.core.hydra_config import HydraConfig
@@ -78,9 +80,16 @@ def _job_name() -> str:
 
 
 def run_task(cfg: Any) -> dict[str, Any] | None:
-    """The Hydra task: ``run_job``, with the error policy of the module docstring. Returns
-    the summary, or None for a job of a sweep that failed (and was recorded)."""
+    """The Hydra task: ``run_job``, with the error policy of the module docstring, or the
+    claims job (``enginekit.claims``) when ``hydra.job.name`` is ``claims``. Returns the
+    summary (the claims), or None for a job of a sweep that failed (and was recorded)."""
     try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.get().job.name == CLAIMS_JOB:  # set by conf/experiment/claims.yaml
+            from enginekit.claims import run_claims_job
+
+            return run_claims_job(_output_dir())
         return run_job(cfg)
     except EngineKitError as exc:
         if _is_multirun():
