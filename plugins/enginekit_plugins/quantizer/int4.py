@@ -8,8 +8,11 @@ of one token (capped at the head). With 16-bit scale and zero, a group of G cost
 4 + 32/G bits per value: 4.5 at G = 64, against 16 unquantized.
 
 A key group being filled (the last block of a decoding sequence) is re-quantized
-whenever a token joins it, over the group's tokens so far; a range only grows, so codes
-already written move by at most half a step of the widened grid.
+whenever a token joins it, over the group's tokens so far (dequantized) and the new
+ones. Each re-rounding can add half a step, so a group filled one token at a time ends
+up to about two steps of its final grid from the group quantized at once (measured:
+at most 2.0 at group 16, mean under 0.5); full blocks written by one prefill chunk are
+quantized once.
 """
 
 from __future__ import annotations
