@@ -1,11 +1,14 @@
-"""The claims experiment: exact figures, every claim measured, files written."""
+"""The claims experiment: exact figures, every claim measured, files written, and the
+``+experiment=claims`` hook of the command line."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
+from enginekit import claims
 from enginekit.claims import VERDICTS, rows_by_key, run_claims, write_claims
 
 EXPECTED_KEYS = {
@@ -90,3 +93,21 @@ def test_written_markdown_and_json(sections, tmp_path):
     assert data["quick"] is True
     assert set(data["claims"]) == EXPECTED_KEYS
     assert data["claims"]["prefix_blocks_hit"]["figures"]["blocks_hit"] == 75
+
+
+def test_experiment_runs_the_claims_job(sections, tmp_path, monkeypatch, capsys):
+    from hydra.core.global_hydra import GlobalHydra
+
+    from enginekit.__main__ import main
+
+    monkeypatch.setattr(claims, "run_claims", lambda quick=False: sections)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["enginekit"])  # main() rewrites sys.argv
+    try:
+        assert main(["+experiment=claims", "hydra.run.dir=run"]) == 0
+    finally:
+        GlobalHydra.instance().clear()
+    assert "| claim | enginekit measured | holds? |" in capsys.readouterr().out
+    assert (tmp_path / "run" / "claims.md").exists()
+    assert json.loads((tmp_path / "run" / "claims.json").read_text())["claims"]
+    assert not (tmp_path / "run" / "report.json").exists()
