@@ -370,11 +370,22 @@ class Engine(WorkloadMixin):
 
 def _with_attention_window(shape: ModelShape, eviction_cls: Any, eviction_cfg: Any) -> ModelShape:
     """The shape the executors run: with the attention window the eviction policy needs
-    (a window on a model without one makes its attention windowed: an approximation)."""
+    (a window on a model without one makes its attention windowed: an approximation) and
+    the attention sinks it keeps in front of that window (``attention_sinks``, a classmethod
+    of the policy like ``attention_window``; none for a policy without it). A policy config
+    with a ``sink_tokens`` key gets the resolved count written into it, so that the policy
+    built from that config later keeps the very sinks the executors attend to. Raises
+    ConfigError for a window or sinks the policy refuses."""
     window = eviction_cls.attention_window(eviction_cfg, shape.sliding_window)
-    if window == shape.sliding_window:
+    sinks = 0
+    attention_sinks = getattr(eviction_cls, "attention_sinks", None)
+    if attention_sinks is not None:
+        sinks = attention_sinks(eviction_cfg, shape.sliding_window)
+        if hasattr(eviction_cfg, "sink_tokens"):
+            eviction_cfg.sink_tokens = sinks
+    if (window, sinks) == (shape.sliding_window, shape.attention_sinks):
         return shape
-    return dataclasses.replace(shape, sliding_window=window)
+    return dataclasses.replace(shape, sliding_window=window, attention_sinks=sinks)
 
 
 def _dtype_bits(dtype: str) -> int:

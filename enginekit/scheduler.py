@@ -2,8 +2,10 @@
 
 Each step spends a token budget: first one token for every decoding sequence, then chunks
 of running prefills, then new (or preempted) requests in arrival order while their
-uncached prompt fits the cache with a watermark to spare. When decodes cannot grow, the
-preemption plugin frees a victim and the scheduler requeues it at the front.
+uncached prompt fits the cache with a watermark to spare. A prefill's blocks come with each
+chunk, out of the blocks admission promised it (so a prefill never waits for memory). When
+decodes cannot grow, the preemption plugin frees a victim and the scheduler requeues it at
+the front.
 """
 
 from __future__ import annotations
@@ -107,7 +109,9 @@ class Scheduler(ForkingMixin):
         def schedule_chunk(request: Request) -> None:
             nonlocal budget
             start = request.num_computed_tokens
-            num_new = min(request.num_tokens - start, budget)
+            num_new = self.kv.reserve_prefill(request, min(request.num_tokens - start, budget))
+            if num_new == 0:
+                return  # its promised blocks fell short (see KVCacheManager.reserve_prefill)
             budget -= num_new
             prefill_seq_ids.append(request.seq_id)
             prefill_starts.append(start)

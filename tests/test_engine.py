@@ -436,25 +436,22 @@ def test_contiguous_with_a_prefix_cache_is_refused_at_config_time():
         make_engine("+allocator=contiguous", "+prefix=radix")
 
 
-def _longest_decoding_table(engine: Engine) -> int:
-    """Blocks held by the longest table of a request past its prompt (a prompt's blocks
-    are all reserved when it is admitted; the window bounds what it keeps after that)."""
+def _longest_table(engine: Engine) -> int:
+    """Blocks held by the longest table of a running request (holes excluded)."""
     tables = engine.kv.tables
-    return max(
-        (
-            tables.num_blocks(r.seq_id) - tables.num_holes(r.seq_id)
-            for r in engine.scheduler.running
-            if r.num_computed_tokens >= r.num_prompt_tokens
-        ),
-        default=0,
-    )
+    seq_ids = [r.seq_id for r in engine.scheduler.running]
+    return max((tables.num_blocks(s) - tables.num_holes(s) for s in seq_ids), default=0)
 
 
 @pytest.mark.parametrize(
-    ("model", "window_override", "window"),
-    [("mistral-7b", None, 4096), ("llama-3-8b", 512, 512), ("mistral-7b", 1000, 1000)],
+    ("model", "window_override", "window", "sinks"),
+    [("mistral-7b", None, 4096, 0), ("llama-3-8b", 512, 512, 4), ("mistral-7b", 1000, 1000, 0)],
 )
-def test_sliding_window_holds_at_most_the_window_plus_one_block(model, window_override, window):
+def test_sliding_window_holds_at_most_the_sinks_the_window_and_one_block(
+    model, window_override, window, sinks
+):
+    """Between steps, prefilling or decoding: prompts are promised their bound at
+    admission and take their blocks chunk by chunk."""
     overrides = [f"model={model}", "+eviction=sliding_window", "workload=unique",
                  "workload.num_requests=30", "cache.num_blocks=4000"]  # fmt: skip
     if window_override:
@@ -465,15 +462,17 @@ def test_sliding_window_holds_at_most_the_window_plus_one_block(model, window_ov
             tokens(window + 700, 90 + i), SamplingParams(max_tokens=600, ignore_eos=True)
         )
     engine.add_workload()
-    bound = -(-window // 16) + 1
+    bound = -(-sinks // 16) + -(-window // 16) + 1
+    assert engine.kv.eviction.max_blocks_per_sequence == bound
     longest = 0
     while engine.has_unfinished_requests():
         engine.step()
         engine.check_integrity()
-        longest = max(longest, _longest_decoding_table(engine))
-        assert _longest_decoding_table(engine) <= bound
+        longest = max(longest, _longest_table(engine))
+        assert _longest_table(engine) <= bound
     assert longest == bound or longest == bound - 1
     assert engine.executor.shape.sliding_window == window
+    assert engine.executor.shape.attention_sinks == sinks
     assert engine.summary()["num_requests_finished"] == 33
 
 

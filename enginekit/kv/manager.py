@@ -9,8 +9,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.executor.base import BlockCopy, BlockSwap
-from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
+from enginekit.interfaces.prefix import PrefixMatch
 from enginekit.kv.context import KVContext
+from enginekit.kv.holes import HoleAllocator, WindowedEviction
+from enginekit.kv.manager_fork import ForkMixin
+from enginekit.kv.manager_swap import SwapMixin
+from enginekit.kv.promises import PrefillPromises
 from enginekit.kv.spec import KVSpec
 from enginekit.request import Request
 
@@ -32,6 +36,16 @@ def make_structures(
     return pyref.PyBlockPool(num_blocks), pyref.PyBlockTables(block_size)  # type: ignore[return-value]
 
 
+class _Admission(NamedTuple):
+    """How ``request`` would be admitted with a prefix match."""
+
+    shared: list[int]  # fully matched blocks the request's table starts with
+    partial: int | None  # partially matched block it copies (copy-on-write), or None
+    peak: int  # most blocks it holds at once while it prefills
+    num_new: int  # free blocks admission takes: promised, or allocated now
+    pinned: list[int]  # matched blocks it keeps referencing past admission
+
+
 class KVUsage(NamedTuple):
     num_total_blocks: int
     num_used_blocks: int  # referenced by a running sequence
@@ -39,12 +53,17 @@ class KVUsage(NamedTuple):
     num_free_blocks: int
 
 
-class KVCacheManager:
+class KVCacheManager(ForkMixin, SwapMixin):
     """Admission, growth, forking, swapping and release of sequences' KV blocks.
 
-    Invariant between calls (checked by ``check_integrity``): every block's reference
+    A prefill gets its blocks chunk by chunk (``reserve_prefill``), out of the free blocks
+    admission promised it (``enginekit.kv.promises``); decodes, copy-on-write, forks and
+    admissions only use the room beyond those promises, and make it by evicting cached
+    blocks or preempting.
+
+    Invariants between calls (checked by ``check_integrity``): every block's reference
     count equals the references held on it by block tables, copy-on-write pins and the
-    prefix cache itself.
+    prefix cache itself; the free blocks cover the prefill promises.
     """
 
     def __init__(
@@ -70,6 +89,11 @@ class KVCacheManager:
         # Partly filled blocks that forked sequences share: block -> the sequences that
         # will write into it. Each but the last to write gets a copy first.
         self._shared_tails: dict[int, set[int]] = {}
+        self._promises = PrefillPromises()
+        # A policy that bounds the blocks a sequence holds (sliding_window), or None.
+        self._window = eviction if isinstance(eviction, WindowedEviction) else None
+        # Swapped-out sequences: their tables' layouts, as runs of (is_hole, length).
+        self._swapped: dict[int, list[tuple[bool, int]]] = {}
 
     @property
     def spec(self) -> KVSpec:
@@ -96,11 +120,19 @@ class KVCacheManager:
         )
 
     def num_reclaimable_blocks(self) -> int:
-        """Blocks that can be handed out now: free ones, evictable ones, and those only a
-        prefix cache that holds its own references (radix) would release. The last part may
-        be an estimate from above; make_room then falls short and callers back off."""
+        """Blocks that can be handed out now beyond the prefill promises: free ones,
+        evictable ones, and those only a prefix cache that holds its own references (radix)
+        would release, less the promised ones. The radix part may be an estimate from
+        above; make_room then falls short and callers back off."""
         pool = self.pool
-        return pool.num_free_blocks + pool.num_evictable_blocks + self.prefix.num_evictable_blocks()
+        num_cache_only = self.prefix.num_evictable_blocks()
+        num_reclaimable = pool.num_free_blocks + pool.num_evictable_blocks + num_cache_only
+        return num_reclaimable - self._promises.total
+
+    @property
+    def num_promised_blocks(self) -> int:
+        """Free blocks set aside for the chunks that running prefills have left."""
+        return self._promises.total
 
     # -- admission -----------------------------------------------------------------------
 
@@ -115,46 +147,113 @@ class KVCacheManager:
             return match.block_ids, None
         return match.block_ids[:-1], match.block_ids[-1]
 
+    def _plan(self, request: Request, match: PrefixMatch) -> _Admission:
+        shared, partial = self._split(match)
+        peak = len(shared) + self.allocator.num_blocks_to_admit(request, len(shared))
+        kept = shared
+        if self._window is not None:
+            # Matched blocks outside the window are released as the request is admitted.
+            peak = min(peak, self._window.max_blocks_per_sequence)
+            kept = self._window.kept_blocks(shared, match.num_tokens)
+        pinned = kept if partial is None else [*kept, partial]
+        return _Admission(shared, partial, peak, max(0, peak - len(kept)), pinned)
+
     def can_admit(self, request: Request, match: PrefixMatch) -> bool:
-        """True if admitting ``request`` with ``match`` leaves at least the watermark of
-        blocks reclaimable. Matched blocks that are evictable stop being reclaimable once
-        the request holds them, so they count against the room. Pure."""
-        shared, _ = self._split(match)
-        num_needed = self.allocator.num_blocks_to_admit(request, len(shared))
+        """True if admitting ``request`` with ``match`` (or restoring it, if it is swapped
+        out: ``match`` is then NO_MATCH) leaves at least the watermark of blocks
+        reclaimable beyond the prefill promises, its own included. Matched blocks that are
+        evictable stop being reclaimable once the request holds them, so they count against
+        the room. Pure."""
+        if request.seq_id in self._swapped:
+            num_needed, pinned = self._num_blocks_to_restore(request), []
+        else:
+            plan = self._plan(request, match)
+            num_needed, pinned = plan.num_new, plan.pinned
         pool = self.pool
-        num_pinned_evictable = sum(1 for b in match.block_ids if pool.ref_count(b) == 0)
+        num_pinned_evictable = sum(1 for b in pinned if pool.ref_count(b) == 0)
         room = self.num_reclaimable_blocks() - num_pinned_evictable
         return num_needed + self.num_watermark_blocks <= room
 
     def admit(self, request: Request, match: PrefixMatch) -> None:
         """Gives ``request`` a block table: the fully matched blocks (pinned first, so
-        eviction cannot take them), then fresh blocks for the rest, evicting cached blocks
-        if the free list is short. A match ending inside a block (token-granular prefix
-        caches) is copy-on-write: the request's first fresh block receives a copy of that
-        block, whose pin is held until the copy has run (``on_step_executed``).
-        Sets ``num_computed_tokens`` to the match. Raises OutOfBlocksError, changing
-        nothing, if the room is not there (call can_admit first)."""
+        eviction cannot take them), evicting cached blocks until the free list also holds
+        the blocks it is promised for its prefill (``reserve_prefill`` takes them chunk by
+        chunk; an allocator that reserves at admission takes them now). A match ending
+        inside a block (token-granular prefix caches) is copy-on-write: the request's first
+        fresh block, allocated now, receives a copy of that block, whose pin is held until
+        the copy has run (``on_step_executed``). With a sliding window, the matched blocks
+        outside it are released at once. Sets ``num_computed_tokens`` to the match. Raises
+        OutOfBlocksError, changing nothing, if the room is not there (call can_admit
+        first)."""
         pool = self.pool
-        shared, partial = self._split(match)
+        plan = self._plan(request, match)
         for block_id in match.block_ids:
             pool.incref(block_id)
         try:
-            num_needed = self.allocator.num_blocks_to_admit(request, len(shared))
-            if not self.make_room(num_needed):
+            if not self.make_room(plan.num_new):
                 raise OutOfBlocksError(
-                    f"admitting request {request.request_id!r} needs {num_needed} free blocks; "
-                    f"only {pool.num_free_blocks} could be reclaimed"
+                    f"admitting request {request.request_id!r} needs {plan.num_new} free "
+                    f"blocks; only {pool.num_free_blocks - self._promises.total} could be "
+                    "reclaimed beyond the prefill promises"
                 )
-            self.allocator.admit(request, shared)
+            self.allocator.admit(request, plan.shared)
         except Exception:
             pool.free(match.block_ids)
             raise
-        if partial is not None:
-            self.add_block_copy(partial, self.tables.block_id_at(request.seq_id, len(shared)))
-            self._unpin_after_copy.append(partial)
+        if plan.partial is not None:
+            num_slots = (len(plan.shared) + 1) * self.block_size
+            self.allocator.grow([request.seq_id], [num_slots])
+            self.add_block_copy(
+                plan.partial, self.tables.block_id_at(request.seq_id, len(plan.shared))
+            )
+            self._unpin_after_copy.append(plan.partial)
         request.num_computed_tokens = match.num_tokens
+        if self._window is not None:
+            self.eviction.release_out_of_window([request], self)
+        self._promise(request, plan.peak)
+
+    def _num_held(self, seq_id: int) -> int:
+        return self.tables.num_blocks(seq_id) - self.tables.num_holes(seq_id)
+
+    def _promise(self, request: Request, peak: int) -> None:
+        """Promises the prefilling ``request`` the blocks up to ``peak`` it does not hold."""
+        self._promises.set(request.seq_id, peak, max(0, peak - self._num_held(request.seq_id)))
 
     # -- growth --------------------------------------------------------------------------
+
+    def reserve_prefill(self, request: Request, num_tokens: int) -> int:
+        """Grows the prefilling ``request``'s table for its next chunk of up to
+        ``num_tokens`` tokens, out of its promise; returns how many tokens the chunk may
+        compute. That is ``num_tokens``, except with a sliding window, whose chunk holds at
+        most the blocks promised to the request plus, unless the policy's bound is strict,
+        the free blocks no one is promised (these come back after the step, when the window
+        moves on). 0 only if a promise fell short (blocks a window released were shared:
+        see ``release_out_of_window``): the chunk then waits. The promise ends with the
+        prefill's last chunk (a request with outputs computes its last token as a decode).
+        Never evicts or fails."""
+        seq_id = request.seq_id
+        start = request.num_computed_tokens
+        end = start + num_tokens
+        promised = self._promises.promised(seq_id)
+        num_slots = self.tables.num_blocks(seq_id)
+        if self._window is not None and seq_id in self._promises:
+            num_new = promised
+            if not self._window.strict_bound:
+                num_new += self.pool.num_free_blocks - self._promises.total
+            end = min(end, (num_slots + num_new) * self.block_size)
+            if end <= start:
+                return 0
+        self.allocator.grow([seq_id], [end])
+        if seq_id in self._promises:
+            num_left = request.num_tokens - end
+            if num_left == 0 or (num_left == 1 and request.num_output_tokens):
+                self._promises.drop(seq_id)  # what is left is a decode (or nothing)
+            else:
+                num_taken = self.tables.num_blocks(seq_id) - num_slots
+                self._promises.set(
+                    seq_id, self._promises.peak(seq_id), max(0, promised - num_taken)
+                )
+        return end - start
 
     def try_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:
         """Makes each sequence's table hold num_tokens[i] tokens, evicting if needed.
@@ -168,18 +267,23 @@ class KVCacheManager:
         return True
 
     def make_room(self, num_blocks: int) -> bool:
-        """Reclaims cached blocks until ``num_blocks`` are free: first the pool's evictable
-        blocks (the eviction plugin picks them), then those the prefix cache holds itself.
-        Returns whether that many are free now (blocks reclaimed stay reclaimed)."""
+        """Reclaims cached blocks until ``num_blocks`` are free beyond the prefill promises:
+        first the pool's evictable blocks (the eviction plugin picks them), then those the
+        prefix cache holds itself. Returns whether that many are free now (blocks reclaimed
+        stay reclaimed)."""
+        return self._reclaim(num_blocks + self._promises.total)
+
+    def _reclaim(self, num_free_blocks: int) -> bool:
+        """Reclaims cached blocks until ``num_free_blocks`` are free; returns whether."""
         pool = self.pool
-        shortfall = num_blocks - pool.num_free_blocks
+        shortfall = num_free_blocks - pool.num_free_blocks
         if shortfall > 0 and pool.num_evictable_blocks:
             evicted = self.eviction.evict(min(shortfall, pool.num_evictable_blocks))
             self.prefix.on_evicted(evicted)
-            shortfall = num_blocks - pool.num_free_blocks
+            shortfall = num_free_blocks - pool.num_free_blocks
         while shortfall > 0 and self.prefix.num_evictable_blocks():
             pool.free(self.prefix.evict(shortfall))
-            shortfall = num_blocks - pool.num_free_blocks
+            shortfall = num_free_blocks - pool.num_free_blocks
         return shortfall <= 0
 
     # -- computed tokens and release -----------------------------------------------------
@@ -190,117 +294,58 @@ class KVCacheManager:
         self.prefix.on_computed(request, num_computed_tokens)
 
     def release(self, request: Request) -> int:
-        """Drops every block reference of the request; returns how many blocks it held.
-        Published blocks stay resident as evictable cache."""
+        """Drops every block reference of the request, and its prefill promise; returns how
+        many blocks its table spans. Published blocks stay resident as evictable cache."""
         num_blocks: int = self.tables.num_blocks(request.seq_id)
+        self._promises.drop(request.seq_id)
         if self._shared_tails:
             self._leave_shared_tails(request.seq_id)
         self.prefix.on_released(request)  # first: it may still publish the request's blocks
         self.allocator.release(request.seq_id)
         return num_blocks
 
-    # -- parallel sampling: fork and copy-on-write -------------------------------------------
-
-    def fork(self, parent: Request, child: Request) -> None:
-        """Gives ``child`` the parent's blocks, shared. If the parent's last block is only
-        partly filled, both will write into it: each but the last writer gets a copy
-        (``copy_on_write``) before its write."""
-        self.allocator.fork(parent.seq_id, child.seq_id)
-        child.num_computed_tokens = parent.num_computed_tokens
-        num_computed = parent.num_computed_tokens
-        if num_computed % self.block_size:
-            tail = self.tables.block_id_at(parent.seq_id, num_computed // self.block_size)
-            self._shared_tails.setdefault(tail, {parent.seq_id}).add(child.seq_id)
-
-    def _tail_writers(self, decodes: Sequence[Request]) -> list[tuple[Request, int, int]]:
-        """(request, logical index, block) of each decode about to write into a block that
-        another sequence will write into too."""
-        shared = self._shared_tails
-        if not shared:
-            return []
-        found = []
-        for request in decodes:
-            index, slot = divmod(request.num_computed_tokens, self.block_size)
-            if slot == 0:
-                continue  # writes at the start of a fresh block
-            block_id = self.tables.block_id_at(request.seq_id, index)
-            writers = shared.get(block_id)
-            if writers is not None and request.seq_id in writers:
-                found.append((request, index, block_id))
-        return found
-
-    def try_copy_on_write(self, decodes: Sequence[Request]) -> bool:
-        """Before ``decodes`` write their next token: each that would write into a block
-        another sequence still writes into gets a copy of it (queued for the executor).
-        Returns False, copying nothing, if the blocks for the copies are not there
-        (cached blocks it evicted trying stay evicted)."""
-        writers = self._tail_writers(decodes)
-        num_copies = len(writers)  # an upper bound: the last writer of a block copies nothing
-        if num_copies and (
-            num_copies > self.num_reclaimable_blocks() or not self.make_room(num_copies)
-        ):
-            return False
-        for request, index, block_id in writers:
-            holders = self._shared_tails.get(block_id)
-            if holders is None:
-                continue  # the others copied it away in this same call: it owns the block
-            holders.discard(request.seq_id)
-            if len(holders) <= 1:
-                del self._shared_tails[block_id]  # at most one writer left: it owns the block
-            if not holders:
-                continue  # this was the last writer: it writes in place
-            (copy,) = self.pool.allocate(1)
-            self.add_block_copy(block_id, copy)
-            self.tables.set_block(request.seq_id, index, copy)
-            # The table's reference to the source becomes the copy's pin, dropped once the
-            # executor has copied it.
-            self._unpin_after_copy.append(block_id)
-        return True
-
-    def _leave_shared_tails(self, seq_id: int) -> None:
-        for block_id in [b for b, holders in self._shared_tails.items() if seq_id in holders]:
-            holders = self._shared_tails[block_id]
-            holders.discard(seq_id)
-            if len(holders) <= 1:
-                del self._shared_tails[block_id]
-
     def release_out_of_window(self, running: Sequence[Request]) -> int:
         """Lets the eviction policy give back blocks no future query of ``running`` can
-        attend to; returns how many."""
-        return self.eviction.release_out_of_window(running, self)
+        attend to; returns how many. With such a policy, the prefills are then promised
+        again what they gave back (up to their peak), as far as the free blocks, after
+        evicting cached ones, cover it: a released block another sequence still holds frees
+        nothing, so a promise may stay short until that sequence lets go (this runs after
+        every step, once the step's finished requests are released, so a short promise is
+        topped up before anyone else takes the blocks they freed)."""
+        num_released = self.eviction.release_out_of_window(running, self)
+        if self._window is not None and len(self._promises):
+            self._repromise()
+        return num_released
+
+    def _repromise(self) -> None:
+        """Raises each prefill's promise toward ``peak - held``, in admission order, as far
+        as the free blocks (after evicting cached ones) cover all promises."""
+        promises = self._promises
+        wanted = {s: max(0, promises.peak(s) - self._num_held(s)) for s in promises}
+        self._reclaim(sum(wanted.values()))
+        room = self.pool.num_free_blocks - promises.total
+        for seq_id, num_wanted in wanted.items():
+            num_more = min(room, max(0, num_wanted - promises.promised(seq_id)))
+            promises.set(seq_id, promises.peak(seq_id), promises.promised(seq_id) + num_more)
+            room -= num_more
 
     def release_front(self, request: Request, num_blocks: int) -> int:
         """Gives back the request's first ``num_blocks`` blocks (holes stay in its table)."""
         return self.allocator.release_front(request.seq_id, num_blocks)
 
-    # -- swapping -------------------------------------------------------------------------
+    def release_range(self, request: Request, first: int, end: int) -> int:
+        """Gives back the request's blocks ``first .. end - 1`` (holes stay in its table);
+        returns how many were still held. Needs an allocator that can
+        (``enginekit.kv.holes.HoleAllocator``)."""
+        return self._hole_allocator().release_range(request.seq_id, first, end)
 
-    def swap_out(self, request: Request, host_block_ids: Sequence[int]) -> None:
-        """Queues copies of the request's blocks (in logical order, holes skipped) to
-        ``host_block_ids`` and releases the blocks; the request keeps its computed tokens.
-        Raises ValueError, changing nothing, unless there is one host block per block."""
-        block_ids = [b for b in self.tables.block_ids(request.seq_id) if b >= 0]
-        if len(block_ids) != len(host_block_ids):
-            raise ValueError(
-                f"swap-out of sequence {request.seq_id}: {len(block_ids)} blocks, "
-                f"{len(host_block_ids)} host blocks"
+    def _hole_allocator(self) -> HoleAllocator:
+        allocator = self.allocator
+        if not isinstance(allocator, HoleAllocator):
+            raise KVCacheError(
+                f"allocator {allocator.config.name!r} cannot leave holes in a block table"
             )
-        self._swap_outs.extend(map(BlockSwap, block_ids, host_block_ids))
-        self.release(request)
-
-    def swap_in(self, request: Request, host_block_ids: Sequence[int], num_holes: int = 0) -> None:
-        """Gives the request a fresh block table (through the allocator, making room),
-        queues copies of ``host_block_ids`` into its blocks after the first ``num_holes``
-        (which are released again), and keeps ``num_computed_tokens``. Call
-        can_admit(request, NO_MATCH) first."""
-        num_computed = request.num_computed_tokens
-        self.admit(request, NO_MATCH)
-        request.num_computed_tokens = num_computed
-        block_ids = self.tables.block_ids(request.seq_id)
-        device_block_ids = block_ids[num_holes : num_holes + len(host_block_ids)]
-        self._swap_ins.extend(map(BlockSwap, device_block_ids, host_block_ids))
-        if num_holes:
-            self.release_front(request, num_holes)
+        return allocator
 
     def add_block_copy(self, src_block_id: int, dst_block_id: int) -> None:
         """Queues a copy-on-write copy for the executor to do before the step computes."""
@@ -325,15 +370,16 @@ class KVCacheManager:
         be every request holding a table): partial last blocks and reservations."""
         allocator = self.allocator
         num_slots = allocator.num_reserved_blocks() * self.block_size
-        num_released = allocator.num_hole_blocks() * self.block_size  # tokens dropped in front
+        num_released = allocator.num_hole_blocks() * self.block_size  # in released blocks
         return num_slots - sum([r.num_computed_tokens for r in running]) + num_released
 
     # -- checks --------------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """Raises KVCacheError unless the pool, tables and prefix cache are each consistent
-        and every block's reference count equals the references held on it: by block
-        tables, by copy-on-write pins, and by the prefix cache itself."""
+        """Raises KVCacheError unless the pool, tables and prefix cache are each consistent,
+        the free blocks cover the prefill promises, and every block's reference count equals
+        the references held on it: by block tables, by copy-on-write pins, and by the prefix
+        cache itself."""
         pool, tables = self.pool, self.tables
         pool.check_integrity()
         tables.check_integrity(pool)
@@ -347,6 +393,8 @@ class KVCacheManager:
                 f"the allocator counts {self.allocator.num_reserved_blocks()} reserved blocks "
                 f"but the tables hold {num_table_refs}"
             )
+        held = {s: self._num_held(s) for s in tables.seq_ids()}
+        self._promises.check(pool.num_free_blocks, held)
         holders = (
             table_refs + Counter(self._unpin_after_copy) + Counter(self.prefix.held_block_ids())
         )

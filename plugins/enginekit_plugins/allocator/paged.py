@@ -18,7 +18,9 @@ class PagedConfig(AllocatorConfig):
 
 class PagedAllocator(Allocator):
     """A sequence holds exactly ceil(tokens / block_size) blocks, so it wastes less than one
-    block. Blocks need not be contiguous: the block table maps logical to physical."""
+    block. Blocks need not be contiguous: the block table maps logical to physical. Tables
+    may hold holes anywhere (``release_range``, ``append_holes``: see
+    ``enginekit.kv.holes.HoleAllocator``)."""
 
     Config = PagedConfig
 
@@ -31,10 +33,11 @@ class PagedAllocator(Allocator):
         return self.kv.spec.num_blocks_for(request.num_tokens) - num_cached_blocks
 
     def admit(self, request: Request, cached_block_ids: Sequence[int]) -> None:
-        num_new = self.num_blocks_to_admit(request, len(cached_block_ids))
-        new_block_ids = self.kv.pool.allocate(num_new)
-        self.kv.tables.add_sequence(request.seq_id, [*cached_block_ids, *new_block_ids])
-        self._num_reserved_blocks += len(cached_block_ids) + num_new
+        """Creates the table with the cached blocks only: the rest of the prompt's blocks
+        come with each prefill chunk (the KVCacheManager grows the table per chunk out of
+        the ``num_blocks_to_admit`` blocks it promised the request at admission)."""
+        self.kv.tables.add_sequence(request.seq_id, cached_block_ids)
+        self._num_reserved_blocks += len(cached_block_ids)
 
     def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
         return self.kv.tables.num_blocks_to_grow(seq_ids, num_tokens)
@@ -51,13 +54,21 @@ class PagedAllocator(Allocator):
         self.kv.pool.free(block_ids)
 
     def release_front(self, seq_id: int, num_blocks: int) -> int:
-        tables = self.kv.tables
-        holes_before = tables.num_holes(seq_id)
-        block_ids = tables.release_front(seq_id, num_blocks)
-        self._num_hole_blocks += tables.num_holes(seq_id) - holes_before
+        return self.release_range(seq_id, 0, num_blocks)
+
+    def release_range(self, seq_id: int, first: int, end: int) -> int:
+        """Gives back the sequence's blocks ``first .. end - 1``, leaving holes in its table;
+        returns how many were still held. Mutates pool and tables."""
+        block_ids = self.kv.tables.release_range(seq_id, first, end)
+        self._num_hole_blocks += len(block_ids)
         self._num_reserved_blocks -= len(block_ids)
         self.kv.pool.free(block_ids)
         return len(block_ids)
+
+    def append_holes(self, seq_id: int, num_holes: int) -> None:
+        """Appends ``num_holes`` holes to the sequence's table. Mutates tables."""
+        self.kv.tables.append_holes(seq_id, num_holes)
+        self._num_hole_blocks += num_holes
 
     supports_fork = True
 

@@ -15,25 +15,45 @@ from enginekit.request import Request
 if TYPE_CHECKING:
     from enginekit.kv.manager import KVCacheManager
 
+DEFAULT_SINK_TOKENS = 4
+"""Attention sinks of the approximation mode: StreamingLLM (Xiao et al., 2024) finds that
+keeping the first 4 tokens restores window attention's perplexity to that of full attention
+on Llama-2, Falcon, MPT and Pythia; at 16-token blocks they cost one block per sequence."""
+
 
 @dataclass
 class SlidingWindowConfig(EvictionConfig):
     name: str = "sliding_window"
     window: int | None = None  # tokens; None: the model's own sliding window
+    # Attention sinks: tokens at the start every query keeps attending to (StreamingLLM).
+    # None: 4 where the window is an approximation (a model without a sliding window of its
+    # own), 0 for a sliding-window model, which refuses any other value.
+    sink_tokens: int | None = None
+    # True: a prefill step also holds at most the bound, so a chunk past the window adds
+    # about one block per step; False: a chunk may also use blocks no sequence is promised.
+    strict_bound: bool = False
 
 
 class SlidingWindowEviction(Eviction):
-    """A query at position q attends to keys at positions p with q - p < window (the
-    Mistral rule: the window counts the query itself). After every step, each running
-    sequence gives back its leading blocks that lie wholly before the window of the next
-    token it will compute, so once past its prompt it holds at most the window plus one
-    block. (Admission reserves a prompt's blocks all at once, so during its prefill a prompt
-    longer than the window holds more, until its chunks pass.)
+    """A query at position p attends to the key at position k iff k <= p and
+    (k > p - window or k < sinks): the Mistral rule (the window counts the query itself),
+    plus ``sinks`` attention-sink tokens at the start that never leave it. After every step,
+    and when a sequence is admitted, each running sequence gives back the blocks that lie
+    wholly outside both the sinks and the window of the next token it will compute: its
+    table keeps ceil(sinks / block_size) sink blocks, then holes, then the window's blocks.
 
-    Exact for sliding-window models (window = the model's). For a model without one, a
-    ``window`` makes attention windowed as well: a bounded-memory approximation of full
-    attention (StreamingLLM without its attention sinks). Cached prefix blocks are still
-    evicted least recently used first, as by ``lru``.
+    Bound: a sequence holds at most ceil(sinks / block) + ceil(window / block) + 1 blocks
+    (``max_blocks_per_sequence``) between steps, and during every step in which it decodes.
+    Blocks come with each prefill chunk, and admission promises a prefill the bound (or its
+    whole prompt, if smaller), so it never waits for memory. A chunk may also use, for its
+    step only, blocks no sequence is promised (a long prompt then prefills at the step's
+    token budget); with ``strict_bound`` it may not, and chunks shrink so that a prefill
+    step too stays within the bound.
+
+    Exact for sliding-window models (window = the model's, no sinks). For a model without
+    one, ``window`` makes attention windowed as well, and ``sink_tokens`` (default 4) keeps
+    StreamingLLM's attention sinks: a bounded-memory approximation of full attention.
+    Cached prefix blocks are still evicted least recently used first, as by ``lru``.
 
     Needs an allocator that can leave holes in a table (``paged``); refused with
     ``radix``, whose tree indexes whole sequences from their first token.
@@ -42,6 +62,8 @@ class SlidingWindowEviction(Eviction):
     Config = SlidingWindowConfig
 
     def __init__(self, config: SlidingWindowConfig, kv: KVContext) -> None:
+        """``config.sink_tokens`` is taken as resolved by ``attention_sinks`` (the engine
+        writes the resolved count back; None counts as 0 here)."""
         super().__init__(config, kv)
         window = kv.attention_window
         if window is None:
@@ -50,6 +72,11 @@ class SlidingWindowEviction(Eviction):
                 "eviction.window=<tokens> (an approximation for this model) or use +eviction=lru"
             )
         self.window = window
+        self.sinks = config.sink_tokens or 0
+        block_size = kv.spec.block_size
+        self.num_sink_blocks = -(-self.sinks // block_size)
+        self._max_blocks = self.num_sink_blocks + -(-window // block_size) + 1
+        self._strict_bound = config.strict_bound
 
     @classmethod
     def attention_window(cls, config: EvictionConfig, model_window: int | None) -> int | None:
@@ -61,11 +88,34 @@ class SlidingWindowEviction(Eviction):
         return window if model_window is None else min(window, model_window)
 
     @classmethod
+    def attention_sinks(cls, config: EvictionConfig, model_window: int | None) -> int:
+        """The sinks this policy keeps for a model whose own sliding window is
+        ``model_window``: ``sink_tokens``, or by default 4 in the approximation mode and 0
+        for a sliding-window model. Raises ConfigError for a negative count, and for sinks
+        on a sliding-window model (its window is exact; sinks would change the model).
+        Pure."""
+        sinks = getattr(config, "sink_tokens", None)
+        if sinks is not None and sinks < 0:
+            raise ConfigError(f"eviction.sink_tokens must be >= 0, got {sinks}")
+        if model_window is not None:
+            if sinks:
+                raise ConfigError(
+                    f"eviction.sink_tokens={sinks} is refused: the model has its own "
+                    f"{model_window}-token sliding window, which this policy keeps exact, and "
+                    "attention sinks would change the model; leave eviction.sink_tokens unset "
+                    "or 0"
+                )
+            return 0
+        if cls.attention_window(config, model_window) is None:
+            return 0  # no window at all: refused when the policy is built
+        return DEFAULT_SINK_TOKENS if sinks is None else sinks
+
+    @classmethod
     def check_compatible(cls, selected: Mapping[str, str]) -> None:
         if selected.get("allocator") != "paged":
             raise ConfigError(
                 "+eviction=sliding_window needs +allocator=paged (got "
-                f"{selected.get('allocator')}): it releases blocks from the front of a table"
+                f"{selected.get('allocator')}): it releases blocks from the middle of a table"
             )
         if selected.get("prefix") == "radix":
             raise ConfigError(
@@ -73,15 +123,41 @@ class SlidingWindowEviction(Eviction):
                 "indexes whole sequences from their first token, which this policy releases"
             )
 
+    @property
+    def max_blocks_per_sequence(self) -> int:
+        """ceil(sinks / block_size) + ceil(window / block_size) + 1."""
+        return self._max_blocks
+
+    @property
+    def strict_bound(self) -> bool:
+        return self._strict_bound
+
+    def first_window_block(self, num_computed_tokens: int) -> int:
+        """The first block the next query (at position ``num_computed_tokens``) reaches
+        through its window: blocks before it and past the sink blocks are out. Pure."""
+        return max(0, num_computed_tokens - self.window + 1) // self.kv.spec.block_size
+
+    def kept_blocks(self, block_ids: Sequence[int], num_computed_tokens: int) -> list[int]:
+        """The sink blocks and those from ``first_window_block`` on. Pure."""
+        first = max(self.num_sink_blocks, self.first_window_block(num_computed_tokens))
+        return [*block_ids[: self.num_sink_blocks], *block_ids[first:]]
+
     def evict(self, num_blocks: int) -> list[int]:
         return self.kv.pool.evict_lru(num_blocks)
 
     def release_out_of_window(self, running: Sequence[Request], kv: KVCacheManager) -> int:
-        block_size = self.kv.spec.block_size
-        reach = self.window - 1  # the next query, at q, sees back to q - (window - 1)
+        """Releases, for each request, its blocks from the sink blocks up to the first block
+        of its next query's window. The holes this policy makes are exactly the blocks
+        ``num_sink_blocks .. num_sink_blocks + num_holes - 1`` of a table, so only the blocks
+        after them are visited."""
+        tables = self.kv.tables
+        num_sink = self.num_sink_blocks
         num_released = 0
         for request in running:
-            num_behind = (request.num_computed_tokens - reach) // block_size
-            if num_behind > 0:
-                num_released += kv.release_front(request, num_behind)
+            end = self.first_window_block(request.num_computed_tokens)
+            if end <= num_sink:
+                continue
+            first = num_sink + tables.num_holes(request.seq_id)
+            if first < end:
+                num_released += kv.release_range(request, first, end)
         return num_released

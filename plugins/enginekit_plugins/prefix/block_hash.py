@@ -64,17 +64,25 @@ class BlockHashPrefixCache(PrefixCache):
         return PrefixMatch(block_ids, len(block_ids) * self.kv.spec.block_size)
 
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
+        """Publishes the request's full blocks not published yet. Holes (blocks a sliding
+        window released) are skipped: a released block was published before its release
+        or is a matched one, and a hole is never published."""
         num_full = num_computed_tokens // self.kv.spec.block_size
         num_published = self._num_published.get(request.seq_id, 0)
         if num_full <= num_published:
             return
-        # Blocks released in front (sliding window) are holes: nothing left to publish there.
-        num_published = max(num_published, self.kv.tables.num_holes(request.seq_id))
         hashes = self._hashes(request, num_full)
-        self.kv.tables.cache_blocks(
-            self.kv.pool, request.seq_id, num_published, hashes[num_published:num_full]
-        )
-        self._num_published[request.seq_id] = num_full
+        tables, pool, seq_id = self.kv.tables, self.kv.pool, request.seq_id
+        first = num_published  # the first block of the run of blocks being collected
+        if tables.num_holes(seq_id):
+            for index in range(num_published, num_full):
+                if tables.block_id_at(seq_id, index) < 0:
+                    if first < index:
+                        tables.cache_blocks(pool, seq_id, first, hashes[first:index])
+                    first = index + 1
+        if first < num_full:
+            tables.cache_blocks(pool, seq_id, first, hashes[first:num_full])
+        self._num_published[seq_id] = num_full
 
     def on_released(self, request: Request) -> None:
         self._block_hashes.pop(request.seq_id, None)
