@@ -169,6 +169,36 @@ def test_block_hash_never_publishes_a_hole_and_a_repeat_hits_its_released_blocks
     assert len(engine.kv.pool.cached_blocks()) == 302 // BLOCK
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_shared_prefixes_in_a_tight_pool_short_a_promise_but_never_stall(strict):
+    """Ten requests cut from one 150-token prompt, block_hash, 16 blocks: a prefill that
+    releases matched blocks another sequence still holds frees nothing, so its promise runs
+    short and a chunk waits a step; every request still finishes within the bound."""
+    engine = windowed(f"eviction.strict_bound={str(strict).lower()}", "cache.num_blocks=16",
+                      "scheduler.max_num_batched_tokens=64", "scheduler.max_num_seqs=6",
+                      prefix="block_hash")  # fmt: skip
+    waits = []
+    reserve = engine.kv.reserve_prefill
+
+    def recording_reserve(request: Any, num_tokens: int) -> int:
+        got = reserve(request, num_tokens)
+        waits.append(got == 0)
+        return got
+
+    engine.kv.reserve_prefill = recording_reserve  # type: ignore[method-assign]
+    rng = random.Random(0)
+    base = tokens(150, 0)
+    for i in range(10):
+        prompt = base[: rng.randrange(20, 150)] + tokens(rng.randrange(0, 30), 100 + i)
+        sampling = SamplingParams(max_tokens=rng.randrange(1, 40), ignore_eos=True)
+        engine.add_request(prompt, sampling, arrival_time=rng.choice([0.0, 0.01]))
+    trace = Trace(engine).run()
+    assert any(waits)
+    assert trace.max_after() == BOUND
+    assert (trace.max_during() == BOUND) == strict
+    assert engine.summary()["num_requests_finished"] == 10
+
+
 def test_swap_brings_a_table_back_with_its_holes_where_they_were():
     """Four sequences with short prompts (admitted together) that decode to 200 tokens
     (13 blocks) in a pool of 16: each holds at most 6, but four of them do not fit, so
