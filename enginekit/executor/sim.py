@@ -54,7 +54,7 @@ class StepCost(NamedTuple):
     STEP_OVERHEAD_S`` (0 for an empty step)."""
 
     flops: int
-    bytes: int
+    bytes: float  # KV bytes per token may be fractional (a block's int4 scales)
     compute_time_s: float
     memory_time_s: float
     step_time_s: float
