@@ -30,7 +30,8 @@ class SlidingWindowConfig(EvictionConfig):
     # own), 0 for a sliding-window model, which refuses any other value.
     sink_tokens: int | None = None
     # True: a prefill step also holds at most the bound, so a chunk past the window adds
-    # about one block per step; False: a chunk may also use blocks no sequence is promised.
+    # one block per step; False: a chunk may also use, for its step, blocks no one is
+    # promised.
     strict_bound: bool = False
 
 
@@ -45,10 +46,12 @@ class SlidingWindowEviction(Eviction):
     Bound: a sequence holds at most ceil(sinks / block) + ceil(window / block) + 1 blocks
     (``max_blocks_per_sequence``) between steps, and during every step in which it decodes.
     Blocks come with each prefill chunk, and admission promises a prefill the bound (or its
-    whole prompt, if smaller), so it never waits for memory. A chunk may also use, for its
-    step only, blocks no sequence is promised (a long prompt then prefills at the step's
-    token budget); with ``strict_bound`` it may not, and chunks shrink so that a prefill
-    step too stays within the bound.
+    whole prompt, if smaller), so it does not wait for memory (unless the blocks it gives
+    back are still held by another sequence: see ``KVCacheManager.release_out_of_window``).
+    A chunk may also use, for its step only, blocks no sequence is promised (a long prompt
+    then prefills at the step's token budget); with ``strict_bound`` it may not, and a
+    chunk past the window adds one block per step, so that a prefill step too stays within
+    the bound.
 
     Exact for sliding-window models (window = the model's, no sinks). For a model without
     one, ``window`` makes attention windowed as well, and ``sink_tokens`` (default 4) keeps
