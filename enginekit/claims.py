@@ -131,14 +131,14 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(sections: Sequence[Section], heading_level: int = 2) -> str:
-    """The main table, then each section's tables and notes, as markdown. Headings start
-    at ``heading_level``."""
+def render_markdown(sections: Sequence[Section], heading_level: int = 3) -> str:
+    """The main table, then each section's tables and notes, as markdown; each section
+    under a heading of ``heading_level``."""
     h = "#" * heading_level
     rows = [(r.claim, r.measured, r.verdict) for s in sections for r in s.rows]
     parts = [markdown_table(("claim", "enginekit measured", "holds?"), rows)]
     for section in sections:
-        parts.append(f"{h}# {section.title}")
+        parts.append(f"{h} {section.title}")
         for table in section.tables:
             parts.append(f"{table.title}\n\n{markdown_table(table.header, table.rows)}")
         if section.notes:
@@ -161,7 +161,7 @@ def write_claims(sections: Sequence[Section], folder: Path, quick: bool) -> tupl
     paths."""
     folder.mkdir(parents=True, exist_ok=True)
     md_path, json_path = folder / MARKDOWN_NAME, folder / JSON_NAME
-    md_path.write_text(f"# Claims\n\n{render_markdown(sections)}")
+    md_path.write_text(f"# Claims\n\n{render_markdown(sections, heading_level=2)}")
     json_path.write_text(json.dumps(to_json(sections, quick), indent=2) + "\n")
     return md_path, json_path
 

@@ -58,6 +58,8 @@ def paging_section(quick: bool = False) -> Section:
             "num_running_mean": s["num_running_mean"],
             "num_running_peak": s["num_running_peak"],
             "num_preemptions": s["num_preemptions_total"],
+            "mean_tokens": (s["prompt_tokens_total"] + s["generation_tokens_total"])
+            / s["num_requests"],
             "output_tokens_per_s": s["output_tokens_per_s"],
         }
     contiguous, paged = stats["contiguous"], stats["paged"]
@@ -75,7 +77,12 @@ def paging_section(quick: bool = False) -> Section:
             f"{waste:.1%} of reserved slots hold no token (slot utilisation "
             f"{contiguous['slot_utilization']:.1%}; {contiguous['unused_slots_per_seq']:,.0f} "
             f"of 2,048 slots unused per sequence)"
-            + ("; more than the range: these chats average ~380 tokens" if waste > high else ""),
+            + (
+                f"; more than the range: these chats average {contiguous['mean_tokens']:,.0f} "
+                "tokens"
+                if waste > high
+                else ""
+            ),
             waste_verdict,
             {"wasted_share": waste, "contiguous": contiguous},
         ),
