@@ -22,6 +22,7 @@ from enginekit.engine_workloads import WorkloadMixin
 from enginekit.errors import ConfigError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
 from enginekit.kv.context import KVContext
+from enginekit.kv.holes import WindowedEviction
 from enginekit.kv.manager import KVCacheManager, make_structures
 from enginekit.kv.restore_cost import RestoreCost
 from enginekit.kv.spec import KVSpec
@@ -210,6 +211,11 @@ class Engine(WorkloadMixin):
             )
         num_blocks = self.kv.num_blocks
         num_longest = self.kv.allocator.num_blocks_for_longest(total)
+        num_prompt_blocks = self.kv_spec.num_blocks_for(len(prompt))
+        eviction = self.kv.eviction
+        if isinstance(eviction, WindowedEviction):  # holds its bound, however long it gets
+            num_longest = min(num_longest, eviction.max_blocks_per_sequence)
+            num_prompt_blocks = min(num_prompt_blocks, eviction.max_blocks_per_sequence)
         if num_longest > num_blocks:
             raise RequestRejectedError(
                 f"{what}: needs {num_longest} KV blocks at its longest, "
@@ -223,9 +229,9 @@ class Engine(WorkloadMixin):
                 f"blocks when brought back after a preemption, but the whole cache has "
                 f"{num_blocks}"
             )
-        if self.kv_spec.num_blocks_for(len(prompt)) + self.kv.num_watermark_blocks > num_blocks:
+        if num_prompt_blocks + self.kv.num_watermark_blocks > num_blocks:
             raise RequestRejectedError(
-                f"{what}: its prompt needs {self.kv_spec.num_blocks_for(len(prompt))} blocks "
+                f"{what}: its prompt needs {num_prompt_blocks} blocks "
                 f"plus the watermark of {self.kv.num_watermark_blocks}, more than the "
                 f"{num_blocks} the cache has"
             )

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from enginekit import Engine, SamplingParams
-from enginekit.errors import ConfigError
+from enginekit.errors import ConfigError, RequestRejectedError
 
 WINDOW, SINKS, BLOCK = 64, 4, 16
 BOUND = -(-SINKS // BLOCK) + -(-WINDOW // BLOCK) + 1  # 1 + 4 + 1 = 6
@@ -259,3 +259,20 @@ def test_sinks_default_to_four_in_the_approximation_and_none_on_a_windowed_model
 def test_lru_leaves_the_shape_without_sinks():
     engine = make_engine("+eviction=lru")
     assert engine.shape.attention_sinks == 0
+
+
+def test_a_prompt_longer_than_the_pool_is_served_within_the_window_bound():
+    """A windowed sequence never holds more than its bound, so a prompt needing more
+    blocks than the whole pool is accepted and served; without the window it is refused
+    up front."""
+    common = ["progress=false", "model=mistral-7b", "cache.num_blocks=400", "cache.watermark=0"]
+    prompt = list(range(1, 12_001))  # 750 blocks of 16
+    windowed = Engine.from_overrides([*common, "+prefix=none", "+eviction=sliding_window"])
+    request_id = windowed.add_request(prompt, SamplingParams(max_tokens=8))
+    while windowed.has_unfinished_requests():
+        windowed.step()
+        windowed.check_integrity()
+    assert len(windowed.output(request_id).output_token_ids) == 8
+    plain = Engine.from_overrides([*common, "+prefix=none"])
+    with pytest.raises(RequestRejectedError, match="whole cache has 400"):
+        plain.add_request(prompt, SamplingParams(max_tokens=8))

@@ -34,10 +34,12 @@ class Allocator(Plugin, ABC):
 
     @abstractmethod
     def admit(self, request: Request, cached_block_ids: Sequence[int]) -> None:
-        """Creates the request's block table: the cached blocks, then fresh blocks so that
-        ``request.num_tokens`` tokens fit (or more: a reserving allocator may take its whole
-        reservation here). The manager has already taken one reference to each cached
-        block for this request; the table takes those over. Mutates pool and tables."""
+        """Creates the request's block table with the cached blocks, and whatever fresh
+        blocks this allocator takes at admission: none for ``paged`` (the manager grows
+        the table chunk by chunk, out of the ``num_blocks_to_admit`` blocks it promised
+        the request), the whole slab for a reserving allocator. The manager has already
+        taken one reference to each cached block for this request; the table takes those
+        over. Mutates pool and tables."""
 
     @abstractmethod
     def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
@@ -70,14 +72,9 @@ class Allocator(Plugin, ABC):
 
     supports_fork: ClassVar[bool] = False
 
-    def release_front(self, seq_id: int, num_blocks: int) -> int:
-        """Gives back the sequence's first ``num_blocks`` blocks, leaving holes in its
-        table (for attention that can no longer reach them); returns how many were still
-        held. Mutates pool and tables. Default: refused."""
-        raise NotImplementedError(f"{type(self).__name__} cannot release part of a sequence")
-
     def num_hole_blocks(self) -> int:
-        """Holes left in running sequences' tables by release_front. Pure."""
+        """Holes in running sequences' tables (blocks given back while the sequence runs,
+        see ``enginekit.kv.holes.HoleAllocator``). Pure."""
         return 0
 
     def num_reserved_blocks(self) -> int:

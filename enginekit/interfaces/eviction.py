@@ -29,8 +29,9 @@ class Eviction(Plugin, ABC):
         return model_window
 
     def release_out_of_window(self, running: Sequence[Request], kv: KVCacheManager) -> int:
-        """Called after every step: gives back (``kv.release_front``) blocks of running
-        sequences that no future query can attend to; returns how many. Default: none."""
+        """Called after every step: gives back (``kv.release_range``, leaving holes) blocks
+        of running sequences that no future query can attend to; returns how many.
+        Default: none."""
         return 0
 
     @abstractmethod

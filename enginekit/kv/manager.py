@@ -329,10 +329,6 @@ class KVCacheManager(ForkMixin, SwapMixin):
             promises.set(seq_id, promises.peak(seq_id), promises.promised(seq_id) + num_more)
             room -= num_more
 
-    def release_front(self, request: Request, num_blocks: int) -> int:
-        """Gives back the request's first ``num_blocks`` blocks (holes stay in its table)."""
-        return self.allocator.release_front(request.seq_id, num_blocks)
-
     def release_range(self, request: Request, first: int, end: int) -> int:
         """Gives back the request's blocks ``first .. end - 1`` (holes stay in its table);
         returns how many were still held. Needs an allocator that can

@@ -53,9 +53,6 @@ class PagedAllocator(Allocator):
         block_ids.reverse()
         self.kv.pool.free(block_ids)
 
-    def release_front(self, seq_id: int, num_blocks: int) -> int:
-        return self.release_range(seq_id, 0, num_blocks)
-
     def release_range(self, seq_id: int, first: int, end: int) -> int:
         """Gives back the sequence's blocks ``first .. end - 1``, leaving holes in its table;
         returns how many were still held. Mutates pool and tables."""
