@@ -31,7 +31,7 @@ SIM = {
     "overrides": ["workload=unique", "workload.num_requests=2000", "workload.seed=1"],
 }
 TORCH = {
-    "budget_gib": 0.002,
+    "budget_gib": 0.0005,
     "overrides": [
         "executor=torch",
         "model=tiny",
