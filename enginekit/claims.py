@@ -140,7 +140,7 @@ def render_markdown(sections: Sequence[Section], heading_level: int = 3) -> str:
     for section in sections:
         parts.append(f"{h} {section.title}")
         for table in section.tables:
-            parts.append(f"{table.title}\n\n{markdown_table(table.header, table.rows)}")
+            parts.append(f"**{table.title}**\n\n{markdown_table(table.header, table.rows)}")
         if section.notes:
             parts.append("\n".join(f"- {note}" for note in section.notes))
     return "\n\n".join(parts) + "\n"
