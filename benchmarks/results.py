@@ -1,0 +1,262 @@
+"""The README's Results section, generated: runs the benchmarks that make sense on this
+machine and writes their tables between ``<!-- results:begin -->`` and
+``<!-- results:end -->`` in README.md (appended at the end when the markers are absent).
+
+Runs, side by side where there is something to compare:
+
+- ``bench_bookkeeping.py``: Rust structures against their Python twins, per operation and
+  per scheduler step with 256 running sequences, both prefix caches;
+- ``bench_simulator.py``: wall time per 1,000 requests at growing counts (up to 30,000
+  here, 3,000 with ``--quick``; the benchmark's own default reaches 100,000);
+- ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
+- the claims (``enginekit.claims``): the main table, the rest folded;
+- kernels (``bench_kernels.py``) only where they can run: on a machine with a CUDA GPU and
+  the script, or from the saved output of a GPU run given with ``--kernels FILE``;
+  otherwise the section says where kernel figures come from.
+
+The section is headed with the machine (CPU, cores, memory, OS, Python and torch
+versions, GPU or "no GPU"), the date and the command. Absolute times are this machine's;
+the ratios are what carries over.
+
+    python benchmarks/results.py [--quick] [--kernels FILE] [--readme README.md] [--print]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import bench_bookkeeping
+import bench_simulator
+
+from enginekit.claims import markdown_table, render_markdown, run_claims
+
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = Path(__file__).resolve().parent
+SIM_COUNTS, QUICK_SIM_COUNTS = [1000, 3000, 10000, 30000], [1000, 3000]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def gpu_name() -> str | None:
+    """The first CUDA device's name, or None without torch or a CUDA GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def machine_line() -> str:
+    """CPU model, cores, memory, OS, Python, torch and GPU, in one line."""
+    try:
+        torch = f"torch {importlib.metadata.version('torch')}"
+    except importlib.metadata.PackageNotFoundError:
+        torch = "no torch"
+    memory = _memory_gib()
+    gpu = gpu_name() or "no GPU"
+    return (
+        f"{_cpu_model()}, {os.cpu_count()} cores, "
+        f"{'?' if memory is None else f'{memory:.0f}'} GiB memory, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
+        f"{torch}, {gpu}"
+    )
+
+
+def bookkeeping_section(quick: bool) -> str:
+    steps, rounds = (500, 3) if quick else (2000, 5)
+    rows = bench_bookkeeping.run(steps, rounds, echo=False)
+    tables = []
+    for section in dict.fromkeys(r.section for r in rows):
+        header = (f"per {section}", "Rust µs", "Python µs", "Python ÷ Rust")
+        cells = [
+            (r.name, f"{r.rust_s * 1e6:,.1f}", f"{r.python_s * 1e6:,.1f}", f"{r.ratio:,.1f}×")
+            for r in rows
+            if r.section == section
+        ]
+        tables.append(markdown_table(header, cells))
+    return (
+        "### Host bookkeeping: Rust against the Python twins\n\n"
+        f"`python3 benchmarks/bench_bookkeeping.py --steps {steps} --rounds {rounds}`: median "
+        f"of {rounds} interleaved rounds; operations on 1,024-token prompts (64 blocks of "
+        f"16), steps with {bench_bookkeeping.NUM_SEQS} running sequences of ~1,000 tokens.\n\n"
+        + "\n\n".join(tables)
+        + "\n"
+    )
+
+
+def simulator_section(quick: bool) -> str:
+    counts = QUICK_SIM_COUNTS if quick else SIM_COUNTS
+    rows = bench_simulator.run(counts, echo=False)
+    first, cpu_first = rows[0].per_1k_s, rows[0].cpu_per_1k_s
+    header = (
+        "requests",
+        "setup s",
+        "run s",
+        "wall s per 1,000",
+        "× the first",
+        "CPU s per 1,000",
+        "× the first",
+        "simulated s",
+        "steps",
+        "peak memory GiB",
+    )
+    table = markdown_table(
+        header,
+        [
+            (
+                f"{r.num_requests:,}",
+                f"{r.setup_s:.2f}",
+                f"{r.run_s:.2f}",
+                f"{r.per_1k_s:.3f}",
+                f"{r.per_1k_s / first:.2f}",
+                f"{r.cpu_per_1k_s:.3f}",
+                f"{r.cpu_per_1k_s / cpu_first:.2f}",
+                f"{r.simulated_s:,.0f}",
+                f"{r.num_steps:,}",
+                f"{r.peak_rss_gib:.2f}",
+            )
+            for r in rows
+        ],
+    )
+    return (
+        "### Simulator: wall time against request count\n\n"
+        f"`python3 benchmarks/bench_simulator.py --counts {','.join(map(str, counts))}`: the "
+        "default job (Llama-3-8B on a simulated H200, shared_prefix, all requests at once). "
+        "Linear growth shows as a flat per-1,000 column (× the first near 1). The "
+        "benchmark's default reaches 100,000 requests, which needs ~14 GiB for the prompt "
+        "token lists.\n\n"
+        f"{table}\n"
+    )
+
+
+def capacity_section() -> str:
+    command = [sys.executable, str(BENCHMARKS / "bench_kv_quant_capacity.py"), "--executor", "sim"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    return (
+        "### KV quantizers: capacity and throughput (simulated)\n\n"
+        "`python3 benchmarks/bench_kv_quant_capacity.py --executor sim`, as printed:\n\n"
+        f"```text\n{out.strip()}\n```\n"
+    )
+
+
+def claims_section(quick: bool) -> str:
+    sections = run_claims(quick)
+    text = render_markdown(sections, heading_level=4)
+    main_table, _, details = text.partition("\n\n")
+    flag = " --quick" if quick else ""
+    full = " (without --quick)" if quick else ""
+    return (
+        "### Claims from the literature, measured\n\n"
+        f"`python3 -m enginekit.claims{flag}`; `python3 -m enginekit +experiment=claims` runs "
+        f"the same{full} and writes claims.md and claims.json into its run folder.\n\n"
+        f"{main_table}\n\n<details><summary>The tables and notes behind the verdicts"
+        f"</summary>\n\n{details.strip()}\n\n</details>\n"
+    )
+
+
+def kernels_section(saved: Path | None) -> str:
+    head = "### Kernels\n\n"
+    script = BENCHMARKS / "bench_kernels.py"
+    if saved is not None:
+        return (
+            f"{head}From a GPU run of `benchmarks/bench_kernels.py` (not this machine), as "
+            f"saved:\n\n```text\n{saved.read_text().strip()}\n```\n"
+        )
+    if script.exists() and gpu_name() is not None:
+        out = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, check=True, cwd=ROOT
+        ).stdout
+        return f"{head}`python3 benchmarks/bench_kernels.py`:\n\n```text\n{out.strip()}\n```\n"
+    return (
+        f"{head}Kernel benchmarks need a CUDA GPU and this machine has none, so none ran "
+        "here: kernel figures come from a GPU run (`python3 benchmarks/bench_kernels.py > "
+        "kernels.txt` on a GPU machine, then `python3 benchmarks/results.py --kernels "
+        "kernels.txt`).\n"
+    )
+
+
+def build_section(quick: bool, kernels: Path | None, command: str) -> str:
+    """The whole Results section, markers included."""
+    parts = [
+        bookkeeping_section(quick),
+        simulator_section(quick),
+        capacity_section(),
+        claims_section(quick),
+        kernels_section(kernels),
+    ]
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    head = (
+        "## Results\n\n"
+        f"Generated on {date} by `{command}` (rewrite it with that command; edits between "
+        "the markers are overwritten).\n\n"
+        f"Machine: {machine_line()}.\n\n"
+        "Absolute times are this machine's only; ratios were measured side by side in one "
+        "run; simulated figures (tok/s, TTFT) are the simulator's H200, not this machine.\n"
+    )
+    return "\n".join([BEGIN, head, *parts, END]) + "\n"
+
+
+def apply_section(readme: str, section: str) -> str:
+    """``readme`` with ``section`` (markers included) in place of the text between the
+    markers, or appended after a blank line when they are absent. Raises ValueError for
+    a begin marker without an end marker after it."""
+    begin = readme.find(BEGIN)
+    if begin < 0:
+        return readme.rstrip("\n") + "\n\n" + section
+    end = readme.find(END, begin)
+    if end < 0:
+        raise ValueError(f"{BEGIN} without {END} after it")
+    end += len(END)
+    if readme[end : end + 1] == "\n":
+        end += 1
+    return readme[:begin] + section + readme[end:]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls, requests, counts")
+    parser.add_argument("--kernels", type=Path, help="saved output of a GPU kernel run")
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--print", action="store_true", help="print only, write nothing")
+    args = parser.parse_args(argv)
+    command = "python3 benchmarks/results.py" + " --quick" * args.quick
+    if args.kernels is not None:
+        command += f" --kernels {args.kernels}"
+    start = time.perf_counter()
+    section = build_section(args.quick, args.kernels, command)
+    if args.print:
+        print(section, end="")
+    else:
+        args.readme.write_text(apply_section(args.readme.read_text(), section))
+        print(f"wrote the Results section of {args.readme}")
+    print(f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
