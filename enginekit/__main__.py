@@ -86,7 +86,8 @@ def run_task(cfg: Any) -> dict[str, Any] | None:
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        if HydraConfig.get().job.name == CLAIMS_JOB:  # set by conf/experiment/claims.yaml
+        # hydra.job.name is set by conf/experiment/claims.yaml
+        if HydraConfig.initialized() and HydraConfig.get().job.name == CLAIMS_JOB:
             from enginekit.claims import run_claims_job
 
             return run_claims_job(_output_dir())
