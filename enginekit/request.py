@@ -100,6 +100,9 @@ class Request:
     # Parallel sampling and beams: the request that prefilled the prompt owns the others.
     parent: Request | None = None
     children: list[Request] = field(default_factory=list)
+    # The children not known to be finished (compacted by ``unfinished_children``): beam
+    # search prunes a beam nearly every step, so ``children`` grows with the output.
+    maybe_unfinished_children: list[Request] = field(default_factory=list)
     # Beam search: the beam's total log-probability, and the continuations the last step
     # offered it (kept until every live beam of the request has its own).
     cumulative_logprob: float = 0.0
@@ -129,10 +132,22 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
+    def add_child(self, child: Request) -> None:
+        """Records a sample or beam this request owns. Mutates both lists of children."""
+        self.children.append(child)
+        self.maybe_unfinished_children.append(child)
+
+    def unfinished_children(self) -> list[Request]:
+        """The children still running or waiting, in order. Drops the finished ones from
+        ``maybe_unfinished_children`` (each once: amortized O(1) per child)."""
+        live = [c for c in self.maybe_unfinished_children if not c.is_finished]
+        self.maybe_unfinished_children = live
+        return live
+
     @property
     def is_group_finished(self) -> bool:
         """Finished, and so is every sample it owns."""
-        return self.status.is_finished and all(c.is_finished for c in self.children)
+        return self.status.is_finished and not self.unfinished_children()
 
     @property
     def needs_fork(self) -> bool:

@@ -44,7 +44,7 @@ class ForkingMixin:
         (ties: earlier beam, then likelier candidate). A beam with none is pruned (its
         blocks released); a beam with k forks k - 1 new beams that share its blocks, then
         takes the best one itself."""
-        live = [r for r in (root, *root.children) if not r.is_finished]
+        live = [r for r in (root, *root.unfinished_children()) if not r.is_finished]
         if any(r.candidates is None for r in live):
             return  # a beam was preempted before its step: wait for it
         self._settle_owed(root)  # its first step forks its beams
@@ -89,7 +89,7 @@ class ForkingMixin:
         child.token_ids = list(beam.token_ids)
         self.kv.fork(beam, child)
         child.status = RequestStatus.RUNNING
-        root.children.append(child)
+        root.add_child(child)
         self._by_seq_id[child.seq_id] = child
         self.running.append(child)
         self._pending_forks.append(Fork(beam.seq_id, child.seq_id, len(root.children)))
@@ -114,7 +114,7 @@ class ForkingMixin:
             )
             self.kv.fork(parent, child)
             child.status = RequestStatus.RUNNING
-            parent.children.append(child)
+            parent.add_child(child)
             self._by_seq_id[child.seq_id] = child
             self.running.append(child)
             children.append(child)
