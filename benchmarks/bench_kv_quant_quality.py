@@ -142,6 +142,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--generate-prompts", type=int, default=8)
     parser.add_argument("--generate-tokens", type=int, default=64)
+    parser.add_argument("--png", help="also plot capacity and quality into this PNG file")
     args = parser.parse_args()
     set_threads(args.threads)
 
@@ -188,6 +189,7 @@ def main() -> None:
         f"\n{'cache':>10} {'B/token':>9} {'attn rel err':>13} {'KL':>10} {'greedy agree':>13} "
         f"{'ppl':>8} {'Δppl':>8}"
     )
+    rows: dict[str, dict[str, float]] = {}
     for name, quant in kinds.items():
         spec = KVSpec.of(shape, 16, args.block_size, quant)  # bytes as a 16-bit model's
         lp = torch.cat([x[:-1] for x in logprobs[name]])
@@ -199,6 +201,8 @@ def main() -> None:
             stored = KVSpec.of(shape, 32, args.block_size, quant)
             attn = sum(attention_error(model, stored, qkv, 2.0) for qkv in qkv_by_window)
             attn /= len(qkv_by_window)
+        rows[name] = {"bytes_per_token": spec.bytes_per_token, "kl": kl, "agreement": agree,
+                      "ppl_change": math.exp(nll) / math.exp(base_nll) - 1}  # fmt: skip
         print(
             f"{name:>10} {spec.bytes_per_token:>9,.0f} {attn:>13.2e} {kl:>10.2e} "
             f"{100 * agree:>12.2f}% {math.exp(nll):>8.3f} "
@@ -217,6 +221,40 @@ def main() -> None:
         share, run = generation_agreement(outputs[q], outputs["none"])
         print(f"{q:>10} {100 * share:>15.1f}% {run:>31.1f}")
     print(f"\n(B/token as a 16-bit model stores them; {time.perf_counter() - started:.0f} s)")
+    if args.png:
+        plot(rows, Path(args.png))
+        print(f"plot: {args.png}")
+
+
+def plot(rows: dict[str, dict[str, float]], path: Path) -> None:
+    """Capacity (tokens per GiB, relative to none) beside quality (KL, perplexity change,
+    greedy disagreement) per cache format, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    base = rows["none"]["bytes_per_token"]
+    fig, (capacity, quality) = plt.subplots(1, 2, figsize=(10, 4))
+    capacity.bar(names, [base / rows[n]["bytes_per_token"] for n in names], color="tab:blue")
+    capacity.set_ylabel("tokens per byte of KV, × none")
+    capacity.set_title("capacity")
+    x = range(len(names))
+    width = 0.27
+    series = [
+        ("KL (×1e3)", [1e3 * rows[n]["kl"] for n in names]),
+        ("perplexity change (%)", [100 * rows[n]["ppl_change"] for n in names]),
+        ("greedy disagreement (%)", [100 * (1 - rows[n]["agreement"]) for n in names]),
+    ]
+    for i, (label, values) in enumerate(series):
+        quality.bar([j + (i - 1) * width for j in x], values, width, label=label)
+    quality.set_xticks(list(x), names)
+    quality.set_title("quality against the unquantized cache (lower is better)")
+    quality.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
