@@ -9,6 +9,7 @@ Runs, side by side where there is something to compare:
 - ``bench_simulator.py``: wall time per 1,000 requests at growing counts (up to 30,000
   here, 3,000 with ``--quick``; the benchmark's own default reaches 100,000);
 - ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
+- ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
 - the claims (``enginekit.claims``): the main table, the rest folded;
 - kernels (``bench_kernels.py``) only where they can run: on a machine with a CUDA GPU and
   the script, or from the saved output of a GPU run given with ``--kernels FILE``;
@@ -164,6 +165,25 @@ def capacity_section() -> str:
     )
 
 
+def quality_section() -> str:
+    """The quality benchmark's tables when its trained model is cached (training it takes
+    about 12 minutes of one core: ``python3 benchmarks/train_stdlib_llama.py``), else how
+    to get them."""
+    from train_stdlib_llama import cache_dir
+
+    head = "### KV quantizers: quality (torch, a small Llama trained on the stdlib)\n\n"
+    if not (cache_dir() / "training.json").is_file():
+        return (
+            f"{head}Not run: the model is not cached. `python3 benchmarks/"
+            "train_stdlib_llama.py` trains it (about 12 minutes on one core), then "
+            "`python3 benchmarks/bench_kv_quant_quality.py` measures.\n"
+        )
+    command = [sys.executable, str(BENCHMARKS / "bench_kv_quant_quality.py")]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    printed = f"```text\n{out.strip()}\n```\n"
+    return f"{head}`python3 benchmarks/bench_kv_quant_quality.py`, as printed:\n\n{printed}"
+
+
 def claims_section(quick: bool) -> str:
     sections = run_claims(quick)
     text = render_markdown(sections, heading_level=4)
@@ -206,6 +226,7 @@ def build_section(quick: bool, kernels: Path | None, command: str) -> str:
         bookkeeping_section(quick),
         simulator_section(quick),
         capacity_section(),
+        quality_section(),
         claims_section(quick),
         kernels_section(kernels),
     ]
