@@ -142,5 +142,5 @@ class ForkingMixin:
             return True
         if len(self.running) + len(group) > self.config.max_num_seqs:
             return False
-        needed = sum(self.kv.allocator.num_blocks_to_admit(r, 0) for r in group)
+        needed = sum(self.kv.num_blocks_to_admit_alone(r) for r in group)
         return needed + self.kv.num_watermark_blocks <= self.kv.num_reclaimable_blocks()

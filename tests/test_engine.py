@@ -8,7 +8,7 @@ import itertools
 import random
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from enginekit import Engine, SamplingParams
@@ -236,6 +236,11 @@ def test_refused_combinations_are_exactly_the_meaningless_ones():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(  # windowed beams brought back together by their bound, not their length
+    seed=17, block_size=1, num_blocks_factor=1.0, native=False,
+    combination={"allocator": "paged", "prefix": "none", "eviction": "sliding_window",
+                 "preemption": "recompute"},
+)  # fmt: skip
 @given(
     seed=st.integers(0, 10_000),
     block_size=st.sampled_from([1, 4, 16]),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.executor.base import BlockCopy, BlockSwap
-from enginekit.interfaces.prefix import PrefixMatch
+from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
 from enginekit.kv.context import KVContext
 from enginekit.kv.holes import HoleAllocator, WindowedEviction
 from enginekit.kv.manager_fork import ForkMixin
@@ -157,6 +157,11 @@ class KVCacheManager(ForkMixin, SwapMixin):
             kept = self._window.kept_blocks(shared, match.num_tokens)
         pinned = kept if partial is None else [*kept, partial]
         return _Admission(shared, partial, peak, max(0, peak - len(kept)), pinned)
+
+    def num_blocks_to_admit_alone(self, request: Request) -> int:
+        """Free blocks admitting ``request`` without any prefix hit takes or promises (a
+        windowed sequence: at most its bound). Pure."""
+        return self._plan(request, NO_MATCH).num_new
 
     def can_admit(self, request: Request, match: PrefixMatch) -> bool:
         """True if admitting ``request`` with ``match`` (or restoring it, if it is swapped
