@@ -13,6 +13,7 @@ an agreement bound instead.)
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 import pytest
@@ -336,3 +337,49 @@ def test_fp8_logits_stay_close_to_the_unquantized_cache(saved_model):
             ]
         )
         assert float(kl.mean()) < bound, (quantizer, float(kl.mean()))
+
+
+# -- the simulator ---------------------------------------------------------------------------
+
+
+def _valid_combinations() -> list[tuple[str, ...]]:
+    from test_engine import ALL_PLUGINS, _is_refused
+
+    combinations = [
+        dict(zip(ALL_PLUGINS, names, strict=True))
+        for names in itertools.product(*ALL_PLUGINS.values())
+    ]
+    return [tuple(c.values()) for c in combinations if not _is_refused(c)]
+
+
+@pytest.mark.parametrize("quantizer", ["fp8", "int4"])
+def test_simulated_quantized_caches_run_with_every_plugin_combination(quantizer):
+    """Each of the valid allocator × prefix × eviction × preemption combinations runs a
+    tight-pool workload to the end with a quantized cache, integrity checked every step."""
+    num_preemptions = 0
+    for allocator, prefix, eviction, preemption in _valid_combinations():
+        eng = Engine.from_overrides(
+            [
+                "progress=false",
+                f"+quantizer={quantizer}",
+                f"+allocator={allocator}",
+                f"+prefix={prefix}",
+                f"+eviction={eviction}",
+                f"+preemption={preemption}",
+                *(["eviction.window=48"] if eviction == "sliding_window" else []),
+                "model.max_model_len=240",
+                "workload=unique",
+                "workload.num_requests=12",
+                "cache.num_blocks=40",
+                "cache.watermark=0",
+            ]
+        )
+        eng.add_workload()
+        while eng.has_unfinished_requests():
+            eng.step()
+            eng.check_integrity()
+        summary = eng.summary()
+        assert summary["num_requests_finished"] == 12, (allocator, prefix, eviction, preemption)
+        assert eng.describe()["kv_bytes_per_token"] == eng.kv_spec.bytes_per_token
+        num_preemptions += summary["num_preemptions_total"]
+    assert num_preemptions > 0  # the pool is tight enough to matter
