@@ -56,7 +56,7 @@ def build_executor(
     if cfg.executor == "torch":
         from enginekit.executor.torch_factory import build_torch_executor
 
-        return build_torch_executor(cfg, shape, kv_spec, model_bits, quantizer)
+        return build_torch_executor(cfg, shape, kv_spec, quantizer)
     from enginekit.executor.hardware import hardware_preset, kv_pool_num_blocks
     from enginekit.executor.sim import SimExecutor
 

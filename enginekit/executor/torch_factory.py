@@ -95,7 +95,6 @@ def build_torch_executor(
     cfg: DictConfig,
     shape: ModelShape,
     kv_spec: KVSpec,
-    model_bits: int,
     quantizer: Quantizer | None = None,
 ) -> tuple[TorchExecutor, int]:
     """The torch executor and its number of device KV blocks, in ``kv_spec.quant``'s
