@@ -46,7 +46,7 @@ from enginekit import Engine, SamplingParams  # noqa: E402
 from enginekit.executor.scoring import teacher_forced_logprobs  # noqa: E402
 from enginekit.kernels import reference  # noqa: E402
 from enginekit.kernels.layout import allocate_pool  # noqa: E402
-from enginekit.kernels.ops import ReferenceOps  # noqa: E402
+from enginekit.kernels.ops import REFERENCE_OPS  # noqa: E402
 from enginekit.kv.quant import KVQuant  # noqa: E402
 from enginekit.kv.spec import KVSpec  # noqa: E402
 from enginekit.models.llama import LlamaModel  # noqa: E402
@@ -150,7 +150,7 @@ def main() -> None:
     arch, weights = load_hf_folder(folder, DTYPE, "cpu")
     model = LlamaModel(arch, weights, DTYPE, "cpu")
     windows = held_out_windows(Tokenizer(str(folder)), args.windows, args.length)
-    ops = ReferenceOps()
+    ops = REFERENCE_OPS
     shape = arch.shape
     kinds = formats(args.block_size, shape.head_dim, args.group_size)
     print(

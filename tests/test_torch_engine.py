@@ -15,7 +15,7 @@ from enginekit import Engine, SamplingParams
 from enginekit.errors import ConfigError
 from enginekit.executor.base import BlockCopy, BlockSwap
 from enginekit.executor.kv_cache import PagedKVCache
-from enginekit.kernels.ops import ReferenceOps
+from enginekit.kernels.ops import REFERENCE_OPS
 from enginekit.kv.quant import KVQuant
 from enginekit.kv.spec import KVSpec
 from enginekit.models.shapes import model_preset
@@ -176,7 +176,7 @@ def test_seeded_sampling_is_reproducible():
 def test_swaps_then_copies_in_contract_order(quant):
     """Whole blocks move, int4 scales and zero points with them."""
     spec = KVSpec.of(model_preset("tiny"), bits_per_element=32, block_size=4, quant=quant)
-    cache = PagedKVCache(spec, 8, 4, torch.float32, torch.device("cpu"), ReferenceOps())
+    cache = PagedKVCache(spec, 8, 4, torch.float32, torch.device("cpu"), REFERENCE_OPS)
     for t in cache.pool.block_tensors:
         t.copy_(torch.randint(0, 100, t.shape).to(t.dtype))
     before = [t.clone() for t in cache.pool.block_tensors]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch_helpers import FP32_ATOL, PagedSequences, models
 
-from enginekit.kernels.ops import ReferenceOps
+from enginekit.kernels.ops import REFERENCE_OPS
 
 
 def hf_logits(hf, tokens: list[int]) -> torch.Tensor:
@@ -29,7 +29,7 @@ def test_chunked_paged_forward_matches_transformers(kind, block_size):
     prompts = {i: [rng.randrange(vocab) for _ in range(n)] for i, n in enumerate(lens)}
     expected = {i: hf_logits(hf, p) for i, p in prompts.items()}
     paged = PagedSequences(ours, block_size, num_blocks=64, seed=block_size)
-    ops = ReferenceOps()
+    ops = REFERENCE_OPS
 
     def run(prefills, decodes):
         scheduled = paged.step(prefills, decodes)

@@ -1,16 +1,17 @@
 """PagedOps: the paged-KV operations the forward calls, with two implementations.
 
-``ReferenceOps`` runs the pure-torch references (any device; what CPU uses).
-``TritonOps`` runs the Triton kernels (CUDA, or anywhere under ``TRITON_INTERPRET=1``).
-Both take the same arguments and store the same format; tensors named
-``*_starts``/``*_lens``/``block_tables`` live on the pool's device. Every operation takes
-a ``KVPool`` of any storage kind (none, fp8, int4): writes quantize, attention
+``REFERENCE_OPS`` runs the pure-torch references (any device; what CPU uses);
+``triton_ops.TRITON_OPS`` runs the Triton kernels (CUDA, or anywhere under
+``TRITON_INTERPRET=1``). Both take the same arguments and store the same format; tensors
+named ``*_starts``/``*_lens``/``block_tables`` live on the pool's device. Every operation
+takes a ``KVPool`` of any storage kind (none, fp8, int4): writes quantize, attention
 dequantizes inside the kernel.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -18,125 +19,64 @@ from enginekit.kernels import reference
 from enginekit.kernels.layout import KVPool
 
 
-class PagedOps(ABC):
-    name: str = ""
+@dataclass(frozen=True)
+class PagedOps:
+    """One implementation of each operation. Contracts (what is read, mutated, raised):
+    the ``reference`` functions of the same names, except that ``prefill_attention``
+    takes ``query_starts`` int32 [S + 1] and ``context_starts`` int32 [S] as tensors
+    and ``max_query_len`` (bounding every chunk) before ``scale``, as the Triton kernel
+    does::
 
-    @abstractmethod
-    def write_kv(
-        self,
-        pool: KVPool,
-        layer: int,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        slots: torch.Tensor,
-    ) -> None:
-        """Stores K/V [N, kvh, d] at ``slots`` (int64 [N], negative = skip), quantized to
-        the pool's kind. See ``reference.write_kv``. Mutates pool; raises ValueError for
-        unset (NaN) fp8 scales."""
+        write_kv(pool, layer, key, value, slots) -> None
+        decode_attention(query, pool, layer, block_tables, context_lens, scale, window,
+                         sinks=0) -> Tensor
+        prefill_attention(query, pool, layer, block_tables, query_starts,
+                          context_starts, max_query_len, scale, window, sinks=0) -> Tensor
+        copy_blocks(pool, src_block_ids, dst_block_ids) -> None
+    """
 
-    @abstractmethod
-    def decode_attention(
-        self,
-        query: torch.Tensor,
-        pool: KVPool,
-        layer: int,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        scale: float,
-        window: int | None,
-        sinks: int = 0,
-    ) -> torch.Tensor:
-        """See ``reference.decode_attention``. Pure."""
-
-    @abstractmethod
-    def prefill_attention(
-        self,
-        query: torch.Tensor,
-        pool: KVPool,
-        layer: int,
-        block_tables: torch.Tensor,
-        query_starts: torch.Tensor,
-        context_starts: torch.Tensor,
-        max_query_len: int,
-        scale: float,
-        window: int | None,
-        sinks: int = 0,
-    ) -> torch.Tensor:
-        """See ``reference.prefill_attention``; ``query_starts`` int32 [S + 1] and
-        ``context_starts`` int32 [S]; ``max_query_len`` bounds every chunk. Pure."""
-
-    @abstractmethod
-    def copy_blocks(
-        self, pool: KVPool, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor
-    ) -> None:
-        """``t[dst[i]] = t[src[i]]`` for every block tensor ``t``. Mutates pool."""
+    name: str
+    write_kv: Callable[..., None]
+    decode_attention: Callable[..., torch.Tensor]
+    prefill_attention: Callable[..., torch.Tensor]
+    copy_blocks: Callable[..., None]
 
 
-class ReferenceOps(PagedOps):
-    name = "reference"
+def _reference_prefill_attention(
+    query: torch.Tensor,
+    pool: KVPool,
+    layer: int,
+    block_tables: torch.Tensor,
+    query_starts: torch.Tensor,
+    context_starts: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    window: int | None,
+    sinks: int = 0,
+) -> torch.Tensor:
+    """``reference.prefill_attention`` with the kernel's arguments (the reference loops
+    over sequences, so it takes the offsets as lists and needs no chunk bound)."""
+    return reference.prefill_attention(
+        query, pool, layer, block_tables, query_starts.tolist(), context_starts.tolist(),
+        scale, window, sinks,
+    )  # fmt: skip
 
-    def write_kv(
-        self,
-        pool: KVPool,
-        layer: int,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        slots: torch.Tensor,
-    ) -> None:
-        reference.write_kv(pool, layer, key, value, slots)
 
-    def decode_attention(
-        self,
-        query: torch.Tensor,
-        pool: KVPool,
-        layer: int,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        scale: float,
-        window: int | None,
-        sinks: int = 0,
-    ) -> torch.Tensor:
-        return reference.decode_attention(
-            query, pool, layer, block_tables, context_lens, scale, window, sinks
-        )
-
-    def prefill_attention(
-        self,
-        query: torch.Tensor,
-        pool: KVPool,
-        layer: int,
-        block_tables: torch.Tensor,
-        query_starts: torch.Tensor,
-        context_starts: torch.Tensor,
-        max_query_len: int,
-        scale: float,
-        window: int | None,
-        sinks: int = 0,
-    ) -> torch.Tensor:
-        return reference.prefill_attention(
-            query,
-            pool,
-            layer,
-            block_tables,
-            query_starts.tolist(),
-            context_starts.tolist(),
-            scale,
-            window,
-            sinks,
-        )
-
-    def copy_blocks(
-        self, pool: KVPool, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor
-    ) -> None:
-        reference.copy_blocks(pool, src_block_ids, dst_block_ids)
+REFERENCE_OPS = PagedOps(
+    name="reference",
+    write_kv=reference.write_kv,
+    decode_attention=reference.decode_attention,
+    prefill_attention=_reference_prefill_attention,
+    copy_blocks=reference.copy_blocks,
+)
 
 
 def make_ops(kind: str) -> PagedOps:
     """``reference`` or ``triton`` (imports Triton). Raises ValueError for another kind."""
     if kind == "reference":
-        return ReferenceOps()
+        return REFERENCE_OPS
     if kind == "triton":
-        from enginekit.kernels.triton_ops import TritonOps
+        from enginekit.kernels.triton_ops import TRITON_OPS
 
-        return TritonOps()
+        return TRITON_OPS
     raise ValueError(f"unknown paged ops {kind!r}; choose reference or triton")
