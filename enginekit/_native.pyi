@@ -139,7 +139,7 @@ class BlockTables:
     or huge id included) raises KVCacheError. A negative count (num_blocks, num_tokens, width)
     raises ValueError. Arguments are checked left to right before the state is looked at.
 
-    Holes: release_range (release_front is its leading case) turns entries into holes, for a
+    Holes: release_range turns entries into holes, for a
     sliding-window policy that releases the blocks a sequence can no longer attend to while
     keeping attention-sink blocks in front of them; append_holes recreates holes for a
     sequence brought back from a swap. A hole keeps its logical slot: num_blocks,
@@ -176,11 +176,6 @@ class BlockTables:
     def truncate(self, seq_id: int, num_blocks: int) -> list[int]:
         """Keeps the first num_blocks entries; returns the removed blocks in logical order,
         holes skipped.
-
-        Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
-        """
-    def release_front(self, seq_id: int, num_blocks: int) -> list[int]:
-        """release_range(seq_id, 0, num_blocks).
 
         Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
         """

@@ -4,7 +4,7 @@
 //! `grow` and `cache_blocks` take the pool to handle a whole batch in one call. Every stored
 //! block id is at most `i32::MAX`, so any table exports to an int32 buffer.
 //!
-//! Holes: `release_range` (and `release_front`, its leading case) turns entries into holes
+//! Holes: `release_range` turns entries into holes
 //! ([`HOLE`]), for a sliding window that drops blocks a sequence can no longer attend to,
 //! possibly keeping attention-sink blocks in front of them; `append_holes` recreates them
 //! for a sequence brought back from a swap. A hole keeps its logical slot (the table's length
@@ -186,18 +186,6 @@ impl BlockTables {
         let blocks = held(&removed);
         t.num_holes -= removed.len() - blocks.len();
         Ok(blocks)
-    }
-
-    /// Makes the first `num_blocks` entries holes: `release_range(seq_id, 0, num_blocks)`.
-    pub fn release_front(&mut self, seq_id: u64, num_blocks: u64) -> KvResult<Vec<u32>> {
-        let t = self.table_mut(seq_id)?;
-        if num_blocks > t.len() as u64 {
-            return cache_err(format!(
-                "cannot release {num_blocks} blocks of sequence {seq_id}: it has {}",
-                t.len()
-            ));
-        }
-        self.release_range(seq_id, 0, num_blocks)
     }
 
     /// Makes entries `first .. end` holes; returns the blocks that were there and not holes

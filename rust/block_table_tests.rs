@@ -253,11 +253,11 @@ fn export_into_pads_rows() {
 }
 
 #[test]
-fn release_front_makes_holes() {
+fn release_range_from_the_front_makes_holes() {
     let (mut bt, mut pool) = setup();
     bt.grow(&mut pool, &[1], &[16]).unwrap(); // seq 1 -> 0, 1, 3, 4
     assert_eq!(bt.num_holes(1).unwrap(), 0);
-    assert_eq!(bt.release_front(1, 2).unwrap(), vec![0, 1]);
+    assert_eq!(bt.release_range(1, 0, 2).unwrap(), vec![0, 1]);
     pool.free(&[0, 1]).unwrap();
     assert_eq!(bt.block_ids(1).unwrap(), &[HOLE, HOLE, 3, 4]);
     assert_eq!(bt.block_id_at(1, 0).unwrap(), HOLE);
@@ -266,17 +266,17 @@ fn release_front_makes_holes() {
         (2, 4)
     );
     // Already-holes are skipped; 0 and a shorter front change nothing.
-    assert_eq!(bt.release_front(1, 1).unwrap(), Vec::<u32>::new());
-    assert_eq!(bt.release_front(1, 0).unwrap(), Vec::<u32>::new());
-    assert_eq!(bt.release_front(1, 3).unwrap(), vec![3]);
+    assert_eq!(bt.release_range(1, 0, 1).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.release_range(1, 0, 0).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.release_range(1, 0, 3).unwrap(), vec![3]);
     pool.decref(3).unwrap();
     bt.check_integrity(Some(&pool)).unwrap();
     bt.check_integrity(None).unwrap();
     assert_eq!(
-        msg(bt.release_front(1, 5)),
-        "cannot release 5 blocks of sequence 1: it has 4"
+        msg(bt.release_range(1, 0, 5)),
+        "cannot release blocks [0, 5) of sequence 1: it has 4"
     );
-    assert_eq!(msg(bt.release_front(9, 0)), "unknown sequence 9");
+    assert_eq!(msg(bt.release_range(9, 0, 0)), "unknown sequence 9");
     assert_eq!(msg(bt.num_holes(9)), "unknown sequence 9");
     // Holes keep their slots: growth counts them.
     assert_eq!(bt.num_blocks_to_grow(&[1], &[20]).unwrap(), 1);
@@ -343,8 +343,8 @@ fn release_range_makes_holes_anywhere() {
     assert!(msg(bt.release_range(1, u64::MAX, u64::MAX)).contains("it has 6"));
     assert_eq!(msg(bt.release_range(9, 0, 0)), "unknown sequence 9");
     assert_eq!(bt.block_ids(1).unwrap(), &[0, HOLE, HOLE, HOLE, 5, 6]);
-    // release_front counts what release_range made, and skips the holes in its range.
-    assert_eq!(bt.release_front(1, 5).unwrap(), vec![0, 5]);
+    // A wider range counts only what is still held, skipping the holes in it.
+    assert_eq!(bt.release_range(1, 0, 5).unwrap(), vec![0, 5]);
     pool.free(&[0, 5]).unwrap();
     assert_eq!(bt.num_holes(1).unwrap(), 5);
     // Export writes middle holes as pad; fork copies them and their count.

@@ -142,18 +142,6 @@ impl PyBlockTables {
         })
     }
 
-    fn release_front(
-        &mut self,
-        seq_id: &Bound<'_, PyAny>,
-        num_blocks: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<u32>> {
-        guard(|| {
-            let s = self.existing_seq_arg(seq_id)?;
-            let n = count(num_blocks, "num_blocks")?;
-            self.inner.release_front(s, n).map_err(to_py)
-        })
-    }
-
     fn release_range(
         &mut self,
         seq_id: &Bound<'_, PyAny>,

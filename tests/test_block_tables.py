@@ -321,27 +321,27 @@ def test_export_into_errors(impl) -> None:
     refused((ValueError, BufferError), np.full((2, 8), 7, np.int32)[:, ::2], [5, 6], 4)
 
 
-def test_release_front_makes_holes(impl) -> None:
+def test_release_range_from_the_front_makes_holes(impl) -> None:
     Pool, Tables = impl
     pool, tables = Pool(10), Tables(4)
     tables.add_sequence(1, pool.allocate(4))  # 0, 1, 2, 3
     assert tables.num_holes(1) == 0
-    assert tables.release_front(1, 2) == [0, 1]
+    assert tables.release_range(1, 0, 2) == [0, 1]
     pool.free([0, 1])
     assert tables.block_ids(1) == [-1, -1, 2, 3]
     assert tables.block_id_at(1, 1) == -1
     assert (tables.num_holes(1), tables.num_blocks(1), tables.max_num_blocks([1])) == (2, 4, 4)
     # Entries already holes are skipped.
-    assert tables.release_front(1, 1) == []
-    assert tables.release_front(1, 0) == []
-    assert tables.release_front(1, 3) == [2]
+    assert tables.release_range(1, 0, 1) == []
+    assert tables.release_range(1, 0, 0) == []
+    assert tables.release_range(1, 0, 3) == [2]
     pool.decref(2)
     tables.check_integrity(pool)
     tables.check_integrity()
     ru = lambda exc, fn: raises_unchanged(pool, tables, exc, fn)  # noqa: E731
-    ru(KVCacheError, lambda: tables.release_front(1, 5))
-    ru(ValueError, lambda: tables.release_front(1, -1))
-    ru(KVCacheError, lambda: tables.release_front(9, 0))
+    ru(KVCacheError, lambda: tables.release_range(1, 0, 5))
+    ru(ValueError, lambda: tables.release_range(1, 0, -1))
+    ru(KVCacheError, lambda: tables.release_range(9, 0, 0))
     ru(KVCacheError, lambda: tables.num_holes(9))
     # Holes keep their logical slots: growth counts them and never refills them.
     assert tables.num_blocks_to_grow([1], [20]) == 1
@@ -416,8 +416,8 @@ def test_release_range_makes_holes_anywhere(impl) -> None:
     assert tables.truncate(2, 3) == child_blocks[1:]
     pool.free(child_blocks[1:])
     assert (tables.block_ids(2), tables.num_holes(2)) == ([0, -1, -1], 2)
-    # release_front over middle holes releases only what is still held.
-    assert tables.release_front(1, 6) == [0, 5]
+    # A range over middle holes releases only what is still held.
+    assert tables.release_range(1, 0, 6) == [0, 5]
     pool.free([0, 5])
     assert tables.num_holes(1) == 6
     tables.check_integrity(pool)
@@ -556,15 +556,6 @@ class TablesTwins(RuleBasedStateMachine):
             return
         kind, _ = self.both(lambda p, t: t.add_sequence(seq_id, ids), f"add_sequence({seq_id})")
         if kind == "raised":
-            self.release(ids)
-
-    @rule(data=st.data())
-    @precondition(has_sequences)
-    def release_front(self, data: st.DataObject) -> None:
-        seq_id = self.seq(data)
-        n = data.draw(st.integers(-1, len(self.table(seq_id)) + 1))
-        kind, ids = self.both(lambda p, t: t.release_front(seq_id, n), f"release({seq_id}, {n})")
-        if kind == "returned":
             self.release(ids)
 
     @rule(data=st.data())

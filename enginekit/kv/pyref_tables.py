@@ -43,7 +43,7 @@ class PyBlockTables:
     - arguments are checked in order, left to right, before the state is looked at; a bad
       count (negative num_blocks, num_tokens or width) raises ValueError.
 
-    Holes: release_range (and release_front, its leading case) turns entries into holes
+    Holes: release_range turns entries into holes
     (HOLE, i.e. -1), for a sliding window that drops blocks a sequence can no longer attend
     to, possibly keeping attention-sink blocks in front of them; append_holes recreates them
     for a sequence brought back from a swap. A hole keeps its logical slot (num_blocks counts
@@ -177,19 +177,6 @@ class PyBlockTables:
         held = _held(removed)
         self._num_holes[operator.index(seq_id)] -= len(removed) - len(held)
         return held
-
-    def release_front(self, seq_id: int, num_blocks: int) -> list[int]:
-        """release_range(seq_id, 0, num_blocks).
-
-        Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
-        """
-        table = self._table(seq_id)
-        num_blocks = _check_count("num_blocks", num_blocks)
-        if num_blocks > len(table):
-            raise KVCacheError(
-                f"cannot release {num_blocks} blocks of sequence {seq_id}: it has {len(table)}"
-            )
-        return self.release_range(seq_id, 0, num_blocks)
 
     def release_range(self, seq_id: int, first: int, end: int) -> list[int]:
         """Makes entries first .. end - 1 holes; returns the blocks that were there and not

@@ -217,15 +217,6 @@ class Fuzz:
         if ok:
             self.free(ids)
 
-    def op_release_front(self) -> None:
-        seq = self.seq_id()
-        n = self.b.int(-1, len(self.table(seq)) + 1)
-        ok, ids = self.call(
-            f"release_front({seq}, {n})", lambda w: w.tables.release_front(seq, n), True
-        )
-        if ok:
-            self.free(ids)
-
     def op_release_range(self) -> None:
         seq = self.seq_id()
         length = len(self.table(seq))
@@ -401,7 +392,6 @@ Fuzz.OPS = [
     Fuzz.op_remove,
     Fuzz.op_append,
     Fuzz.op_truncate,
-    Fuzz.op_release_front,
     Fuzz.op_release_range,
     Fuzz.op_release_range,
     Fuzz.op_append_holes,
