@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import random
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from torch_helpers import hf_config, hf_model
+from torch_helpers import hf_config, hf_model, prompts, saved_engine
 
 from enginekit import Engine, SamplingParams
 from enginekit.errors import ConfigError
@@ -115,19 +114,6 @@ def saved_model(tmp_path_factory):
     return folder, model
 
 
-def engine(folder, *overrides: str) -> Engine:
-    return Engine.from_overrides(
-        [
-            "executor=torch",
-            f"model.path={folder}",
-            "model.dtype=float32",
-            "progress=false",
-            "cache.block_size=4",
-            *overrides,
-        ]
-    )
-
-
 def with_kv_scales(folder, target, scales: torch.Tensor):
     """A copy of ``folder`` in ``target`` whose safetensors carry ``scales`` [layers, 2,
     kv_heads or 1] as fp8 k_scale/v_scale."""
@@ -155,21 +141,13 @@ def run_prompts(eng: Engine, batch: list[list[int]], max_tokens: int = NEW_TOKEN
     return [eng.output(r) for r in ids]
 
 
-def prompts(vocab: int, shared: int, seed: int, n: int = 6) -> list[list[int]]:
-    rng = random.Random(seed)
-    prefix = [rng.randrange(3, vocab) for _ in range(shared)]
-    return [
-        prefix + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 30))] for _ in range(n)
-    ]
-
-
 @pytest.mark.parametrize("per_head", [False, True])
 def test_fp8_scales_come_from_the_checkpoint_when_it_has_them(saved_model, tmp_path, per_head):
     folder, _ = saved_model
     config = hf_config("tiny")
     heads = config.num_key_value_heads if per_head else 1
     scales = torch.tensor([[0.01, 0.02], [0.02, 0.04]])[:, :, None].expand(-1, -1, heads)
-    eng = engine(with_kv_scales(folder, tmp_path / "scaled", scales), "+quantizer=fp8")
+    eng = saved_engine(with_kv_scales(folder, tmp_path / "scaled", scales), "+quantizer=fp8")
     scales = eng.executor.cache.pool.fp8_scales
     assert scales is not None
     torch.testing.assert_close(scales[1, 0], torch.full((scales.shape[2],), 0.02))
@@ -181,7 +159,7 @@ def test_fp8_scales_come_from_the_checkpoint_when_it_has_them(saved_model, tmp_p
 
 def test_fp8_calibrates_on_the_first_prefill_and_says_so(saved_model):
     folder, _ = saved_model
-    eng = engine(folder, "+quantizer=fp8", "+prefix=none")
+    eng = saved_engine(folder, "+quantizer=fp8", "+prefix=none")
     assert "not calibrated" in eng.describe()["fp8_scales"]
     batch = prompts(256, 5, seed=1, n=2)
     run_prompts(eng, batch)
@@ -197,13 +175,13 @@ def test_fp8_calibrates_on_the_first_prefill_and_says_so(saved_model):
 def test_fp8_checkpoint_scales_required_but_absent_is_an_error(saved_model):
     folder, _ = saved_model
     with pytest.raises(ConfigError, match="no k_scale/v_scale"):
-        engine(folder, "+quantizer=fp8", "quantizer.scales=checkpoint")
+        saved_engine(folder, "+quantizer=fp8", "quantizer.scales=checkpoint")
 
 
 def test_fp8_bad_scale_source_names_the_key(saved_model):
     folder, _ = saved_model
     with pytest.raises(ConfigError, match="quantizer.scales='guess'"):
-        engine(folder, "+quantizer=fp8", "quantizer.scales=guess")
+        saved_engine(folder, "+quantizer=fp8", "quantizer.scales=guess")
 
 
 # -- every other plugin ----------------------------------------------------------------------
@@ -212,7 +190,7 @@ def test_fp8_bad_scale_source_names_the_key(saved_model):
 def quantized_outputs(folder, quantizer: str, *overrides: str) -> list[list[int]]:
     """Two waves of prompts sharing a prefix (the second hits the first's blocks). With
     the swap plugin, swapping is made cheap so that it always swaps."""
-    eng = engine(folder, f"+quantizer={quantizer}", "quantizer.group_size=4"
+    eng = saved_engine(folder, f"+quantizer={quantizer}", "quantizer.group_size=4"
                  if quantizer == "int4" else "cache.watermark=0", *overrides)  # fmt: skip
     if "+preemption=swap" in overrides:
         policy = eng.scheduler.preemption
@@ -230,7 +208,7 @@ def folders(saved_model, tmp_path_factory):
     calibration found: scales calibrated by each run on its own first step would differ
     between runs whose first steps differ, and so would their tokens."""
     folder, _ = saved_model
-    eng = engine(folder, "+quantizer=fp8", "+prefix=none")
+    eng = saved_engine(folder, "+quantizer=fp8", "+prefix=none")
     run_prompts(eng, prompts(256, 13, seed=1))
     scales = eng.executor.cache.pool.fp8_scales.clone()
     return {
@@ -299,8 +277,8 @@ def test_quantized_greedy_samples_fork_by_copy_on_write(saved_model, quantizer):
     equals the single-sample output."""
     folder, _ = saved_model
     batch = prompts(256, 7, seed=2, n=3)
-    single = run_prompts(engine(folder, f"+quantizer={quantizer}"), batch)
-    eng = engine(folder, f"+quantizer={quantizer}")
+    single = run_prompts(saved_engine(folder, f"+quantizer={quantizer}"), batch)
+    eng = saved_engine(folder, f"+quantizer={quantizer}")
     forked = run_prompts(eng, batch, n=3)
     for one, many in zip(single, forked, strict=True):
         assert many.samples == [one.output_token_ids] * 3
@@ -310,9 +288,9 @@ def test_quantized_greedy_samples_fork_by_copy_on_write(saved_model, quantizer):
 def test_quantized_beam_search_runs_with_a_tight_pool(saved_model, quantizer):
     folder, _ = saved_model
     batch = prompts(256, 7, seed=5, n=2)
-    roomy = run_prompts(engine(folder, f"+quantizer={quantizer}", "cache.num_blocks=512"),
+    roomy = run_prompts(saved_engine(folder, f"+quantizer={quantizer}", "cache.num_blocks=512"),
                         batch, beam_width=3, n=2)  # fmt: skip
-    tight = run_prompts(engine(folder, f"+quantizer={quantizer}", "cache.num_blocks=40",
+    tight = run_prompts(saved_engine(folder, f"+quantizer={quantizer}", "cache.num_blocks=40",
                                "cache.watermark=0"), batch, beam_width=3, n=2)  # fmt: skip
     assert (
         agreement([s for o in tight for s in o.samples], [s for o in roomy for s in o.samples])
@@ -326,7 +304,7 @@ def test_fp8_logits_stay_close_to_the_unquantized_cache(saved_model):
     batch = prompts(256, 0, seed=9, n=4)
     logprobs = {}
     for quantizer in ("none", "fp8", "int4"):
-        eng = engine(folder, f"+quantizer={quantizer}", "quantizer.group_size=4"
+        eng = saved_engine(folder, f"+quantizer={quantizer}", "quantizer.group_size=4"
                      if quantizer == "int4" else "cache.watermark=0")  # fmt: skip
         logprobs[quantizer] = [eng.executor.prompt_logprobs(p, chunk_tokens=7) for p in batch]
     for quantizer, bound in (("fp8", 1e-3), ("int4", 2e-2)):

@@ -5,11 +5,10 @@ seeded sampling is reproducible; swaps and copies move whole blocks in contract 
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 import torch
-from torch_helpers import hf_config, hf_model
+from torch_helpers import hf_config, hf_model, prompts, saved_engine
 
 from enginekit import Engine, SamplingParams
 from enginekit.errors import ConfigError
@@ -35,14 +34,6 @@ def saved_model(request, tmp_path_factory):
     return folder, model, {}
 
 
-def prompts(vocab: int, shared: int, seed: int, n: int = 6) -> list[list[int]]:
-    rng = random.Random(seed)
-    prefix = [rng.randrange(3, vocab) for _ in range(shared)]
-    return [
-        prefix + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 30))] for _ in range(n)
-    ]
-
-
 def hf_greedy(model, prompt: list[int], memo: dict) -> list[int]:
     if tuple(prompt) in memo:
         return memo[tuple(prompt)]
@@ -56,19 +47,6 @@ def hf_greedy(model, prompt: list[int], memo: dict) -> list[int]:
         )
     memo[tuple(prompt)] = out[0, len(prompt) :].tolist()
     return memo[tuple(prompt)]
-
-
-def engine(folder, *overrides: str) -> Engine:
-    return Engine.from_overrides(
-        [
-            "executor=torch",
-            f"model.path={folder}",
-            "model.dtype=float32",
-            "progress=false",
-            "cache.block_size=4",
-            *overrides,
-        ]
-    )
 
 
 @pytest.mark.parametrize(
@@ -88,7 +66,7 @@ def engine(folder, *overrides: str) -> Engine:
 def test_greedy_tokens_equal_transformers_generate(saved_model, prefix, preemption, num_blocks):
     folder, model, memo = saved_model
     vocab = model.config.vocab_size
-    eng = engine(
+    eng = saved_engine(
         folder,
         f"+prefix={prefix}",
         f"+preemption={preemption}",
@@ -200,7 +178,7 @@ def test_greedy_parallel_samples_all_equal_transformers_through_copy_on_write(sa
     partly filled last block before writing into it. Every sample must still produce
     transformers' greedy tokens, so the copies carried the right KV."""
     folder, model, memo = saved_model
-    eng = engine(folder, f"+prefix={prefix}", "cache.num_blocks=256")
+    eng = saved_engine(folder, f"+prefix={prefix}", "cache.num_blocks=256")
     batch = [p for p in prompts(model.config.vocab_size, shared=6, seed=5, n=8) if len(p) % 4]
     assert len(batch) >= 3  # prompts that end inside a block
     for p in batch:
@@ -248,7 +226,7 @@ def hf_beam_search(model, prompt: list[int], width: int, steps: int) -> list[lis
 @pytest.mark.parametrize("num_blocks", [256, 40])  # 40 blocks force the beams out and back
 def test_beam_search_equals_a_cacheless_beam_search_on_transformers(saved_model, num_blocks):
     folder, model, _ = saved_model
-    eng = engine(folder, "+prefix=block_hash", f"cache.num_blocks={num_blocks}")
+    eng = saved_engine(folder, "+prefix=block_hash", f"cache.num_blocks={num_blocks}")
     batch = prompts(model.config.vocab_size, shared=5, seed=8, n=3)
     for p in batch:
         eng.add_request(p, SamplingParams(max_tokens=10, beam_width=3, n=3, ignore_eos=True))
@@ -264,7 +242,7 @@ def test_swapped_out_and_back_sequences_continue_as_if_never_preempted(saved_mod
     and the tokens still equal transformers' greedy ones. (A contiguous slab is reserved
     whole at admission, so that allocator never preempts: there it checks the tokens.)"""
     folder, model, memo = saved_model
-    eng = engine(
+    eng = saved_engine(
         folder,
         f"+allocator={allocator}",
         "+prefix=none",
@@ -310,7 +288,7 @@ def test_text_prompts_use_the_tokenizer_of_the_model_folder(tmp_path):
     folder, memo = tmp_path / "llama", {}
     model.save_pretrained(folder)
     _save_word_tokenizer(folder, model.config.vocab_size)
-    eng = engine(folder, "cache.num_blocks=64")
+    eng = saved_engine(folder, "cache.num_blocks=64")
     text = "w5 w17 w3 w300 w41 w41 w9"
     request_id = eng.add_request(text, SamplingParams(max_tokens=NEW_TOKENS))
     eng.run()

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from enginekit import Engine
 from enginekit.executor.base import SchedulerOutput
 from enginekit.executor.batch import build_batch
 from enginekit.kernels.layout import allocate_pool
@@ -88,6 +89,30 @@ def models(kind: str, seed: int = 0) -> tuple[Any, LlamaModel]:
     config = hf_config(kind)
     state = random_state_dict(config, seed)
     return hf_model(config, state), our_model(config, state)
+
+
+def prompts(vocab: int, shared: int, seed: int, n: int = 6) -> list[list[int]]:
+    """``n`` seeded prompts: a common prefix of ``shared`` tokens, then 1-29 of their own
+    (ids from 3 up: 0-2 are special in the test configs)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab) for _ in range(shared)]
+    return [
+        prefix + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 30))] for _ in range(n)
+    ]
+
+
+def saved_engine(folder: Any, *overrides: str) -> Engine:
+    """The torch engine on the model saved in ``folder``, in float32 with blocks of 4."""
+    return Engine.from_overrides(
+        [
+            "executor=torch",
+            f"model.path={folder}",
+            "model.dtype=float32",
+            "progress=false",
+            "cache.block_size=4",
+            *overrides,
+        ]
+    )
 
 
 class PagedSequences:
