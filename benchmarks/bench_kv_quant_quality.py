@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_stdlib_llama import ensure_model, held_out_windows, set_threads  # noqa: E402
 
 from enginekit import Engine, SamplingParams  # noqa: E402
+from enginekit.executor.fp8_scales import calibrated_scale  # noqa: E402
 from enginekit.executor.scoring import teacher_forced_logprobs  # noqa: E402
 from enginekit.kernels import reference  # noqa: E402
 from enginekit.kernels.layout import allocate_pool  # noqa: E402
@@ -81,9 +82,9 @@ def attention_error(
         for s in (plain_spec, spec):
             pool = allocate_pool(s, table.shape[1], DTYPE, "cpu")
             if pool.fp8_scales is not None:  # calibrated on this window, as the engine does
-                for index, x in ((0, k), (1, v)):
-                    amax = x.abs().amax(dim=(0, 2))
-                    pool.fp8_scales[layer, index] = (amax * margin / 448.0).clamp(min=1e-12)
+                pool.fp8_scales[layer] = torch.stack(
+                    [calibrated_scale(k, margin), calibrated_scale(v, margin)]
+                )
             reference.write_kv(pool, layer, k, v, slots)
             outs.append(
                 reference.prefill_attention(

@@ -23,6 +23,13 @@ FP8_E4M3_MAX = 448.0
 MIN_SCALE = 1e-12  # an all-zero calibration batch must not give a zero scale
 
 
+def calibrated_scale(x: torch.Tensor, margin: float) -> torch.Tensor:
+    """float32 [kv_heads]: the scale mapping ``margin`` × the max-abs of ``x`` [N,
+    kv_heads, head_dim] per kv head to e4m3's largest finite value. Pure."""
+    amax = x.detach().float().abs().amax(dim=(0, 2))
+    return (amax * margin / FP8_E4M3_MAX).clamp(min=MIN_SCALE)
+
+
 class FP8Scales:
     """Owns ``pool.fp8_scales`` [layers, 2, kv_heads]. ``source`` is the quantizer's
     ``scale_source()``: ``checkpoint`` needs ``checkpoint_scales``, ``calibrate`` ignores
@@ -41,17 +48,17 @@ class FP8Scales:
         self.scales = pool.fp8_scales
         self.margin = margin
         self.num_calibration_tokens = 0
-        self._num_calibrated_layers = 0
         if checkpoint_scales is not None and source in ("auto", "checkpoint"):
             if tuple(checkpoint_scales.shape) != tuple(self.scales.shape):
                 raise ConfigError(
                     f"checkpoint KV scales have shape {tuple(checkpoint_scales.shape)}, "
                     f"expected {tuple(self.scales.shape)} (layers, K|V, kv heads)"
                 )
-            if not bool((checkpoint_scales > 0).all()):
+            if not bool(((checkpoint_scales > 0) & checkpoint_scales.isfinite()).all()):
                 raise ConfigError("checkpoint KV scales must be positive and finite")
             self.scales.copy_(checkpoint_scales)
             self.origin = "checkpoint"
+            self._is_calibrated = [True] * self.scales.shape[0]
         elif source == "checkpoint":
             raise ConfigError(
                 "quantizer.scales=checkpoint, but the model folder has no k_scale/v_scale "
@@ -59,24 +66,36 @@ class FP8Scales:
             )
         else:
             self.origin = "calibrated"
-            self._num_calibrated_layers = 0
+            self._is_calibrated = [False] * self.scales.shape[0]
 
     @property
     def is_pending(self) -> bool:
         """Whether some layer still waits for its calibration."""
-        return self.origin == "calibrated" and self._num_calibrated_layers < self.scales.shape[0]
+        return not all(self._is_calibrated)
 
     def calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """Sets ``layer``'s scales from ``key``/``value`` [N, kv_heads, head_dim] unless
         already set (the first call per layer wins). Mutates the pool's scales."""
-        if not self.is_pending or not bool(torch.isnan(self.scales[layer, 0, 0])):
+        if self._is_calibrated[layer]:
             return
         for index, x in ((0, key), (1, value)):
-            amax = x.detach().float().abs().amax(dim=(0, 2))
-            self.scales[layer, index] = (amax * self.margin / FP8_E4M3_MAX).clamp(min=MIN_SCALE)
-        self._num_calibrated_layers += 1
+            self.scales[layer, index] = calibrated_scale(x, self.margin)
+        self._is_calibrated[layer] = True
         if layer == 0:
             self.num_calibration_tokens = key.shape[0]
+
+    @classmethod
+    def of_pool(
+        cls,
+        pool: KVPool,
+        source: str,
+        margin: float,
+        checkpoint_scales: torch.Tensor | None,
+    ) -> FP8Scales | None:
+        """The scales of ``pool`` if it is an fp8 pool, else None (see the constructor)."""
+        if pool.fp8_scales is None:
+            return None
+        return cls(pool, source, margin, checkpoint_scales)
 
     def describe(self) -> str:
         if self.origin == "checkpoint":

@@ -72,11 +72,9 @@ class TorchExecutor(Executor):
         )
         self.fp8_scale_source = fp8_scale_source
         self.fp8_margin = fp8_margin
-        self.fp8_scales: FP8Scales | None = None
-        if kv_spec.quant.kind == "fp8":
-            self.fp8_scales = FP8Scales(
-                self.cache.pool, fp8_scale_source, fp8_margin, model.weights.kv_scales
-            )
+        self.fp8_scales = FP8Scales.of_pool(
+            self.cache.pool, fp8_scale_source, fp8_margin, model.weights.kv_scales
+        )
         self.base_seed = base_seed
         self.eos_token_id = model.arch.eos_token_id
         self._sequences: dict[int, _Sequence] = {}

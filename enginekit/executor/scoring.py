@@ -35,10 +35,7 @@ def private_pool(
     """A pool of ``kv_spec``'s format just large enough for ``num_tokens``, with its fp8
     scales handled as the executor does (checkpoint or calibration)."""
     pool = allocate_pool(kv_spec, kv_spec.num_blocks_for(num_tokens), model.dtype, model.device)
-    scales = None
-    if kv_spec.quant.kind == "fp8":
-        scales = FP8Scales(pool, fp8_scale_source, fp8_margin, model.weights.kv_scales)
-    return pool, scales
+    return pool, FP8Scales.of_pool(pool, fp8_scale_source, fp8_margin, model.weights.kv_scales)
 
 
 def chunk_batch(
