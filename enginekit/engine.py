@@ -22,7 +22,6 @@ from enginekit.engine_workloads import WorkloadMixin
 from enginekit.errors import ConfigError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
 from enginekit.kv.context import KVContext
-from enginekit.kv.holes import WindowedEviction
 from enginekit.kv.manager import KVCacheManager, make_structures
 from enginekit.kv.restore_cost import RestoreCost
 from enginekit.kv.spec import KVSpec
@@ -210,12 +209,8 @@ class Engine(WorkloadMixin):
                 f"= {total} exceeds the model's context of {self.max_model_len} tokens"
             )
         num_blocks = self.kv.num_blocks
-        num_longest = self.kv.allocator.num_blocks_for_longest(total)
-        num_prompt_blocks = self.kv_spec.num_blocks_for(len(prompt))
-        eviction = self.kv.eviction
-        if isinstance(eviction, WindowedEviction):  # holds its bound, however long it gets
-            num_longest = min(num_longest, eviction.max_blocks_per_sequence)
-            num_prompt_blocks = min(num_prompt_blocks, eviction.max_blocks_per_sequence)
+        num_longest = self.kv.max_blocks_held(total)
+        num_prompt_blocks = min(self.kv_spec.num_blocks_for(len(prompt)), num_longest)
         if num_longest > num_blocks:
             raise RequestRejectedError(
                 f"{what}: needs {num_longest} KV blocks at its longest, "

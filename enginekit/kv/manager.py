@@ -158,6 +158,14 @@ class KVCacheManager(ForkMixin, SwapMixin):
         pinned = kept if partial is None else [*kept, partial]
         return _Admission(shared, partial, peak, max(0, peak - len(kept)), pinned)
 
+    def max_blocks_held(self, num_tokens: int) -> int:
+        """Blocks a sequence of ``num_tokens`` tokens holds at most: what the allocator
+        reserves for it, capped by the window policy's bound when there is one. Pure."""
+        num_blocks = self.allocator.num_blocks_for_longest(num_tokens)
+        if self._window is not None:
+            num_blocks = min(num_blocks, self._window.max_blocks_per_sequence)
+        return num_blocks
+
     def num_blocks_to_admit_alone(self, request: Request) -> int:
         """Free blocks admitting ``request`` without any prefix hit takes or promises (a
         windowed sequence: at most its bound). Pure."""
