@@ -82,9 +82,8 @@ def attention_error(
         for s in (plain_spec, spec):
             pool = allocate_pool(s, table.shape[1], DTYPE, "cpu")
             if pool.fp8_scales is not None:  # calibrated on this window, as the engine does
-                pool.fp8_scales[layer] = torch.stack(
-                    [calibrated_scale(k, margin), calibrated_scale(v, margin)]
-                )
+                scales = torch.stack([calibrated_scale(k, margin), calibrated_scale(v, margin)])
+                pool.set_fp8_scales(layer, scales)
             reference.write_kv(pool, layer, k, v, slots)
             outs.append(
                 reference.prefill_attention(

@@ -48,7 +48,7 @@ def new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g) -> KVPool:
     spec = KVSpec(NUM_LAYERS, num_kv_heads, HEAD_DIM, bits, block_size, quant)
     pool = allocate_pool(spec, num_blocks, dtype, "cpu")
     if pool.fp8_scales is not None:
-        pool.fp8_scales.copy_((0.5 + torch.rand(pool.fp8_scales.shape, generator=g)) * 3 / 448)
+        pool.set_fp8_scales(None, (0.5 + torch.rand(pool.fp8_scales.shape, generator=g)) * 3 / 448)
     return pool
 
 
@@ -161,7 +161,7 @@ def clone(pool: KVPool) -> KVPool:
         return None if t is None else t.clone()
 
     return KVPool(copy(pool.data), pool.quant, copy(pool.key_meta), copy(pool.value_meta),
-                  copy(pool.fp8_scales))  # fmt: skip
+                  copy(pool.fp8_scales), list(pool.fp8_layers_set))  # fmt: skip
 
 
 def fill_random(pool: KVPool, g: torch.Generator) -> None:
@@ -255,8 +255,7 @@ def case_checks():
     # Quantized pools: fp8 writes need scales; int4 needs its scale/zero tensors.
     g = torch.Generator().manual_seed(0)
     fp8 = new_pool(KVQuant("fp8"), 3, 2, 4, torch.float32, g)
-    assert fp8.fp8_scales is not None
-    fp8.fp8_scales[LAYER] = float("nan")
+    fp8.fp8_layers_set[LAYER] = False
     kv = torch.randn(2, 2, HEAD_DIM)
     slots = torch.tensor([0, 1])
     expect_value_error(triton_cache.write_kv, fp8, LAYER, kv, kv, slots)

@@ -51,7 +51,7 @@ def make_pool(quant: KVQuant, num_blocks: int = 8, dtype=torch.float32) -> KVPoo
     """A zeroed pool; fp8 scales set to 4 / 448 (randn K/V hardly saturate)."""
     pool = allocate_pool(spec_of(quant), num_blocks, dtype, "cpu")
     if pool.fp8_scales is not None:
-        pool.fp8_scales.fill_(4.0 / FP8_MAX)
+        pool.set_fp8_scales(None, torch.tensor(4.0 / FP8_MAX))
     return pool
 
 
@@ -125,8 +125,7 @@ def test_fp8_writes_refuse_unset_scales():
     slots = torch.tensor([0, 1, 2])
     with pytest.raises(ValueError, match="not set"):
         reference.write_kv(pool, 0, key, value, slots)
-    assert pool.fp8_scales is not None
-    pool.fp8_scales[0] = 0.01
+    pool.set_fp8_scales(0, torch.tensor(0.01))
     reference.write_kv(pool, 0, key, value, slots)  # layer 0 is set
     with pytest.raises(ValueError, match="layer 1"):
         reference.write_kv(pool, 1, key, value, slots)
@@ -138,7 +137,9 @@ def test_fp8_writes_refuse_unset_scales():
 def test_fp8_pool_stores_scaled_e4m3():
     pool = make_pool(QUANTS["fp8"])
     assert pool.fp8_scales is not None
-    pool.fp8_scales[1, 1, 1] = 0.25  # the values of kv head 1
+    scales = pool.fp8_scales[1].clone()
+    scales[1, 1] = 0.25  # the values of kv head 1
+    pool.set_fp8_scales(1, scales)
     key, value = random_kv(2, 1)
     reference.write_kv(pool, 1, key, value, torch.tensor([9, -1]))
     stored = pool.data[1, 1, 1, 1, 1]

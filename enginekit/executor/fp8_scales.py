@@ -9,7 +9,8 @@ origin, and the run's report prints it:
 - ``calibrated``: each layer's max-abs K and V per kv head on the first prefill the
   executor runs, times a margin, mapped to e4m3's largest finite value (448).
 
-The pool's scales are NaN until set, and the write kernels refuse NaN scales.
+The pool's scales are NaN until set, and the write kernels refuse a layer whose scales
+were never set.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class FP8Scales:
     ) -> None:
         if pool.fp8_scales is None:
             raise ValueError("FP8Scales needs an fp8 pool")
+        self.pool = pool
         self.scales = pool.fp8_scales
         self.margin = margin
         self.num_calibration_tokens = 0
@@ -56,9 +58,8 @@ class FP8Scales:
                 )
             if not bool(((checkpoint_scales > 0) & checkpoint_scales.isfinite()).all()):
                 raise ConfigError("checkpoint KV scales must be positive and finite")
-            self.scales.copy_(checkpoint_scales)
+            pool.set_fp8_scales(None, checkpoint_scales)
             self.origin = "checkpoint"
-            self._is_calibrated = [True] * self.scales.shape[0]
         elif source == "checkpoint":
             raise ConfigError(
                 "quantizer.scales=checkpoint, but the model folder has no k_scale/v_scale "
@@ -66,21 +67,21 @@ class FP8Scales:
             )
         else:
             self.origin = "calibrated"
-            self._is_calibrated = [False] * self.scales.shape[0]
 
     @property
     def is_pending(self) -> bool:
         """Whether some layer still waits for its calibration."""
-        return not all(self._is_calibrated)
+        return not all(self.pool.fp8_layers_set)
 
     def calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """Sets ``layer``'s scales from ``key``/``value`` [N, kv_heads, head_dim] unless
         already set (the first call per layer wins). Mutates the pool's scales."""
-        if self._is_calibrated[layer]:
+        if self.pool.fp8_layers_set[layer]:
             return
-        for index, x in ((0, key), (1, value)):
-            self.scales[layer, index] = calibrated_scale(x, self.margin)
-        self._is_calibrated[layer] = True
+        scales = torch.stack(
+            [calibrated_scale(key, self.margin), calibrated_scale(value, self.margin)]
+        )
+        self.pool.set_fp8_scales(layer, scales)
         if layer == 0:
             self.num_calibration_tokens = key.shape[0]
 

@@ -29,7 +29,7 @@ and share it among the query heads of its GQA group.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,13 +46,29 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 @dataclass
 class KVPool:
     """The tensors of one pool (device or host). ``quant`` says which are present:
-    ``key_meta``/``value_meta`` for int4, ``fp8_scales`` for fp8 device pools."""
+    ``key_meta``/``value_meta`` for int4, ``fp8_scales`` for fp8 device pools.
+    ``fp8_layers_set`` says, on the host, which layers' fp8 scales have been set (through
+    ``set_fp8_scales``), so that every write can check without reading the device."""
 
     data: torch.Tensor
     quant: KVQuant
     key_meta: torch.Tensor | None = None
     value_meta: torch.Tensor | None = None
     fp8_scales: torch.Tensor | None = None
+    fp8_layers_set: list[bool] = field(default_factory=list)
+
+    def set_fp8_scales(self, layer: int | None, scales: torch.Tensor) -> None:
+        """Sets the fp8 scales of ``layer`` ([2, kv_heads]), or of every layer when None
+        ([layers, 2, kv_heads]; broadcasting allowed), and marks them set. Mutates the
+        pool. Raises ValueError for a pool without fp8 scales."""
+        if self.fp8_scales is None:
+            raise ValueError("this pool has no fp8 scales")
+        if layer is None:
+            self.fp8_scales.copy_(scales)
+            self.fp8_layers_set = [True] * self.fp8_scales.shape[0]
+        else:
+            self.fp8_scales[layer] = scales
+            self.fp8_layers_set[layer] = True
 
     @property
     def block_tensors(self) -> list[torch.Tensor]:
@@ -126,6 +142,7 @@ def allocate_pool(
         pool.fp8_scales = torch.full(
             (layers, 2, heads), float("nan"), dtype=torch.float32, device=device
         )
+        pool.fp8_layers_set = [False] * layers
     return pool
 
 

@@ -44,17 +44,16 @@ def dequantize_fp8(stored: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def check_fp8_scales(pool: KVPool, layer: int) -> torch.Tensor:
     """The fp8 scales [2, kv_heads] of ``layer``. Raises ValueError when the pool has none
-    (a host pool) or when they are NaN (not set yet: calibration or the checkpoint sets
-    them before the first write). Reads the scales back to the host (a device sync)."""
+    (a host pool) or when they are not set yet (calibration or the checkpoint sets them,
+    through ``KVPool.set_fp8_scales``, before the first write). Checks on the host only."""
     if pool.fp8_scales is None:
         raise ValueError("this fp8 pool has no scales (a host pool cannot be written)")
-    scales = pool.fp8_scales[layer]
-    if bool(torch.isnan(scales).any()):
+    if not pool.fp8_layers_set[layer]:
         raise ValueError(
-            f"fp8 KV scales of layer {layer} are not set (NaN): calibrate or load them "
-            "before writing the cache"
+            f"fp8 KV scales of layer {layer} are not set: calibrate or load them before "
+            "writing the cache"
         )
-    return scales
+    return pool.fp8_scales[layer]
 
 
 class Int4Groups(NamedTuple):
