@@ -22,7 +22,6 @@ from torch_helpers import hf_config, hf_model, prompts, saved_engine
 
 from enginekit import Engine, SamplingParams
 from enginekit.errors import ConfigError
-from enginekit.kernels.layout import pool_bytes_per_block
 from enginekit.kv.quant import KVQuant
 from enginekit.kv.spec import KVSpec
 from enginekit.models.shapes import model_preset
@@ -74,7 +73,6 @@ def test_torch_pool_bytes_equal_kvspec(quantizer, block_size):
     )
     pool = eng.executor.cache.pool
     assert pool.bytes_per_block == eng.kv_spec.bytes_per_block
-    assert pool_bytes_per_block(eng.kv_spec, torch.bfloat16) == eng.kv_spec.bytes_per_block
 
 
 @pytest.mark.parametrize("executor", ["sim", "torch"])

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from enginekit.errors import ConfigError
 from enginekit.executor.model_runner import TorchExecutor
 from enginekit.interfaces.quantizer import Quantizer
-from enginekit.kernels.layout import TORCH_DTYPES, pool_bytes_per_block
+from enginekit.kernels.layout import TORCH_DTYPES
 from enginekit.kernels.ops import PagedOps, make_ops
 from enginekit.kv.spec import KVSpec
 from enginekit.models.llama import LlamaModel
@@ -106,7 +106,7 @@ def build_torch_executor(
         torch.set_num_threads(cfg.threads)
     ops = _ops(cfg.kernels, device)
     model = load_model(cfg, shape, device)
-    block_bytes = pool_bytes_per_block(kv_spec, model.dtype)
+    block_bytes = kv_spec.bytes_per_block  # made for the model dtype: what a pool allocates
     num_blocks = _num_blocks(cfg, device, block_bytes)
     executor = TorchExecutor(
         model,

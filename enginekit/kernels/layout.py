@@ -144,11 +144,3 @@ def allocate_pool(
         )
         pool.fp8_layers_set = [False] * layers
     return pool
-
-
-def pool_bytes_per_block(spec: KVSpec, dtype: torch.dtype) -> int:
-    """Bytes of one block of this layout; equals ``spec.bytes_per_block`` (tested) when
-    the spec was made for ``dtype``'s width."""
-    elements = spec.num_elements_per_token * spec.block_size
-    bits = torch.finfo(dtype).bits if spec.quant.kind == "none" else spec.bits_per_element
-    return elements * bits // 8 + spec.scale_bytes_per_block
