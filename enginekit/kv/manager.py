@@ -92,6 +92,9 @@ class KVCacheManager(ForkMixin, SwapMixin):
         self._promises = PrefillPromises()
         # A policy that bounds the blocks a sequence holds (sliding_window), or None.
         self._window = eviction if isinstance(eviction, WindowedEviction) else None
+        # The allocator, if it can leave holes in a table (checked once: a Protocol
+        # isinstance walks its attributes).
+        self._holes = allocator if isinstance(allocator, HoleAllocator) else None
         # Swapped-out sequences: their tables' layouts, as runs of (is_hole, length).
         self._swapped: dict[int, list[tuple[bool, int]]] = {}
 
@@ -349,12 +352,11 @@ class KVCacheManager(ForkMixin, SwapMixin):
         return self._hole_allocator().release_range(request.seq_id, first, end)
 
     def _hole_allocator(self) -> HoleAllocator:
-        allocator = self.allocator
-        if not isinstance(allocator, HoleAllocator):
+        if self._holes is None:
             raise KVCacheError(
-                f"allocator {allocator.config.name!r} cannot leave holes in a block table"
+                f"allocator {self.allocator.config.name!r} cannot leave holes in a block table"
             )
-        return allocator
+        return self._holes
 
     def add_block_copy(self, src_block_id: int, dst_block_id: int) -> None:
         """Queues a copy-on-write copy for the executor to do before the step computes."""
