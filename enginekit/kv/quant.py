@@ -68,7 +68,3 @@ class KVQuant:
         key_groups = block_size // self.key_group_tokens * head_dim
         value_groups = block_size * (head_dim // self.value_group_channels)
         return num_layers * num_kv_heads * (key_groups + value_groups) * 2 * FP16_BYTES
-
-    def global_scale_bytes(self, num_layers: int, num_kv_heads: int) -> int:
-        """Bytes of scales held once for the whole pool (fp8's per-(layer, head) scales)."""
-        return num_layers * 2 * num_kv_heads * 4 if self.kind == "fp8" else 0
