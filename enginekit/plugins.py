@@ -11,6 +11,8 @@ config (enginekit.config) with ``name`` defaulting to the entry-point name.
 from __future__ import annotations
 
 import difflib
+import functools
+import os
 import sys
 from dataclasses import dataclass
 from importlib import metadata
@@ -41,11 +43,33 @@ def _check_group(group: str) -> None:
         raise PluginError(f"unknown plugin group {group!r}; groups: {', '.join(PLUGIN_GROUPS)}")
 
 
+def _path_state() -> tuple[tuple[str, float], ...]:
+    """sys.path with each folder's modification time: an install or uninstall into any of
+    them changes it."""
+    state = []
+    for folder in sys.path:
+        try:
+            state.append((folder, os.stat(folder or ".").st_mtime))
+        except OSError:
+            state.append((folder, -1.0))
+    return tuple(state)
+
+
+@functools.lru_cache(maxsize=4)
+def _installed_entry_points(path_state: tuple[tuple[str, float], ...]) -> metadata.EntryPoints:
+    """Every installed entry point, read once per state of sys.path (``_path_state``):
+    reading every distribution's metadata costs milliseconds, and an engine looks up ten
+    plugins."""
+    return metadata.entry_points()
+
+
 def _entries(group: str) -> list[PluginInfo]:
     """Every entry point of the group, one per (name, distribution) even when the same
     distribution is visible twice on sys.path (editable installs)."""
     seen: dict[tuple[str, str], PluginInfo] = {}
-    for entry_point in metadata.entry_points(group=ENTRY_POINT_PREFIX + group):
+    for entry_point in _installed_entry_points(_path_state()).select(
+        group=ENTRY_POINT_PREFIX + group
+    ):
         dist = entry_point.dist
         dist_name = dist.metadata["Name"] if dist is not None else "?"
         version = dist.version if dist is not None else "?"
