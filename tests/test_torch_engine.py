@@ -235,6 +235,19 @@ def test_beam_search_equals_a_cacheless_beam_search_on_transformers(saved_model,
         assert out.samples == hf_beam_search(model, p, width=3, steps=10)
 
 
+def test_a_beam_whose_parent_finishes_in_the_step_that_forks_it_runs_on():
+    """A beam search of two tokens beside a longer request: the step that forks the beams
+    also lists their parent as finished; the executor forks before it forgets."""
+    eng = Engine.from_overrides(
+        ["executor=torch", "model=tiny", "progress=false", "cache.num_blocks=256"]
+    )
+    beam = SamplingParams(max_tokens=2, ignore_eos=True, beam_width=2)
+    eng.add_request([133, 378, 485, 67, 13, 480, 265, 239, 196], beam)
+    eng.add_request([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
+    outputs = eng.run().outputs
+    assert [len(o.output_token_ids) for o in outputs] == [2, 8]
+
+
 @pytest.mark.parametrize("allocator", ["paged", "contiguous"])
 def test_swapped_out_and_back_sequences_continue_as_if_never_preempted(saved_model, allocator):
     """Swap made cheap so the swap plugin always swaps (for a model this small its cost

@@ -1,6 +1,6 @@
 """TorchExecutor: real tokens from a Llama-family model over paged KV tensors.
 
-Per step: forget ``finished_seq_ids``; apply swap-outs, swap-ins and copy-on-write block
+Per step: register the step's forks, then forget ``finished_seq_ids``; apply swap-outs, swap-ins and copy-on-write block
 copies (in that order); build the flat batch (prefill chunks, then decodes) from the
 scheduler's block tables; run the forward, which writes the new tokens' K/V and attends
 over the pool; sample one token for each ``sample_seq_ids`` entry. ``step_time_s`` is the
@@ -102,19 +102,21 @@ class TorchExecutor(Executor):
         self._sequences[seq_id] = _Sequence(sampling, generator)
 
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
-        """Forgets ``finished_seq_ids`` (unknown ids ignored), applies the block operations,
-        runs the forward and samples. Mutates the KV pools and the sampled sequences'
+        """Registers the forks' children, then forgets ``finished_seq_ids`` (unknown ids
+        ignored; a parent finishing in the step that forks it is still forked), applies
+        the block operations, runs the forward and samples. Mutates the KV pools and the sampled sequences'
         tokens and generators. Raises KeyError for a scheduled sequence never added."""
         started = time.perf_counter()
         sequences = self._sequences
-        for seq_id in scheduled.finished_seq_ids:
-            sequences.pop(seq_id, None)
+        # Forks first: a beam's parent may be listed as finished in the step that forks it.
         for fork in scheduled.forks:
             parent = sequences[fork.parent_seq_id]
             sampling = parent.sampling
             if sampling.seed is not None:
                 sampling = dataclasses.replace(sampling, seed=sampling.seed + fork.sample_index)
             self.add_sequence(fork.child_seq_id, (), sampling)
+        for seq_id in scheduled.finished_seq_ids:
+            sequences.pop(seq_id, None)
         self.cache.apply(scheduled.swap_outs, scheduled.swap_ins, scheduled.block_copies)
         if scheduled.is_empty:
             return ModelOutput([], time.perf_counter() - started)
