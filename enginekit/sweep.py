@@ -9,9 +9,15 @@ added. Both read only what the jobs left on disk (``.hydra/overrides.yaml`` and
 
 Written into the sweep folder:
 
-- ``summary.md``: the markdown table (``enginekit.sweep_table``), also printed;
-- ``summary.csv``: the same rows with raw values, every override and the full errors;
+- ``summary.md``: the markdown table (``enginekit.sweep_table``) with every metric, then
+  the plugin combinations refused without running (``enginekit.sweep_refusals``), each
+  reason once;
+- ``summary.csv``: the same rows with raw values, every override and the full errors (a
+  ``refused`` row per refused combination);
 - PNG plots for the keys the sweep varies (``enginekit.sweep_plots``).
+
+What is printed is the compact table (swept choices, status and a few key metrics) and
+the refused combinations, then the paths written.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any, NamedTuple
 from hydra.experimental.callback import Callback
 
 from enginekit.sweep_jobs import JobResult, load_jobs
+from enginekit.sweep_refusals import relabel_refusal
 from enginekit.sweep_table import render_csv, render_markdown
 
 SUMMARY_MD = "summary.md"
@@ -31,11 +38,13 @@ SUMMARY_CSV = "summary.csv"
 
 
 class SweepSummary(NamedTuple):
-    """What ``summarize`` wrote: the jobs it read, the markdown text, the files' paths and
-    why plots are missing (None when they were drawn)."""
+    """What ``summarize`` wrote: the jobs it read, the markdown text (summary.md), the
+    compact markdown that is printed, the files' paths and why plots are missing (None
+    when they were drawn)."""
 
     jobs: list[JobResult]
     markdown: str
+    compact: str
     paths: list[Path]
     plots_skipped: str | None
 
@@ -49,6 +58,7 @@ def summarize(folder: str | Path, plots: bool = True) -> SweepSummary:
     if not jobs:
         raise FileNotFoundError(f"{folder}: no sweep jobs (no */.hydra/overrides.yaml)")
     markdown = render_markdown(jobs, title=f"Sweep {folder.name}")
+    compact = render_markdown(jobs, title=f"Sweep {folder.name}", compact=True)
     paths = [folder / SUMMARY_MD, folder / SUMMARY_CSV]
     paths[0].write_text(markdown, encoding="utf-8")
     paths[1].write_text(render_csv(jobs), encoding="utf-8")
@@ -61,27 +71,40 @@ def summarize(folder: str | Path, plots: bool = True) -> SweepSummary:
             skipped = None
         except ImportError as exc:
             skipped = f"matplotlib is not installed ({exc})"
-    return SweepSummary(jobs, markdown, paths, skipped)
+    return SweepSummary(jobs, markdown, compact, paths, skipped)
 
 
 def _print_summary(summary: SweepSummary) -> None:
-    print(summary.markdown)
+    print(summary.compact)
     for path in summary.paths:
-        print(f"wrote: {path}")
+        note = " (the table with every metric)" if path.name == SUMMARY_MD else ""
+        print(f"wrote: {path}{note}")
     if summary.plots_skipped and summary.plots_skipped != "not asked for":
         print(f"plots skipped: {summary.plots_skipped}", file=sys.stderr)
-    num_failed = sum(not job.is_completed for job in summary.jobs)
+    ran = [job for job in summary.jobs if not job.is_refused]
+    num_failed = sum(not job.is_completed for job in ran)
     if num_failed:
-        print(f"{num_failed} of {len(summary.jobs)} jobs did not complete", file=sys.stderr)
+        print(f"{num_failed} of {len(ran)} jobs did not complete", file=sys.stderr)
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback: at the end of a multirun, ``summarize`` its sweep folder
-    (``hydra.sweep.dir``) and print the table. Never raises: a failure to summarize is
-    printed with the command that rebuilds the summary."""
+    """Hydra callback: after each job of a multirun, record a plugin refusal as such; at
+    the end, ``summarize`` its sweep folder (``hydra.sweep.dir``) and print the compact
+    table. Never raises: a failure to summarize is printed with the command that rebuilds
+    the summary."""
 
     def __init__(self, plots: bool = True) -> None:
         self.plots = plots
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        """In the job's process, whatever the launcher: a sweep job that failed because its
+        plugins refuse each other is recorded as refused (``enginekit.sweep_refusals``)."""
+        if str(config.hydra.mode) != "RunMode.MULTIRUN":
+            return
+        try:
+            relabel_refusal(config)
+        except Exception as exc:  # the failed report stays: the summary still lists it
+            print(f"warning: could not record a refusal ({exc})", file=sys.stderr)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         folder = Path(str(config.hydra.sweep.dir))

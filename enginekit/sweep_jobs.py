@@ -1,9 +1,10 @@
 """The jobs of a sweep folder, read back from what each job left on disk.
 
 A job is a folder holding ``.hydra/overrides.yaml`` (written by Hydra before the job runs)
-and, once it ran, ``report.json`` (written by ``python -m enginekit``, completed or
-failed). Every job below the sweep folder counts, whichever launcher ran it, so the same
-reader serves the end-of-sweep callback and ``python -m enginekit.sweep <folder>``.
+and, once it ran, ``report.json`` (written by ``python -m enginekit``: completed, failed,
+or refused without running, see ``enginekit.sweep_refusals``). Every job below the sweep
+folder counts, whichever launcher ran it, so the same reader serves the end-of-sweep
+callback and ``python -m enginekit.sweep <folder>``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from enginekit.report import STATUS_COMPLETED
 
 STATUS_MISSING = "missing"  # no report.json: the job was killed, timed out or still runs
 STATUS_UNREADABLE = "unreadable"  # a report.json that is not a report
+# not run: a plugin refuses the combination (``enginekit.sweep_refusals``)
+STATUS_REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,11 @@ class JobResult:
     @property
     def is_completed(self) -> bool:
         return self.status == STATUS_COMPLETED
+
+    @property
+    def is_refused(self) -> bool:
+        """Not run: a plugin refused the combination (``error`` says why)."""
+        return self.status == STATUS_REFUSED
 
 
 def parse_override(text: str) -> tuple[str, str]:

@@ -3,7 +3,10 @@
 Rows are jobs (in folder order); columns are ``job``, the swept override keys, ``status``,
 then ``METRIC_COLUMNS`` (blank for a job that did not complete), and in the CSV every
 override key (fixed ones too) and the full ``error``. The markdown shows fixed overrides
-in a line above the table and failed jobs' errors below it. Values are the summary's
+in a line above the table, failed jobs' errors below it, then the combinations a plugin
+refused (not run, no row of their own; see ``enginekit.sweep_refusals``), each reason
+once; the CSV has a ``refused`` row for each. The compact markdown, printed at the end of
+a sweep, keeps the swept choices, status and ``COMPACT_METRICS``. Values are the summary's
 (fractions stay fractions in the CSV, latencies are in ms); the markdown shows fractions
 as percentages.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -100,34 +104,93 @@ def _row(job: JobResult, keys: Sequence[str]) -> dict[str, Any]:
 
 
 def table_rows(jobs: Sequence[JobResult]) -> list[dict[str, Any]]:
-    """The markdown table's rows as dicts (job, swept keys, status, metric columns)."""
+    """The markdown table's rows as dicts (job, swept keys, status, metric columns): one per
+    job that ran (refused ones are listed apart)."""
     keys = swept_keys(jobs)
-    return [_row(job, keys) for job in jobs]
+    return [_row(job, keys) for job in jobs if not job.is_refused]
 
 
-def render_markdown(jobs: Sequence[JobResult], title: str = "Sweep") -> str:
-    """The table as a markdown document: a title line, the counts, the fixed overrides,
-    the table, then the errors of jobs that did not complete."""
+def _words(keys: Sequence[str], values: Sequence[str | None]) -> str:
+    return " ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True) if v is not None)
+
+
+def _combinations(jobs: Sequence[JobResult], keys: Sequence[str]) -> list[str]:
+    """The jobs' values of ``keys`` as ``key=value`` words, as few as say them exactly: one
+    line in sweep form (``quantizer=none,fp8``) when they are the whole grid of their
+    values, else one line per job."""
+    combos = list(dict.fromkeys(tuple(job.overrides.get(k) for k in keys) for job in jobs))
+    axes = [list(dict.fromkeys(combo[i] for combo in combos)) for i in range(len(keys))]
+    if math.prod(len(axis) for axis in axes) != len(combos):
+        return [_words(keys, combo) for combo in combos]
+    merged = [",".join(v for v in axis if v is not None) or None for axis in axes]
+    return [_words(keys, merged)]
+
+
+def refused_lines(jobs: Sequence[JobResult]) -> list[str]:
+    """The refused jobs as a markdown list: each plugin's reason once, with the
+    combinations of swept choices it refused and how many. [] when none was refused."""
+    refused = [job for job in jobs if job.is_refused]
+    if not refused:
+        return []
     keys = swept_keys(jobs)
-    fractions = {c.name for c in METRIC_COLUMNS if c.is_fraction}
-    num_done = sum(job.is_completed for job in jobs)
+    by_reason: dict[str, list[JobResult]] = {}
+    for job in refused:
+        by_reason.setdefault(job.error or "no reason given", []).append(job)
     lines = [
-        f"# {title}",
+        f"## Refused combinations ({len(refused)})",
         "",
-        f"{len(jobs)} jobs: {num_done} completed, {len(jobs) - num_done} not.",
+        "Not run: a selected plugin's `check_compatible` refuses them before anything is built.",
+        "",
     ]
+    for reason, group in by_reason.items():
+        count = f"{len(group)} combination{'s' * (len(group) > 1)}"
+        lines.append(f"- {count}: {_cell(reason, False)}")
+        lines += [f"  - `{words}`" for words in _combinations(group, keys)]
+    return lines
+
+
+COMPACT_METRICS: tuple[str, ...] = (
+    "hit_rate",
+    "running_mean",
+    "preemptions",
+    "ttft_p50_ms",
+    "tpot_p50_ms",
+    "output_tok_s",
+)
+
+
+def render_markdown(jobs: Sequence[JobResult], title: str = "Sweep", compact: bool = False) -> str:
+    """The table as a markdown document: a title line, the counts, the fixed overrides,
+    the table of the jobs that ran, the errors of those that did not complete, then the
+    combinations refused without running. ``compact`` keeps only the ``COMPACT_METRICS``
+    columns (the printed table; summary.md has them all)."""
+    keys = swept_keys(jobs)
+    ran = [job for job in jobs if not job.is_refused]
+    num_refused = len(jobs) - len(ran)
+    fractions = {c.name for c in METRIC_COLUMNS if c.is_fraction}
+    num_done = sum(job.is_completed for job in ran)
+    counts = f"{len(ran)} jobs: {num_done} completed, {len(ran) - num_done} not"
+    if num_refused:
+        plural = "s" * (num_refused > 1)
+        counts += f"; {num_refused} combination{plural} refused by its plugins (listed below)"
+    lines = [f"# {title}", "", counts + "."]
     fixed = fixed_overrides(jobs)
     if fixed:
         lines += ["", "Fixed: " + " ".join(f"`{k}={v}`" for k, v in fixed.items())]
-    rows = [_row(job, keys) for job in jobs]
-    names = ["job", *keys, "status", *(c.name for c in METRIC_COLUMNS)]
-    lines += ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-    for row in rows:
+    metrics = [c.name for c in METRIC_COLUMNS if not compact or c.name in COMPACT_METRICS]
+    names = ["job", *keys, "status", *metrics]
+    if ran:
+        lines += ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for job in ran:
+        row = _row(job, keys)
         lines.append("| " + " | ".join(_cell(row[n], n in fractions) for n in names) + " |")
-    failed = [job for job in jobs if not job.is_completed]
+    failed = [job for job in ran if not job.is_completed]
     if failed:
         lines += ["", "## Jobs that did not complete", ""]
         lines += [f"- job {j.name} ({job_label(j, keys)}), {j.status}: {j.error}" for j in failed]
+    refused = refused_lines(jobs)
+    if refused:
+        lines += ["", *refused]
     return "\n".join(lines) + "\n"
 
 

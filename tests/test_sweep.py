@@ -14,11 +14,17 @@ import yaml
 
 from enginekit.app import CONF_DIR, CONFIG_NAME, compose_config, register_configs
 from enginekit.config import PLUGIN_GROUPS
-from enginekit.plugins import load_plugin
 from enginekit.report import STATUS_FAILED, write_json
 from enginekit.sweep import SUMMARY_CSV, SUMMARY_MD, summarize
-from enginekit.sweep_jobs import STATUS_MISSING, load_jobs, parse_override, swept_keys
-from enginekit.sweep_table import METRIC_COLUMNS, render_csv
+from enginekit.sweep_jobs import (
+    STATUS_MISSING,
+    STATUS_REFUSED,
+    load_jobs,
+    parse_override,
+    swept_keys,
+)
+from enginekit.sweep_refusals import refusal
+from enginekit.sweep_table import COMPACT_METRICS, METRIC_COLUMNS, render_csv
 
 ABLATIONS = sorted(f.stem for f in (CONF_DIR / "ablation").glob("*.yaml"))
 EXPERIMENTS = sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -114,6 +120,63 @@ def test_summary_table_has_a_row_per_job_with_swept_choices_and_metrics(sweep_di
     assert render_csv(load_jobs(sweep_dir)) == (sweep_dir / SUMMARY_CSV).read_text()
 
 
+def _refused_job(root: Path, name: str, overrides: list[str], reason: str) -> None:
+    job = root / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    write_json({}, {}, job / "report.json", status=STATUS_REFUSED, error=reason)
+
+
+def test_refused_combinations_are_no_rows_but_listed_once_by_reason(tmp_path):
+    root = tmp_path / "sweep"
+    grid = itertools.product(["paged", "contiguous"], ["none", "radix"], ["none", "fp8"])
+    for i, (allocator, prefix, quantizer) in enumerate(grid):
+        overrides = [f"+allocator={allocator}", f"+prefix={prefix}", f"+quantizer={quantizer}"]
+        if allocator == "contiguous" and prefix == "radix":
+            _refused_job(root, str(i), overrides, "no radix | here")
+        elif allocator == "contiguous" and quantizer == "fp8":
+            _refused_job(root, str(i), overrides, "no fp8 here")
+        else:
+            _job(root, str(i), overrides, 1.0 + i)
+    summary = summarize(root, plots=False)
+    text = summary.markdown
+    assert "5 jobs: 5 completed, 0 not; 3 combinations refused by its plugins" in text
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in table[1:]] == ["| 0", "| 1", "| 2", "| 3", "| 4"]
+    assert "refused" not in "\n".join(table)
+    refused = text[text.index("## Refused combinations (3)") :]
+    assert refused.count("no radix \\| here") == 1 and refused.count("no fp8 here") == 1
+    # a whole grid of choices is one line in sweep form; the rest one line per job
+    radix = "- 2 combinations: no radix \\| here\n  - `allocator=contiguous prefix=radix "
+    assert radix + "quantizer=none,fp8`" in refused
+    assert (
+        "- 1 combination: no fp8 here\n  - `allocator=contiguous prefix=none quantizer=fp8`"
+        in refused
+    )
+    assert "Jobs that did not complete" not in text
+    assert refused in summary.compact  # printed too
+
+    rows = list(csv.DictReader(io.StringIO((root / SUMMARY_CSV).read_text())))
+    assert [r["status"] for r in rows].count(STATUS_REFUSED) == 3
+    assert {r["error"] for r in rows if r["status"] == STATUS_REFUSED} == {
+        "no radix | here",
+        "no fp8 here",
+    }
+
+
+def test_printed_table_is_compact_and_summary_md_has_every_metric(sweep_dir):
+    summary = summarize(sweep_dir, plots=False)
+
+    def header(text: str) -> list[str]:
+        line = next(line for line in text.splitlines() if line.startswith("| job |"))
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    assert header(summary.compact) == ["job", "allocator", "quantizer", "status", *COMPACT_METRICS]
+    assert len(header(summary.compact)) <= 12 < len(header(summary.markdown))
+    assert header(summary.markdown)[4:] == [c.name for c in METRIC_COLUMNS]
+    assert set(COMPACT_METRICS) < {c.name for c in METRIC_COLUMNS}
+
+
 def test_plots_only_for_the_keys_the_sweep_varies(sweep_dir, tmp_path):
     summary = summarize(sweep_dir)
     written = sorted(p.name for p in summary.paths if p.suffix == ".png")
@@ -175,16 +238,6 @@ def _grid(params: dict[str, str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*axes)]
 
 
-def _refusal(selected: dict[str, str]) -> str | None:
-    """The error a plugin raises for this selection of plugins, if any."""
-    for group, name in selected.items():
-        try:
-            load_plugin(group, name).check_compatible(selected)
-        except Exception as exc:
-            return str(exc)
-    return None
-
-
 def test_conf_files_are_listed():
     assert {"allocator", "prefix", "quantizer", "eviction", "preemption", "all"} <= set(ABLATIONS)
     assert {"tiny_chat", "memory_pressure", "long_context"} <= set(EXPERIMENTS)
@@ -225,7 +278,7 @@ def test_ablation_all_crosses_every_group_and_only_documented_refusals_fail():
         documented = (allocator == "contiguous" and (prefix != "none" or eviction != "lru")) or (
             eviction == "sliding_window" and prefix == "radix"
         )
-        assert (_refusal(selected) is not None) == documented, job
+        assert (refusal(selected) is not None) == documented, job
         refused += documented
     assert 0 < refused < len(jobs)
 
@@ -259,27 +312,48 @@ def _pngs(folder: Path) -> set[str]:
     return {p.name for p in folder.glob("*.png")}
 
 
-def test_grid_sweep_with_a_refused_job_ends_with_table_plots_and_rebuild(cli, tmp_path):
-    args = ["-m", "+allocator=paged,contiguous", "+prefix=none,radix", "progress=false"]
+def test_grid_sweep_runs_only_valid_combinations_in_parallel_and_rebuilds(cli, tmp_path):
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    args += ["+allocator=paged,contiguous", "+prefix=none,radix", "progress=false"]
     result = cli(*args, "workload.num_requests=12", "hydra.sweep.dir=sweep")
     assert result.returncode == 0, result.stderr
     sweep = tmp_path / "sweep"
-    assert "| job | allocator | prefix | status |" in result.stdout
-    assert "error: job 3 (+allocator=contiguous +prefix=radix" in result.stderr
-    failed = json.loads((sweep / "3" / "report.json").read_text())
-    assert failed["status"] == STATUS_FAILED and "cannot be combined" in failed["error"]
+    compact = ["job", "allocator", "prefix", "status", *COMPACT_METRICS]
+    assert "| " + " | ".join(compact) + " |" in result.stdout  # the printed table
+    refused = json.loads((sweep / "3" / "report.json").read_text())
+    assert refused["status"] == STATUS_REFUSED and "cannot be combined" in refused["error"]
+    assert refused["header"]["allocator"] == "contiguous" and refused["summary"] == {}
+    assert result.stdout.count(refused["error"]) == 1  # listed once, not as a row
+    assert "## Refused combinations (1)" in result.stdout
+    assert "`allocator=contiguous prefix=radix`" in result.stdout
+    assert "did not complete" not in result.stdout + result.stderr
     rows = list(csv.DictReader(io.StringIO((sweep / SUMMARY_CSV).read_text())))
-    assert [r["status"] for r in rows] == ["completed", "completed", "completed", "failed"]
+    assert [r["status"] for r in rows] == ["completed", "completed", "completed", "refused"]
     assert float(rows[1]["hit_rate"]) > 0 == float(rows[0]["hit_rate"])
     assert _pngs(sweep) == {"kv_utilization.png", "prefix_hit_rate.png", "latency.png"}
 
     table = (sweep / SUMMARY_MD).read_text()
+    assert "| 3 |" not in table and table.count(refused["error"]) == 1
     for path in [sweep / SUMMARY_MD, sweep / SUMMARY_CSV, *sweep.glob("*.png")]:
         path.unlink()
     rebuilt = cli(str(sweep), module="enginekit.sweep")
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert (sweep / SUMMARY_MD).read_text() == table
     assert _pngs(sweep) == {"kv_utilization.png", "prefix_hit_rate.png", "latency.png"}
+
+
+def test_a_refused_combination_is_recorded_as_the_engine_refuses_it():
+    from enginekit.engine import Engine
+    from enginekit.errors import ConfigError
+
+    overrides = ["+allocator=contiguous", "+prefix=radix", "+eviction=sliding_window"]
+    cfg = compose_config(overrides)
+    with pytest.raises(ConfigError) as refused:
+        Engine(cfg)
+    selected = {g: str(cfg[g].name) for g in PLUGIN_GROUPS}
+    assert refusal(selected) == str(refused.value)
+    assert refusal({**selected, "allocator": "paged", "prefix": "none"}) is None
+    assert refusal({**selected, "allocator": "no_such_plugin"}) is None  # the job reports it
 
 
 def test_ablation_file_runs_its_sweep(cli, tmp_path):
