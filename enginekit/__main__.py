@@ -12,13 +12,14 @@ its summary table (``enginekit.sweep``) lists failed jobs with their errors.
 
 from __future__ import annotations
 
+import logging
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
 from enginekit.app import CONFIG_NAME, register_configs, rewrite_overrides
-from enginekit.errors import EngineKitError
+from enginekit.errors import ConfigError, EngineKitError, RequestRejectedError
 
 CLAIMS_JOB = "claims"  # hydra.job.name of the claims job (python -m enginekit +experiment=claims)
 
@@ -50,19 +51,76 @@ def run_job(cfg: Any) -> dict[str, Any]:
     from enginekit.report import STATUS_FAILED, render_report, write_json
 
     path = _output_dir() / "report.json"
+    summary: dict[str, Any] = {}
+    header = _config_header(cfg)
     try:
         engine = Engine(cfg)
-        engine.add_workload()
-        result = engine.run(progress=bool(engine.config.progress))
-        header = engine.describe()
+        with _Rejections() as rejections:
+            engine.add_workload()
+            result = engine.run(progress=show_progress(engine.config.progress))
+        summary, header = result.summary, engine.describe()
+        _check_served(summary, rejections.first)
     except Exception as exc:
         error = str(exc) if isinstance(exc, EngineKitError) else f"{type(exc).__name__}: {exc}"
-        write_json({}, _config_header(cfg), path, status=STATUS_FAILED, error=error)
+        write_json(summary, header, path, status=STATUS_FAILED, error=error)
         raise
-    print(render_report(result.summary, header))
-    write_json(result.summary, header, path)
+    print(render_report(summary, header))
+    write_json(summary, header, path)
     print(f"report: {path}")
-    return result.summary
+    num_rejected = summary.get("num_requests_rejected", 0)
+    if num_rejected:
+        total = num_rejected + summary.get("num_requests", 0)
+        print(
+            f"warning: {num_rejected} of {total} requests rejected, the rest ran; "
+            f"the first: {rejections.first}",
+            file=sys.stderr,
+        )
+    return summary
+
+
+def show_progress(setting: bool | None) -> bool:
+    """Whether a run shows its progress bar: ``progress=true`` always, ``false`` never,
+    ``null`` (the default) only when stderr is a terminal, so that redirected output
+    holds the report and nothing of a bar."""
+    if setting is None:
+        return sys.stderr.isatty()
+    return bool(setting)
+
+
+class _Rejections(logging.Handler):
+    """Records, while active, the first request rejection the engine logs (its reason)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.first: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # The engine logs "... rejected ...; the first: %s" or "rejected %s": the reason
+        # is the last argument.
+        if self.first is None and "rejected" in str(record.msg):
+            args = record.args if isinstance(record.args, tuple) else ()
+            self.first = str(args[-1]) if args else record.getMessage()
+
+    def __enter__(self) -> _Rejections:
+        logging.getLogger("enginekit").addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("enginekit").removeHandler(self)
+
+
+def _check_served(summary: dict[str, Any], first_rejection: str | None) -> None:
+    """Raises when the run served nothing: a workload without requests (ConfigError), or
+    one whose every request was rejected (RequestRejectedError, with the first reason)."""
+    num_accepted = summary.get("num_requests", 0)
+    num_rejected = summary.get("num_requests_rejected", 0)
+    if num_accepted + num_rejected == 0:
+        raise ConfigError("the workload has no requests (workload.num_requests=0): nothing ran")
+    if num_accepted == 0:
+        reason = f"; the first: {first_rejection}" if first_rejection else ""
+        raise RequestRejectedError(
+            f"all {num_rejected} requests were rejected, so nothing ran{reason}"
+        )
 
 
 def _is_multirun() -> bool:

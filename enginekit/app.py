@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
 from enginekit.errors import ConfigError
-from enginekit.plugins import load_all_configs
+from enginekit.plugins import config_keys, load_all_configs
 
 PRESET_GROUPS: tuple[str, ...] = ("model", "hardware", "workload")
 # Groups of YAML files under conf/, selected with +group=name (never in a defaults list).
@@ -34,6 +34,7 @@ CONF_GROUPS: tuple[str, ...] = ("experiment", "ablation")
 # conf/ of a source checkout (experiment files); absent from a wheel install.
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "enginekit"
+JOB_LOGGING = "enginekit"  # hydra/job_logging option of the primary config
 SWEEP_CALLBACK = "enginekit.sweep.SweepSummaryCallback"
 _GROUP_OVERRIDE = re.compile(r"^(?P<prefix>\+{0,2})(?P<group>[A-Za-z_]\w*)=(?P<value>.*)$")
 _KEY_OVERRIDE = re.compile(r"^(?P<prefix>[+~]{0,2})(?P<key>[A-Za-z_][\w.]*)(?P<rest>=.*)?$")
@@ -56,8 +57,29 @@ def conf_names(group: str) -> list[str]:
     return sorted(f.stem for f in (CONF_DIR / group).glob("*.yaml"))
 
 
-def help_text(plugin_options: dict[str, list[str]], problems: list[str]) -> str:
-    """The text of ``--help``: every installed plugin in the form a user types."""
+def _yaml_value(value: Any) -> str:
+    """``value`` as a user types it on the command line (null, true, 2.0, [1, 2])."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _plugin_key_lines(group: str, options: dict[str, type]) -> list[str]:
+    """One line per plugin of ``group`` that adds keys: ``name: group.key=default ...``."""
+    lines = []
+    for name, config_cls in sorted(options.items()):
+        keys = config_keys(config_cls)
+        if keys:
+            settings = " ".join(f"{group}.{k}={_yaml_value(v)}" for k, v in keys.items())
+            lines.append(f"      {name}: {settings}")
+    return lines
+
+
+def help_text(plugin_configs: dict[str, dict[str, type]], problems: list[str]) -> str:
+    """The text of ``--help``: every installed plugin in the form a user types, with the
+    keys each plugin's Config adds and their defaults."""
     lines = [
         "enginekit: an LLM inference engine built around the KV cache.",
         "",
@@ -65,13 +87,16 @@ def help_text(plugin_options: dict[str, list[str]], problems: list[str]) -> str:
         "        python -m enginekit -m +allocator=paged +prefix=none,block_hash   (a sweep)",
         "        python -m enginekit -m +ablation=prefix   (a ready-made sweep: table + plots)",
         "",
-        "Plugins (one per group; the default is marked *):",
+        "Plugins: +group=plugin, one per group, the default marked *; under a group, the",
+        "keys a plugin adds with their defaults (group.key=value, with that plugin selected):",
     ]
     from enginekit.config import DEFAULT_PLUGINS
 
     for group in PLUGIN_GROUPS:
-        names = [n + ("*" if n == DEFAULT_PLUGINS[group] else "") for n in plugin_options[group]]
+        options = plugin_configs[group]
+        names = [n + ("*" if n == DEFAULT_PLUGINS[group] else "") for n in sorted(options)]
         lines.append(f"  +{group}=" + " | ".join(names))
+        lines += _plugin_key_lines(group, options)
     lines += ["", "Presets:"]
     defaults = EngineConfig()
     for group, names in preset_names().items():
@@ -100,7 +125,34 @@ def help_text(plugin_options: dict[str, list[str]], problems: list[str]) -> str:
         "CONFIG_PLACEHOLDER",
         "List the plugins with their distributions and versions: python -m enginekit.plugins",
     ]
-    return "\n".join(lines).replace("CONFIG_PLACEHOLDER", "$CONFIG")
+    # Hydra substitutes $NAME in the template: a $ of ours is written $$.
+    return "\n".join(lines).replace("$", "$$").replace("CONFIG_PLACEHOLDER", "$CONFIG")
+
+
+def _job_logging() -> dict[str, Any]:
+    """Hydra's default job logging (console, and ``<job name>.log`` in the run folder),
+    except that the log file is created at the first record only: a run that logs
+    nothing leaves no empty file."""
+    fmt = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+    return {
+        "version": 1,
+        "formatters": {"simple": {"format": fmt}},
+        "handlers": {
+            "console": {
+                "class": "logging.StreamHandler",
+                "formatter": "simple",
+                "stream": "ext://sys.stdout",
+            },
+            "file": {
+                "class": "logging.FileHandler",
+                "formatter": "simple",
+                "filename": "${hydra.runtime.output_dir}/${hydra.job.name}.log",
+                "delay": True,
+            },
+        },
+        "root": {"level": "INFO", "handlers": ["console", "file"]},
+        "disable_existing_loggers": False,
+    }
 
 
 def register_configs() -> list[str]:
@@ -112,14 +164,18 @@ def register_configs() -> list[str]:
     for group, options in configs.items():
         for name, config_cls in options.items():
             store.store(group=group, name=name, node=config_cls)
-    names = {group: sorted(configs[group]) for group in PLUGIN_GROUPS}
+    store.store(group="hydra/job_logging", name=JOB_LOGGING, node=_job_logging())
     hydra: dict[str, Any] = {
-        "help": {"template": help_text(names, problems)},
+        "help": {"template": help_text(configs, problems)},
         "callbacks": {"sweep_summary": {"_target_": SWEEP_CALLBACK, "plots": True}},
+        # Microseconds: two runs started in the same second get folders of their own.
+        "run": {"dir": "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S.%f}"},
+        "sweep": {"dir": "multirun/${now:%Y-%m-%d}/${now:%H-%M-%S.%f}"},
     }
     if CONF_DIR.is_dir():
         hydra["searchpath"] = [f"file://{CONF_DIR}"]
-    primary = {"defaults": ["enginekit_schema", "_self_"], "hydra": hydra}
+    defaults = ["enginekit_schema", "_self_", {"override hydra/job_logging": JOB_LOGGING}]
+    primary = {"defaults": defaults, "hydra": hydra}
     store.store(name=CONFIG_NAME, node=primary)
     return problems
 
@@ -155,33 +211,90 @@ def _sweep_values(value: str) -> list[str]:
     return []
 
 
+def _flag_values() -> dict[str, list[str] | None]:
+    """Hydra's flags that take a value as the next argument (``--cfg job``, ``-p cache``):
+    flag -> the values it accepts, or None for any value. A flag whose value is optional
+    (``--info [config]``) takes the next argument only if it is one of its choices."""
+    from hydra._internal.utils import get_args_parser
+
+    flags: dict[str, list[str] | None] = {}
+    for action in get_args_parser()._actions:
+        if action.option_strings and action.nargs in (None, "?"):
+            choices = None if action.choices is None else [str(c) for c in action.choices]
+            if action.nargs == "?" and choices is None:
+                continue  # an optional value that could be anything: never taken
+            for flag in action.option_strings:
+                flags[flag] = choices
+    return flags
+
+
+def _is_override(args: list[str]) -> list[bool]:
+    """For each of ``args``, whether it is an override: flags and their values are not."""
+    flags = _flag_values()
+    mask: list[bool] = []
+    value_of: str | None = None  # the flag the next argument may be the value of
+    for arg in args:
+        if value_of is not None:
+            choices = flags[value_of]
+            value_of = None
+            if choices is None or arg in choices:
+                mask.append(False)
+                continue
+        if arg in flags:
+            value_of = arg
+        mask.append(not arg.startswith("-"))
+    return mask
+
+
 def rewrite_overrides(overrides: list[str]) -> list[str]:
-    """Normalises user overrides (see the module docstring) and refuses unknown plugins and
-    keys. Flags (``-m``, ``--help``, ...) and ``hydra.*`` / ``hydra/...`` pass untouched."""
-    rewritten = []
+    """Normalises user overrides (see the module docstring) and refuses unknown plugins,
+    groups and keys. Flags (``-m``, ``--help``, ``--cfg job``, ...) and ``hydra.*`` /
+    ``hydra/...`` pass untouched."""
+    rewritten: list[tuple[str, bool]] = []
     selected: dict[str, str] = {}
-    for arg in overrides:
-        group_match = _GROUP_OVERRIDE.match(arg)
-        if group_match and group_match["group"] in PLUGIN_GROUPS:
-            group, value = group_match["group"], group_match["value"]
-            if group_match["prefix"] == "++":
-                raise ConfigError(f"{arg}: write +{group}={value} to choose a {group} plugin")
-            _check_plugin_value(group, value)
-            values = _sweep_values(value)
-            if len(values) == 1:
-                selected[group] = values[0]
-            rewritten.append(f"+{group}={value}")
-        elif group_match and group_match["group"] in CONF_GROUPS:
-            group, value = group_match["group"], group_match["value"]
-            _check_conf_value(group, value)
-            rewritten.append(f"+{group}={value}")
-        elif group_match and group_match["group"] in PRESET_GROUPS:
-            rewritten.append(f"{group_match['group']}.name={group_match['value']}")
-        else:
-            rewritten.append(arg)
-    for arg in rewritten:
-        _check_key(arg, selected)
-    return rewritten
+    for arg, is_override in zip(overrides, _is_override(overrides), strict=True):
+        rewritten.append((_rewrite(arg, selected) if is_override else arg, is_override))
+    for arg, is_override in rewritten:
+        if is_override:
+            _check_key(arg, selected)
+    return [arg for arg, _ in rewritten]
+
+
+def _rewrite(arg: str, selected: dict[str, str]) -> str:
+    """One override in the form Hydra takes; records a single plugin choice in ``selected``."""
+    group_match = _GROUP_OVERRIDE.match(arg)
+    if group_match and group_match["group"] in PLUGIN_GROUPS:
+        group, value = group_match["group"], group_match["value"]
+        if group_match["prefix"] == "++":
+            raise ConfigError(f"{arg}: write +{group}={value} to choose a {group} plugin")
+        _check_plugin_value(group, value)
+        values = _sweep_values(value)
+        if len(values) == 1:
+            selected[group] = values[0]
+        return f"+{group}={value}"
+    if group_match and group_match["group"] in CONF_GROUPS:
+        group, value = group_match["group"], group_match["value"]
+        _check_conf_value(group, value)
+        return f"+{group}={value}"
+    if group_match and group_match["group"] in PRESET_GROUPS:
+        return f"{group_match['group']}.name={group_match['value']}"
+    return arg
+
+
+def _refuse_unknown_group(arg: str, name: str) -> None:
+    """Raises ConfigError for ``+name=...`` where ``name`` is no group: Hydra would add
+    ``name`` as a new key that nothing reads, and run the defaults."""
+    keys = [f.name for f in fields(EngineConfig)]
+    if name in keys:
+        raise ConfigError(f"{arg}: {name} is a key, not a group; write {arg.lstrip('+')}")
+    groups = [*PLUGIN_GROUPS, *PRESET_GROUPS, *CONF_GROUPS]
+    close = difflib.get_close_matches(name, groups, n=1)
+    hint = f"; did you mean '+{close[0]}'?" if close else ""
+    raise ConfigError(
+        f"unknown group {name!r} in {arg}: +group=name chooses a plugin "
+        f"({', '.join(PLUGIN_GROUPS)}), a preset ({', '.join(PRESET_GROUPS)}) or a conf file "
+        f"({', '.join(CONF_GROUPS)}){hint}"
+    )
 
 
 def _check_key(arg: str, selected: dict[str, str]) -> None:
@@ -189,8 +302,14 @@ def _check_key(arg: str, selected: dict[str, str]) -> None:
     Config) does not have, naming the valid keys and the closest one."""
     if arg.startswith("-") or arg.lstrip("+~").startswith("hydra"):
         return
+    if arg.startswith("+"):
+        key = arg.lstrip("+").split("=", 1)[0]
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", key):  # a group, not a dotted key
+            if key not in (*PLUGIN_GROUPS, *CONF_GROUPS):
+                _refuse_unknown_group(arg, key)
+            return
     match = _KEY_OVERRIDE.match(arg)
-    if match is None or "+" in match["prefix"] and "." not in match["key"]:
+    if match is None:
         return
     path = match["key"].split(".")
     if path[0] in PLUGIN_GROUPS and len(path) == 1:

@@ -146,4 +146,6 @@ class EngineConfig:
     device: str = "cpu"  # torch executor: cpu | cuda | cuda:N
     kernels: str = "auto"  # torch executor: auto (triton on CUDA) | triton | reference
     threads: int | None = None  # torch executor: intra-op CPU threads (None: torch's default)
-    progress: bool = True  # a progress bar on stderr while the run goes
+    # A progress bar on stderr while the run goes: null (default) when stderr is a
+    # terminal, true always, false never.
+    progress: bool | None = None

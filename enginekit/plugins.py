@@ -181,6 +181,14 @@ def complete_plugin_config(group: str, node: Any) -> tuple[Any, PluginConfig]:
     return cls, OmegaConf.to_object(merged)  # type: ignore[return-value]
 
 
+def config_keys(config_cls: type) -> dict[str, Any]:
+    """The keys a plugin's ``Config`` adds to its group's base config, with their defaults
+    (``name`` left out): what ``group.key=value`` sets once the plugin is selected."""
+    defaults = OmegaConf.to_container(OmegaConf.structured(config_cls))
+    assert isinstance(defaults, dict)
+    return {str(key): value for key, value in defaults.items() if key != "name"}
+
+
 def load_all_configs() -> tuple[dict[str, dict[str, type]], list[str]]:
     """Imports every installed plugin. Returns (group -> name -> Config class, problems):
     a plugin that fails to import or breaks the contract is reported in ``problems`` and

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,206 @@ def test_readme_main_job_runs_real_tokens_on_the_tiny_model(cli, tmp_path):
     assert summary["prefix_cache_hits"] == summary["prefix_cache_hits_ideal"] > 0
     experiments = next(line for line in cli("--help").stdout.splitlines() if "+experiment=" in line)
     assert "tiny_chat" in experiments.split("=", 1)[1].split(" | ")
+
+
+# ---- in-process runs of main() ---------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["workload.num_requests=8"]  # a workload of a few requests: a run takes well under 1 s
+
+
+@pytest.fixture
+def run_main(tmp_path, monkeypatch, capsys):
+    """Calls ``enginekit.__main__.main(args)`` in ``tmp_path``; returns (exit code, stdout,
+    stderr). Hydra's logging setup is undone afterwards."""
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from enginekit.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["enginekit"])  # main() rewrites sys.argv
+
+    def call(*args: str) -> tuple[int, str, str]:
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            GlobalHydra.instance().clear()
+            for handler in root.handlers:
+                if handler not in handlers:
+                    handler.close()
+            root.handlers[:], root.level = handlers, level
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call
+
+
+@pytest.mark.parametrize(
+    ("arg", "expected"),
+    [
+        ("+prefx=radix", ["unknown group 'prefx'", "did you mean '+prefix'?"]),
+        ("+foo=bar", ["unknown group 'foo'", "allocator, prefix", "experiment, ablation"]),
+        ("+_target_=os.system", ["unknown group '_target_'"]),
+        ("+foo-bar/x=1", ["unknown group 'foo-bar/x'"]),
+        ("+progress=false", ["progress is a key, not a group; write progress=false"]),
+    ],
+)
+def test_plus_with_no_such_group_is_refused(run_main, arg, expected):
+    code, out, err = run_main(arg, *TINY)
+    assert code == 2
+    for text in expected:
+        assert text in err
+    assert "== run ==" not in out  # nothing ran
+
+
+def test_hydra_flags_take_their_value_as_the_next_argument(run_main):
+    from enginekit.app import rewrite_overrides
+
+    args = ["--cfg", "job", "--package", "cache", "--info", "config", "-cn", "x", "-m"]
+    assert rewrite_overrides([*args, "prefix=radix"]) == [*args, "+prefix=radix"]
+    # An optional value is taken only if it is one: "--info" then an override.
+    assert rewrite_overrides(["--info", "prefix=radix"]) == ["--info", "+prefix=radix"]
+    code, out, err = run_main("--cfg", "job", "+prefix=radix", "cache.block_size=32")
+    assert code == 0, err
+    assert "prefix:\n  name: radix" in out and "block_size: 32" in out
+    code, out, err = run_main("--cfg", "job", "--package", "cache")
+    assert code == 0, err
+    assert out.startswith("# @package cache\nblock_size: 16")
+    code, out, err = run_main("--cfg", "hydra")
+    assert code == 0, err
+    assert "run:\n    dir: outputs/" in out
+    code, out, err = run_main("--info", "config")
+    assert code == 0, err
+    assert "Config search path" in out
+    assert not list(Path().glob("outputs"))  # nothing ran
+
+
+def test_help_lists_the_keys_of_every_plugin_with_defaults(run_main):
+    from enginekit.plugins import config_keys, load_all_configs
+
+    code, out, err = run_main("--help")
+    assert code == 0, err
+    configs, _ = load_all_configs()
+    lines = out.splitlines()
+    for group, options in configs.items():
+        for name, config_cls in options.items():
+            for key, value in config_keys(config_cls).items():
+                line = next(line for line in lines if line.startswith(f"      {name}: "))
+                shown = "null" if value is None else str(value).lower()
+                assert f"{group}.{key}={shown}" in line.lower()
+    assert "      int4: quantizer.group_size=64" in lines
+    assert "eviction.window=null" in out and "preemption.swap_space_gib=4.0" in out
+    assert "+group=plugin" in out and "group=option" not in out
+
+
+def test_readme_presets_list_every_preset():
+    from enginekit.app import preset_names
+
+    readme = (REPO / "README.md").read_text()
+    presets = readme[readme.index("Presets: `model=`") :].split("A misspelt", 1)[0]
+    listed = re.sub(r"\([^()]*\)", "", presets)  # the names, without their descriptions
+    for group, names in preset_names().items():
+        part = re.split(r"`\w+=`", listed.split(f"`{group}=`", 1)[1])[0]
+        assert {n.strip(" .;\n") for n in part.split(",")} == set(names), group
+
+
+def test_a_run_that_serves_nothing_fails_with_the_reason(run_main, tmp_path):
+    code, _, err = run_main("cache.num_blocks=4", *TINY, "hydra.run.dir=rejected")
+    assert code == 2
+    assert "all 8 requests were rejected, so nothing ran" in err
+    assert "needs 164 KV blocks at its longest, but the whole cache has 4" in err
+    report = _report(tmp_path / "rejected")
+    assert report["status"] == "failed" and "all 8 requests were rejected" in report["error"]
+    assert report["summary"]["num_requests_rejected"] == 8
+    code, _, err = run_main("workload.num_requests=0", "hydra.run.dir=empty")
+    assert code == 2
+    assert "the workload has no requests (workload.num_requests=0)" in err
+    assert _report(tmp_path / "empty")["status"] == "failed"
+
+
+def test_a_run_where_some_requests_are_rejected_exits_0_and_says_how_many(run_main, tmp_path):
+    code, out, err = run_main("cache.num_blocks=150", "workload.num_requests=10", "hydra.run.dir=r")
+    assert code == 0, err
+    assert "warning: 5 of 10 requests rejected, the rest ran; the first: request" in err
+    assert re.search(r"requests rejected +5\n", out)
+    summary = _report(tmp_path / "r")["summary"]
+    assert summary["num_requests_rejected"] == 5 and summary["num_requests_finished"] == 5
+    log = tmp_path / "r" / "__main__.log"
+    assert "5 of 10 requests rejected" in log.read_text()  # the log file holds what was logged
+
+
+def test_a_kv_pool_larger_than_the_device_is_refused(run_main):
+    code, _, err = run_main("cache.memory_gib=100000", *TINY, "hydra.run.dir=r")
+    assert code == 2
+    assert (
+        "cache.memory_gib=100000.0 does not fit on h200: its 140.4 GiB hold llama-3-8b's "
+        "weights (15.0 GiB) and at most 125.4 GiB of KV pool"
+    ) in err
+    code, _, err = run_main("cache.memory_gib=125", *TINY, "hydra.run.dir=r")
+    assert code == 0, err
+
+
+def test_runs_get_folders_of_their_own_and_no_empty_log(run_main, tmp_path):
+    for _ in range(2):
+        code, _, err = run_main(*TINY)
+        assert code == 0, err
+    runs = sorted(p.parent for p in (tmp_path / "outputs").glob("*/*/report.json"))
+    assert len(runs) == 2  # each folder: outputs/<date>/<hh-mm-ss.microseconds>
+    assert all(re.fullmatch(r"\d\d-\d\d-\d\d\.\d{6}", run.name) for run in runs)
+    assert not list((tmp_path / "outputs").rglob("*.log"))  # nothing was logged
+
+
+def test_progress_bar_only_on_a_terminal(run_main, monkeypatch):
+    from enginekit.__main__ import show_progress
+    from enginekit.config import EngineConfig
+
+    assert EngineConfig().progress is None
+    for is_tty in (True, False):
+        monkeypatch.setattr(sys.stderr, "isatty", lambda is_tty=is_tty: is_tty)
+        assert show_progress(None) is is_tty
+        assert show_progress(True) and not show_progress(False)
+    monkeypatch.undo()
+    code, out, err = run_main(*TINY, "hydra.run.dir=r")  # stderr is captured: no terminal
+    assert code == 0, err
+    assert out.startswith("== run ==\n")
+    assert "\r" not in err and "req/s" not in err
+
+
+def _readme_commands(section: str) -> list[list[str]]:
+    """The ``python3 -m enginekit`` commands of the code blocks of README's ``section``
+    (a ``### `` heading), as argument lists without the command and trailing comments."""
+    readme = (REPO / "README.md").read_text()
+    body = readme.split(f"\n### {section}\n", 1)[1].split("\n### ", 1)[0]
+    commands = []
+    for block in re.findall(r"```\n(.*?)```", body, flags=re.S):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            assert words[:3] == ["python3", "-m", "enginekit"], line
+            commands.append(words[3:])
+    return commands
+
+
+def test_readme_override_and_sweep_commands_run_as_written(run_main, tmp_path):
+    """Every command of README's Overrides and Sweeps, as written plus a small workload
+    (and a folder of its own): single runs complete, sweeps write every job's report."""
+    overrides, sweeps = _readme_commands("Overrides"), _readme_commands("Sweeps")
+    assert len(overrides) == 3 and len(sweeps) == 2
+    for i, args in enumerate(overrides):
+        code, out, err = run_main(*args, *TINY, f"hydra.run.dir=run{i}")
+        assert code == 0, (args, err)
+        assert _report(tmp_path / f"run{i}")["status"] == "completed"
+    for i, args in enumerate(sweeps):
+        code, out, err = run_main(*args, *TINY, f"hydra.sweep.dir=sweep{i}")
+        assert code == 0, (args, err)
+        reports = [_report(p.parent) for p in (tmp_path / f"sweep{i}").glob("*/report.json")]
+        num_jobs = 1
+        for arg in args:
+            if "," in arg:
+                num_jobs *= len(arg.split("=", 1)[1].split(","))
+        assert len(reports) == num_jobs and all(r["status"] == "completed" for r in reports)

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from enginekit.errors import ConfigError
 from enginekit.executor.base import Executor
+from enginekit.executor.hardware import HardwareSpec
 from enginekit.interfaces.quantizer import Quantizer
 from enginekit.kv.spec import KVSpec
 from enginekit.models.shapes import ModelShape, model_preset
@@ -66,11 +67,28 @@ def build_executor(
     if num_blocks is not None and num_blocks < 1:
         raise ConfigError(f"cache.num_blocks must be >= 1, got {num_blocks}")
     if num_blocks is None and cfg.cache.memory_gib is not None:
+        _check_budget_fits(cfg.cache.memory_gib, hardware, shape, weight_bytes)
         num_blocks = _blocks_in_budget(cfg.cache.memory_gib, kv_spec)
     if num_blocks is None:
         num_blocks = kv_pool_num_blocks(hardware, cfg.hardware, shape, kv_spec, weight_bytes)
     executor = SimExecutor(shape, hardware, kv_spec, model_bits // 8, num_blocks=num_blocks)
     return executor, num_blocks
+
+
+def _check_budget_fits(
+    memory_gib: float, hardware: HardwareSpec, shape: ModelShape, weight_bytes: int
+) -> None:
+    """ConfigError, with the figures, when a KV pool of ``memory_gib`` GiB and the weights
+    do not fit in the simulated device's memory together."""
+    pool_bytes = memory_gib * (1 << 30)
+    if pool_bytes + weight_bytes > hardware.hbm_capacity:
+        gib = 1 << 30
+        raise ConfigError(
+            f"cache.memory_gib={memory_gib} does not fit on {hardware.name}: its "
+            f"{hardware.hbm_capacity / gib:.1f} GiB hold {shape.name}'s weights "
+            f"({weight_bytes / gib:.1f} GiB) and at most "
+            f"{(hardware.hbm_capacity - weight_bytes) / gib:.1f} GiB of KV pool"
+        )
 
 
 def _blocks_in_budget(memory_gib: float, kv_spec: KVSpec) -> int:
