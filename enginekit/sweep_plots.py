@@ -5,7 +5,8 @@
 - ``prefix_hit_rate.png``, when ``prefix`` or ``workload.name`` varies: prefix hit rate
   (bar) and its ideal (tick).
 - ``latency.png``, when anything varies (2+ completed jobs): TTFT and TPOT p50 / p90 / p99
-  in ms on a log scale.
+  in ms on a log scale labelled at round values (``log_ticks``), coloured by the first
+  swept key, with a legend for the markers and one for the colours.
 - ``pool_size.png``, when ``cache.num_blocks`` or ``cache.memory_gib`` varies: preemptions
   per request and output tok/s against the pool size, one line per combination of the
   other swept keys.
@@ -148,37 +149,75 @@ def _latency_points_ms(job: JobResult, key: str) -> dict[str, float]:
 
 
 def _plain(value: float, _pos: Any = None) -> str:
-    return f"{value:,.0f}" if value >= 10 else f"{value:g}"
+    return f"{value:,.0f}" if value >= 10 else f"{value:.3g}"
+
+
+# Mantissas of labelled log ticks, sparsest first: the first set that puts MIN_LOG_TICKS
+# inside the data's range is used.
+_LOG_MANTISSAS: tuple[tuple[float, ...], ...] = (
+    (1.0,),
+    (1.0, 2.0, 5.0),
+    (1.0, 1.5, 2.0, 3.0, 5.0, 7.0),
+    (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0),
+)
+MIN_LOG_TICKS = 4
+_LOG_PAD = 1.15  # the axis reaches this factor beyond the smallest and largest value
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Labelled ticks for a log axis over [low, high] (0 < low <= high): round values
+    (1, 2, 5, ... × a power of ten) from the sparsest set that gives at least
+    ``MIN_LOG_TICKS`` of them in range; when even the densest set gives fewer (a range
+    under about 1.5×), ``MIN_LOG_TICKS`` values evenly spaced in log, at 3 significant
+    digits."""
+    for mantissas in _LOG_MANTISSAS:
+        ticks = [
+            m * 10.0**exponent
+            for exponent in range(math.floor(math.log10(low)), math.floor(math.log10(high)) + 1)
+            for m in mantissas
+        ]
+        ticks = [t for t in ticks if low <= t * (1 + 1e-9) and t <= high * (1 + 1e-9)]
+        if len(ticks) >= MIN_LOG_TICKS:
+            return ticks
+    if high <= low:
+        return [float(f"{low:.3g}")]
+    step = math.log(high / low) / (MIN_LOG_TICKS - 1)
+    return list(
+        dict.fromkeys(float(f"{low * math.exp(i * step):.3g}") for i in range(MIN_LOG_TICKS))
+    )
 
 
 def _log_axis(ax: Any, values: Sequence[float]) -> None:
-    """A log x axis with plain numbers: decades labelled; within a span under a decade,
-    also the 2, 3 and 5 multiples, and every minor tick within a span under 3x."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    """A log x axis over ``values`` (padded) with plain-number labels at ``log_ticks``
+    (unlabelled minor ticks stay as grid lines)."""
+    from matplotlib.ticker import NullFormatter
 
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(_plain))
-    positive = [v for v in values if v > 0]
-    span = max(positive) / min(positive) if positive else math.inf
-    if span < 10:
-
-        def minor(value: float, _pos: Any = None) -> str:
-            mantissa = round(value / 10 ** math.floor(math.log10(value)), 6)
-            return _plain(value) if span < 3 or mantissa in (2, 3, 5) else ""
-
-        ax.xaxis.set_minor_formatter(FuncFormatter(minor))
-    else:
-        ax.xaxis.set_minor_formatter(NullFormatter())
+    positive = [v for v in values if v > 0 and math.isfinite(v)]
+    if not positive:
+        return
+    low, high = min(positive) / _LOG_PAD, max(positive) * _LOG_PAD
+    ticks = log_ticks(low, high)
+    ax.set_xlim(low, high)
+    ax.set_xticks(ticks, [_plain(t) for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _latency_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -> Path:
-    """Per job, p50 / p90 / p99 of TTFT and TPOT on a log scale, joined by a line."""
+def latency_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
+    """The figure of ``latency.png``: per job, p50 / p90 / p99 of TTFT and TPOT on a log
+    scale, joined by a line; one colour per value of the first swept key, markers and
+    colours explained in legends."""
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    colours, _ = _colors(jobs, swept[0] if swept else None)
+    colour_key = swept[0] if swept else None
+    colours, palette = _colors(jobs, colour_key)
     fig, axes = _figure(2, len(jobs))
     ys = list(range(len(jobs)))
-    metrics = (("time_to_first_token_seconds", "TTFT"), ("time_per_output_token_seconds", "TPOT"))
+    metrics = (
+        ("time_to_first_token_seconds", "time to first token (ms)"),
+        ("time_per_output_token_seconds", "time per output token (ms)"),
+    )
     for ax, (key, name) in zip(axes, metrics, strict=True):
         for y, job, colour in zip(ys, jobs, colours, strict=True):
             points = _latency_points_ms(job, key)
@@ -189,16 +228,23 @@ def _latency_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -
             for stat, value in points.items():
                 ax.scatter([value], [y], marker=_MARKERS[stat], color=colour)
         _log_axis(ax, [x for job in jobs for x in _latency_points_ms(job, key).values()])
-        ax.set_title(f"{name} (ms)", fontsize="medium")
+        ax.set_title(name, fontsize="medium")
         ax.grid(axis="x", which="both", alpha=0.3)
     _label_rows(axes[0], jobs, swept)
-    handles = [
+    markers = [
         Line2D([], [], marker=m, color="black", linestyle="", label=stat)
         for stat, m in _MARKERS.items()
     ]
-    axes[1].legend(handles=handles, fontsize="small", loc="lower right")
-    fig.suptitle("Latency percentiles: p50 (o), p90 (s), p99 (^)")
-    fig.savefig(path, dpi=100)
+    fig.legend(handles=markers, title="percentile", loc="outside right upper", fontsize="small")
+    if colour_key is not None and len(palette) > 1:
+        handles = [Patch(color=c, label=v) for v, c in palette.items()]
+        fig.legend(handles=handles, title=colour_key, loc="outside right lower", fontsize="small")
+    fig.suptitle("Latency percentiles per job (log scale)")
+    return fig
+
+
+def _latency_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -> Path:
+    latency_figure(jobs, swept).savefig(path, dpi=100)
     return path
 
 

@@ -177,6 +177,38 @@ def test_printed_table_is_compact_and_summary_md_has_every_metric(sweep_dir):
     assert set(COMPACT_METRICS) < {c.name for c in METRIC_COLUMNS}
 
 
+@pytest.mark.parametrize(
+    ("low", "high"), [(174.0, 632.0), (3.9, 7.3), (200.0, 3000.0), (0.02, 900.0), (4.9, 5.1)]
+)
+def test_log_axis_ticks_are_enough_round_values_inside_the_range(low, high):
+    from enginekit.sweep_plots import MIN_LOG_TICKS, log_ticks
+
+    ticks = log_ticks(low, high)
+    assert len(ticks) >= MIN_LOG_TICKS and ticks == sorted(set(ticks))
+    assert all(low <= t <= high for t in ticks)
+    assert all(float(f"{t:.3g}") == t for t in ticks)
+
+
+def test_latency_plot_names_its_markers_and_colours_and_labels_its_log_axes(sweep_dir):
+    from enginekit.sweep_plots import MIN_LOG_TICKS, latency_figure
+
+    jobs = load_jobs(sweep_dir)
+    done = [job for job in jobs if job.is_completed]
+    fig = latency_figure(done, swept_keys(jobs))
+    title = fig.get_suptitle()
+    assert "latency" in title.lower() and not {"(o)", "(s)", "(^)"} & set(title.split())
+    legends = {legend.get_title().get_text(): legend for legend in fig.legends}
+    assert set(legends) == {"percentile", "allocator"}
+    assert [t.get_text() for t in legends["percentile"].get_texts()] == ["p50", "p90", "p99"]
+    assert [t.get_text() for t in legends["allocator"].get_texts()] == ["paged", "contiguous"]
+    for ax in fig.axes:
+        assert ax.get_xscale() == "log"
+        low, high = ax.get_xlim()
+        ticks, labels = ax.get_xticks(), ax.get_xticklabels()
+        labelled = [t for t, label in zip(ticks, labels, strict=True) if label.get_text()]
+        assert len(labelled) >= MIN_LOG_TICKS and all(low <= t <= high for t in labelled)
+
+
 def test_plots_only_for_the_keys_the_sweep_varies(sweep_dir, tmp_path):
     summary = summarize(sweep_dir)
     written = sorted(p.name for p in summary.paths if p.suffix == ".png")
