@@ -3,29 +3,51 @@
 Every class here has a pure-Python twin in ``enginekit.kv.pyref`` with the same API and
 behaviour; tests drive both with the same operation sequences and compare whole states.
 Errors are the classes of ``enginekit.errors``; a call that raises changes nothing.
+
+Argument types, the same in both: a list of ids, counts, hashes or tokens (``IntList``) is a
+``list`` or ``tuple`` of ints; anything else (bytes, str, dict, set, a generator, a numpy
+array, None) raises TypeError, as does an ``extra_key`` that is not ``bytes`` or None and None
+where an int is due. A host allocation that fails raises MemoryError.
+
+Limits (rust/error.rs, and the twins): a pool holds at most ``MAX_BLOCKS`` = 2**26 blocks
+(the Rust pool's bookkeeping is 32 bytes a block, 2 GiB at the limit; a 141 GB GPU in this
+many blocks gives each about 2.1 KB, less than one token's KV in any production model);
+``append_holes`` lets a table reach at most ``MAX_TABLE_LEN`` = 2**26 entries (a context of
+2**26 tokens at block size 1). Larger sizes raise ValueError before anything is allocated.
 """
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
+
+IntList = list[int] | tuple[int, ...]
+"""A list of ids, counts, hashes or tokens: a list or a tuple of ints, nothing else."""
 
 ROOT_HASH: int
 """Parent hash of a sequence's first block."""
 
-def hash_block(parent_hash: int, token_ids: Sequence[int], extra_key: bytes | None = None) -> int:
+MAX_BLOCKS: int
+"""Largest pool, in blocks: 2**26 (see the module docstring)."""
+
+MAX_TABLE_LEN: int
+"""Most entries append_holes lets a table reach: 2**26 (see the module docstring)."""
+
+def hash_block(parent_hash: int, token_ids: IntList, extra_key: bytes | None = None) -> int:
     """Chained 64-bit hash of one block (spec in rust/hash.rs).
 
-    Raises ValueError if parent_hash is not in [0, 2**64) or a token id is not in [0, 2**32).
+    Raises ValueError if parent_hash is not in [0, 2**64) or a token id is not in [0, 2**32),
+    ValueError if extra_key is 2**32 bytes or longer; TypeError for a wrong type. Arguments
+    are checked left to right.
     """
 
 def hash_blocks(
-    token_ids: Sequence[int],
+    token_ids: IntList,
     block_size: int,
     extra_key: bytes | None = None,
     parent_hash: int = ...,
 ) -> list[int]:
     """Chained hashes of every full block of ``token_ids``; a trailing partial block is ignored.
 
-    ``parent_hash`` defaults to ROOT_HASH. Raises ValueError as hash_block, or if block_size < 1.
+    ``parent_hash`` defaults to ROOT_HASH (None is refused, TypeError). Raises as hash_block,
+    or ValueError if block_size < 1; arguments are checked left to right.
     """
 
 def _panic_for_test() -> None:
@@ -42,7 +64,8 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int) -> None:
-        """Raises ValueError if num_blocks is not in [1, 2**31 - 1] (block ids are int32)."""
+        """Raises ValueError if num_blocks is not in [1, MAX_BLOCKS = 2**26] (see the module
+        docstring), MemoryError if the host cannot hold the pool's bookkeeping."""
     @property
     def num_blocks(self) -> int: ...
     @property
@@ -80,7 +103,7 @@ class BlockPool:
 
         Raises KVCacheError for an unknown id or a block whose ref_count is already 0.
         """
-    def free(self, block_ids: Sequence[int]) -> None:
+    def free(self, block_ids: IntList) -> None:
         """decref of every id, in order. Checked as a whole first (duplicates counted), so on
         error (double free, unknown id) nothing changes."""
     def touch(self, block_id: int) -> None:
@@ -97,9 +120,11 @@ class BlockPool:
         already carries a different hash; ValueError if block_hash is not in [0, 2**64).
         """
     def lookup(self, block_hash: int) -> int | None:
-        """The block cached under block_hash, or None. Changes nothing."""
-    def lookup_prefix(self, block_hashes: Sequence[int]) -> list[int]:
-        """Block ids of the longest run of leading hashes that are all cached. Changes nothing."""
+        """The block cached under block_hash, or None. Changes nothing. Raises ValueError if
+        block_hash is not in [0, 2**64), as cache_block does."""
+    def lookup_prefix(self, block_hashes: IntList) -> list[int]:
+        """Block ids of the longest run of leading hashes that are all cached. Changes nothing.
+        Every hash is checked first: ValueError if one is not in [0, 2**64)."""
     def block_hash(self, block_id: int) -> int | None:
         """The hash a block carries, or None. Raises KVCacheError for an unknown id."""
     def ref_count(self, block_id: int) -> int:
@@ -158,7 +183,7 @@ class BlockTables:
     @property
     def num_sequences(self) -> int: ...
     def has_sequence(self, seq_id: int) -> bool: ...
-    def add_sequence(self, seq_id: int, block_ids: Sequence[int] = ()) -> None:
+    def add_sequence(self, seq_id: int, block_ids: IntList = ()) -> None:
         """Raises KVCacheError if seq_id already exists; ValueError for a seq_id not in
         [0, 2**64) or a block id not in [0, 2**31)."""
     def remove_sequence(self, seq_id: int) -> list[int]:
@@ -167,11 +192,12 @@ class BlockTables:
 
         Raises KVCacheError for an unknown seq_id (as do all methods below).
         """
-    def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None: ...
+    def append_blocks(self, seq_id: int, block_ids: IntList) -> None: ...
     def append_holes(self, seq_id: int, num_holes: int) -> None:
         """Appends num_holes holes: logical slots that hold no block.
 
-        Raises ValueError if num_holes is negative or the table would pass 2**31 - 1 entries.
+        Raises ValueError if num_holes is negative or the table would pass MAX_TABLE_LEN =
+        2**26 entries (before allocating anything), MemoryError if the host cannot hold them.
         """
     def truncate(self, seq_id: int, num_blocks: int) -> list[int]:
         """Keeps the first num_blocks entries; returns the removed blocks in logical order,
@@ -208,13 +234,13 @@ class BlockTables:
         """The entry at index, -1 for a hole. Raises KVCacheError if index is out of range."""
     def num_blocks(self, seq_id: int) -> int:
         """Logical length of the table: holes count."""
-    def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+    def num_blocks_to_grow(self, seq_ids: IntList, num_tokens: IntList) -> int:
         """Sum over the batch of max(0, ceil(num_tokens / block_size) - num_blocks(seq)).
 
         A sequence listed twice counts twice, so this is an upper bound on what grow allocates.
         Raises ValueError if the two sequences differ in length or a num_tokens is negative.
         """
-    def grow(self, pool: BlockPool, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+    def grow(self, pool: BlockPool, seq_ids: IntList, num_tokens: IntList) -> int:
         """Allocates from ``pool`` and appends so that each sequence holds at least
         ceil(num_tokens / block_size) blocks; returns the number of blocks allocated.
 
@@ -224,15 +250,15 @@ class BlockTables:
         pool.num_free_blocks, and KVCacheError for an unknown seq_id, changing nothing.
         """
     def cache_blocks(
-        self, pool: BlockPool, seq_id: int, first_index: int, block_hashes: Sequence[int]
+        self, pool: BlockPool, seq_id: int, first_index: int, block_hashes: IntList
     ) -> int:
         """pool.cache_block(block_id_at(seq_id, first_index + i), block_hashes[i]) for each i;
         returns how many returned True. Checked first: raises KVCacheError if the range
         passes the table's end or holds a hole, ValueError for a hash not in [0, 2**64),
         changing nothing; a cache_block error midway undoes this call's recordings."""
-    def max_num_blocks(self, seq_ids: Sequence[int]) -> int:
+    def max_num_blocks(self, seq_ids: IntList) -> int:
         """The longest table among seq_ids (0 for an empty batch)."""
-    def export_into(self, seq_ids: Sequence[int], out: Any, width: int, pad: int = -1) -> None:
+    def export_into(self, seq_ids: IntList, out: Any, width: int, pad: int = -1) -> None:
         """Writes the batch's tables row by row into ``out``, a writable C-contiguous buffer of
         int32 (e.g. a numpy array of shape (len(seq_ids), width)); rows shorter than width are
         padded with ``pad``, and holes are written as ``pad``. Raises ValueError if out is too
@@ -317,11 +343,17 @@ class RadixTree:
         """Tree references held by all nodes."""
     def evictable_block_refs(self) -> int:
         """References held by non-root nodes with lock_count 0: what evict could release."""
+    def num_evictable_blocks(self) -> int:
+        """Distinct blocks that nodes with lock_count 0 reference and no locked node does: the
+        blocks evicting every unlocked node would take all the tree's references off. A block
+        several nodes reference (straddling a split, or a chunk inserted after one that ended
+        inside it) counts once, so this is at most the number of pool blocks the tree holds
+        references on. O(1)."""
     def has_node(self, node_id: int) -> bool: ...
-    def match_prefix(self, token_ids: Sequence[int]) -> RadixMatch:
+    def match_prefix(self, token_ids: IntList) -> RadixMatch:
         """The longest prefix of token_ids stored in the tree, at token granularity (a match
         may end inside a node's edge). Pure: changes no stamp."""
-    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> InsertResult:
+    def insert(self, token_ids: IntList, block_ids: IntList) -> InsertResult:
         """Stores token_ids; the token at position p lives in block_ids[p // block_size].
 
         Nodes already on the path keep their own blocks (the caller's ids for that range are

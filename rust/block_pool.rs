@@ -10,42 +10,13 @@
 //! Every mutating method validates fully before it mutates: a call that errors changes nothing.
 
 use std::collections::HashMap;
-use std::fmt;
 
+use crate::error::{cache_err, memory_err, try_filled};
+pub use crate::error::{KvError, KvResult, MAX_BLOCKS};
 use crate::hash::FastBuild;
-
-/// Largest pool: block ids must fit an `i32` so block tables export to int32 buffers.
-pub const MAX_BLOCKS: u32 = i32::MAX as u32;
 
 /// "No block" in the LRU links.
 const NIL: u32 = u32::MAX;
-
-/// An error of the bookkeeping core; the Python wrapper maps each kind to an exception class.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvError {
-    /// A bad argument value (Python `ValueError`).
-    Value(String),
-    /// A refused bookkeeping call (`enginekit.errors.KVCacheError`).
-    Cache(String),
-    /// Not enough blocks (`enginekit.errors.OutOfBlocksError`).
-    OutOfBlocks(String),
-}
-
-impl fmt::Display for KvError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KvError::Value(m) | KvError::Cache(m) | KvError::OutOfBlocks(m) => f.write_str(m),
-        }
-    }
-}
-
-impl std::error::Error for KvError {}
-
-pub type KvResult<T> = Result<T, KvError>;
-
-pub(crate) fn cache_err<T>(msg: String) -> KvResult<T> {
-    Err(KvError::Cache(msg))
-}
 
 #[derive(Debug, Clone)]
 pub struct BlockPool {
@@ -65,25 +36,37 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
-    /// A pool of `num_blocks` free blocks handing out 0, 1, 2, ... in that order.
+    /// A pool of `num_blocks` free blocks handing out 0, 1, 2, ... in that order. Errors
+    /// (`Value`) outside [1, [`MAX_BLOCKS`]], (`Memory`) if the host cannot hold it.
     pub fn new(num_blocks: u32) -> KvResult<Self> {
         if !(1..=MAX_BLOCKS).contains(&num_blocks) {
-            return Err(KvError::Value(format!(
-                "num_blocks must be in [1, {MAX_BLOCKS}], got {num_blocks}"
-            )));
+            return Err(Self::bad_size(num_blocks));
         }
         let n = num_blocks as usize;
+        let what = format!("a pool of {num_blocks} blocks");
+        let mut free = Vec::new();
+        free.try_reserve_exact(n)
+            .map_err(|e| memory_err(&what, e))?;
+        free.extend((0..num_blocks).rev());
         Ok(BlockPool {
-            ref_count: vec![0; n],
-            hash: vec![None; n],
+            ref_count: try_filled(n, 0, &what)?,
+            hash: try_filled(n, None, &what)?,
             cached: HashMap::default(),
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
+            prev: try_filled(n, NIL, &what)?,
+            next: try_filled(n, NIL, &what)?,
             lru_head: NIL,
             lru_tail: NIL,
             num_evictable: 0,
-            free: (0..num_blocks).rev().collect(),
+            free,
         })
+    }
+
+    /// The error of a pool size outside [1, [`MAX_BLOCKS`]] (`num_blocks` as the caller wrote
+    /// it).
+    pub fn bad_size(num_blocks: impl std::fmt::Display) -> KvError {
+        KvError::Value(format!(
+            "num_blocks must be in [1, 2**26], got {num_blocks}"
+        ))
     }
 
     pub fn num_blocks(&self) -> u32 {
@@ -175,7 +158,8 @@ impl BlockPool {
             return Err(self.out_of_blocks(num_blocks));
         }
         let start = self.free.len() - num_blocks as usize;
-        out.reserve(num_blocks as usize);
+        out.try_reserve(num_blocks as usize)
+            .map_err(|e| memory_err(&format!("{num_blocks} block ids"), e))?;
         for &b in self.free[start..].iter().rev() {
             self.ref_count[b as usize] = 1;
             out.push(b);

@@ -1,6 +1,9 @@
 //! Unit tests of module `block_pool`.
 
+use std::fmt;
+
 use super::*;
+use crate::error::try_filled;
 
 fn pool(n: u32) -> BlockPool {
     BlockPool::new(n).unwrap()
@@ -49,10 +52,20 @@ fn new_and_counters() {
     assert_eq!(p.free_block_ids(), vec![0, 1, 2, 3]);
     p.check_integrity().unwrap();
     assert!(matches!(BlockPool::new(0), Err(KvError::Value(_))));
-    assert!(matches!(
-        BlockPool::new(MAX_BLOCKS + 1),
-        Err(KvError::Value(_))
-    ));
+    assert_eq!(
+        BlockPool::new(MAX_BLOCKS + 1).unwrap_err(),
+        KvError::Value("num_blocks must be in [1, 2**26], got 67108865".into())
+    );
+}
+
+#[test]
+fn a_failed_reservation_is_a_memory_error() {
+    // More bytes than an address space holds: the reservation fails without allocating.
+    match try_filled(usize::MAX, 0u64, "a test vector") {
+        Err(KvError::Memory(m)) => assert!(m.starts_with("cannot allocate a test vector: ")),
+        other => panic!("expected KvError::Memory, got {other:?}"),
+    }
+    assert_eq!(try_filled(3, 7u8, "three bytes").unwrap(), vec![7, 7, 7]);
 }
 
 #[test]

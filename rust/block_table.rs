@@ -13,17 +13,12 @@
 
 use std::collections::HashMap;
 
-use crate::block_pool::{cache_err, KvError, KvResult};
+use crate::error::{cache_err, memory_err, KvError, KvResult};
+pub use crate::error::{MAX_BLOCK_ID, MAX_TABLE_LEN};
 use crate::hash::FastBuild;
-
-/// Largest block id a table accepts (ids must fit an int32 export).
-pub const MAX_BLOCK_ID: u32 = i32::MAX as u32;
 
 /// A released entry: outside the valid ids, shown to Python as -1.
 pub const HOLE: u32 = u32::MAX;
-
-/// Most entries `append_holes` lets a table reach (logical block indices fit an int32).
-pub const MAX_TABLE_LEN: u64 = i32::MAX as u64;
 
 /// The entries that are blocks, holes skipped.
 fn held(entries: &[u32]) -> Vec<u32> {
@@ -150,8 +145,8 @@ impl BlockTables {
     }
 
     /// Appends `num_holes` holes: logical slots that hold no block (a sequence restored with
-    /// the blocks it had released still released). Errors (Value) if the table would pass
-    /// [`MAX_TABLE_LEN`] entries.
+    /// the blocks it had released still released). Errors (`Value`) if the table would pass
+    /// [`MAX_TABLE_LEN`] entries, (`Memory`) if the host cannot hold them.
     pub fn append_holes(&mut self, seq_id: u64, num_holes: u64) -> KvResult<()> {
         let t = self.table_mut(seq_id)?;
         let len = t.len();
@@ -159,7 +154,10 @@ impl BlockTables {
             return Err(Self::too_many_holes(seq_id, num_holes, len));
         }
         let n = num_holes as usize;
-        t.entries.resize(t.entries.len() + n, HOLE);
+        t.entries
+            .try_reserve(n)
+            .map_err(|e| memory_err(&format!("{num_holes} holes"), e))?;
+        t.entries.resize(len + n, HOLE);
         t.num_holes += n;
         Ok(())
     }
@@ -168,7 +166,7 @@ impl BlockTables {
     pub fn too_many_holes(seq_id: u64, num_holes: impl std::fmt::Display, len: usize) -> KvError {
         KvError::Value(format!(
             "cannot append {num_holes} holes to sequence {seq_id} of {len} blocks: a table \
-             holds at most 2**31 - 1 entries"
+             holds at most 2**26 entries"
         ))
     }
 

@@ -5,7 +5,8 @@ use std::cell::Cell;
 use std::collections::HashMap;
 
 use super::{lengths_match, BlockTables, HOLE};
-use crate::block_pool::{cache_err, BlockPool, KvError, KvResult};
+use crate::block_pool::BlockPool;
+use crate::error::{cache_err, KvError, KvResult};
 use crate::hash::FastBuild;
 
 impl BlockTables {

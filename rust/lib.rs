@@ -1,12 +1,14 @@
 //! Host-side KV-cache bookkeeping of enginekit: block pool, block tables, block hashing and a
 //! token-granular radix tree over blocks.
 //!
-//! The modules `hash`, `block_pool`, `block_table` and `radix` are pure Rust; `py` and the
+//! The modules `error` (errors and limits), `hash`, `block_pool`, `block_table` and `radix` are
+//! pure Rust; `py` and the
 //! `py_*` modules (feature `python`) wrap them for Python as `enginekit._native`, converting
 //! types and errors only.
 
 pub mod block_pool;
 pub mod block_table;
+pub mod error;
 pub mod hash;
 pub mod radix;
 

@@ -4,16 +4,20 @@
 //! Python as `KVCacheError("internal error: ...")`, never as a `PanicException`. Python ints
 //! outside the Rust integer ranges become the error the stub documents (an unknown id is a
 //! `KVCacheError`, a bad value a `ValueError`), never an `OverflowError`.
+//!
+//! Argument types, as the twins check them: a list of ids, counts, hashes or tokens is a
+//! `list` or `tuple` of ints; anything else (bytes, str, dict, set, a generator, None) is a
+//! `TypeError`, as is an `extra_key` that is not `bytes` or None and a `None` where an int is
+//! due. A failed host allocation is a `MemoryError`.
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use pyo3::exceptions::{PyOverflowError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use crate::block_pool::KvError;
-use crate::block_table::MAX_BLOCK_ID;
+use crate::error::{KvError, MAX_BLOCKS, MAX_BLOCK_ID, MAX_TABLE_LEN};
 use crate::hash::{self, ROOT_HASH};
 use crate::py_pool::PyBlockPool;
 use crate::py_radix;
@@ -27,6 +31,7 @@ pub(crate) fn to_py(e: KvError) -> PyErr {
         KvError::Value(m) => PyValueError::new_err(m),
         KvError::Cache(m) => KVCacheError::new_err(m),
         KvError::OutOfBlocks(m) => OutOfBlocksError::new_err(m),
+        KvError::Memory(m) => PyMemoryError::new_err(m),
     }
 }
 
@@ -86,9 +91,20 @@ pub(crate) fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     }
 }
 
-/// Calls `f` on every item of a list, tuple or other iterable.
+/// The TypeError of an argument `what` of the wrong type (the twins' message).
+pub(crate) fn type_err(what: &str, expected: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+    let got = obj
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".to_string(), |n| n.to_string());
+    PyTypeError::new_err(format!("{what} must be {expected}, got {got}"))
+}
+
+/// Calls `f` on every item of the list or tuple `obj` (argument `what`); any other type is a
+/// TypeError, so bytes, str, dicts, sets and generators are refused rather than iterated.
 pub(crate) fn for_each_item(
     obj: &Bound<'_, PyAny>,
+    what: &str,
     mut f: impl FnMut(&Bound<'_, PyAny>) -> PyResult<()>,
 ) -> PyResult<()> {
     if let Ok(list) = obj.downcast::<PyList>() {
@@ -100,17 +116,16 @@ pub(crate) fn for_each_item(
             f(&x)?;
         }
     } else {
-        for x in obj.try_iter()? {
-            f(&x?)?;
-        }
+        return Err(type_err(what, "a list or tuple of ints", obj));
     }
     Ok(())
 }
 
-/// Fills `out` (cleared first) with the ints of `obj`, each at most `max`; `bad` builds the
-/// error for an int outside [0, max].
+/// Fills `out` (cleared first) with the ints of the list or tuple `obj` (argument `what`),
+/// each at most `max`; `bad` builds the error for an int outside [0, max].
 pub(crate) fn collect_ints<T>(
     obj: &Bound<'_, PyAny>,
+    what: &str,
     out: &mut Vec<T>,
     max: u64,
     bad: impl Fn(&Bound<'_, PyAny>) -> PyErr,
@@ -120,7 +135,7 @@ where
     <T as TryFrom<u64>>::Error: std::fmt::Debug,
 {
     out.clear();
-    for_each_item(obj, |x| match as_u64(x)? {
+    for_each_item(obj, what, |x| match as_u64(x)? {
         Some(v) if v <= max => {
             out.push(T::try_from(v).expect("max fits the target type"));
             Ok(())
@@ -130,14 +145,20 @@ where
 }
 
 pub(crate) fn seq_ids_into(obj: &Bound<'_, PyAny>, out: &mut Vec<u64>) -> PyResult<()> {
-    collect_ints(obj, out, u64::MAX, |x| {
+    collect_ints(obj, "seq_ids", out, u64::MAX, |x| {
         cache_err(format!("unknown sequence {x}"))
     })
 }
 
 pub(crate) fn table_block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     let mut v = Vec::new();
-    collect_ints(obj, &mut v, u64::from(MAX_BLOCK_ID), bad_table_block)?;
+    collect_ints(
+        obj,
+        "block_ids",
+        &mut v,
+        u64::from(MAX_BLOCK_ID),
+        bad_table_block,
+    )?;
     Ok(v)
 }
 
@@ -155,23 +176,48 @@ pub(crate) fn new_seq_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     as_u64(obj)?.ok_or_else(|| value_err(format!("sequence id {obj} is not in [0, 2**64)")))
 }
 
+/// A list or tuple of block hashes, each in [0, 2**64) (else ValueError).
+pub(crate) fn block_hashes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let mut v = Vec::new();
+    collect_ints(obj, "block_hashes", &mut v, u64::MAX, |x| {
+        value_err(format!("block_hash {x} is not in [0, 2**64)"))
+    })?;
+    Ok(v)
+}
+
 pub(crate) fn hash_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     as_u64(obj)?.ok_or_else(|| value_err(format!("{what} {obj} is not in [0, 2**64)")))
 }
 
-fn extra_key_arg(extra_key: Option<&[u8]>) -> PyResult<Option<&[u8]>> {
-    match extra_key {
-        Some(k) if u32::try_from(k.len()).is_err() => Err(value_err(format!(
+/// An extra key: `bytes` (a subclass included) or None; any other type is a TypeError.
+fn extra_key_arg<'a>(extra_key: &'a Option<Bound<'_, PyAny>>) -> PyResult<Option<&'a [u8]>> {
+    let Some(obj) = extra_key else {
+        return Ok(None);
+    };
+    let Ok(bytes) = obj.downcast::<PyBytes>() else {
+        return Err(type_err("extra_key", "bytes or None", obj));
+    };
+    let k = bytes.as_bytes();
+    if u32::try_from(k.len()).is_err() {
+        return Err(value_err(format!(
             "extra_key is {} bytes, more than 2**32 - 1",
             k.len()
-        ))),
-        k => Ok(k),
+        )));
     }
+    Ok(Some(k))
+}
+
+/// A Python int, for a default argument value (so that an explicit None is refused).
+pub(crate) fn int_default(v: i64) -> Py<PyAny> {
+    Python::with_gil(|py| {
+        v.into_pyobject(py)
+            .map_or_else(|e| match e {}, |o| o.into_any().unbind())
+    })
 }
 
 pub(crate) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     let mut v = Vec::new();
-    collect_ints(obj, &mut v, u64::from(u32::MAX), |x| {
+    collect_ints(obj, "token_ids", &mut v, u64::from(u32::MAX), |x| {
         value_err(format!("token id {x} is not in [0, 2**32)"))
     })?;
     Ok(v)
@@ -183,24 +229,28 @@ pub(crate) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 fn hash_block(
     parent_hash: &Bound<'_, PyAny>,
     token_ids: &Bound<'_, PyAny>,
-    extra_key: Option<&[u8]>,
+    extra_key: Option<Bound<'_, PyAny>>,
 ) -> PyResult<u64> {
     guard(|| {
         let parent = hash_arg(parent_hash, "parent_hash")?;
         let tokens = token_ids_arg(token_ids)?;
-        let extra = extra_key_arg(extra_key)?;
+        let extra = extra_key_arg(&extra_key)?;
         Ok(hash::hash_block(parent, &tokens, extra))
     })
 }
 
 /// Chained hashes of every full block of token_ids; a trailing partial block is ignored.
 #[pyfunction]
-#[pyo3(signature = (token_ids, block_size, extra_key = None, parent_hash = None))]
+#[pyo3(
+    signature = (token_ids, block_size, extra_key = None, parent_hash = root_hash_default()),
+    text_signature = "(token_ids, block_size, extra_key=None, parent_hash=ROOT_HASH)"
+)]
 fn hash_blocks(
+    py: Python<'_>,
     token_ids: &Bound<'_, PyAny>,
     block_size: &Bound<'_, PyAny>,
-    extra_key: Option<&[u8]>,
-    parent_hash: Option<&Bound<'_, PyAny>>,
+    extra_key: Option<Bound<'_, PyAny>>,
+    parent_hash: Py<PyAny>,
 ) -> PyResult<Vec<u64>> {
     guard(|| {
         let tokens = token_ids_arg(token_ids)?;
@@ -211,13 +261,23 @@ fn hash_blocks(
             None => Some(u64::MAX),
         }
         .ok_or_else(|| value_err(format!("block_size must be >= 1, got {block_size}")))?;
-        let extra = extra_key_arg(extra_key)?;
-        let parent = match parent_hash {
-            Some(p) => hash_arg(p, "parent_hash")?,
-            None => ROOT_HASH,
-        };
+        let extra = extra_key_arg(&extra_key)?;
+        let parent = hash_arg(parent_hash.bind(py), "parent_hash")?;
         let bs = usize::try_from(bs).unwrap_or(usize::MAX);
         Ok(hash::hash_blocks(&tokens, bs, extra, parent))
+    })
+}
+
+/// An empty tuple, for a default argument value.
+pub(crate) fn empty_tuple() -> Py<PyAny> {
+    Python::with_gil(|py| PyTuple::empty(py).into_any().unbind())
+}
+
+fn root_hash_default() -> Py<PyAny> {
+    Python::with_gil(|py| {
+        ROOT_HASH
+            .into_pyobject(py)
+            .map_or_else(|e| match e {}, |o| o.into_any().unbind())
     })
 }
 
@@ -230,6 +290,8 @@ fn _panic_for_test() -> PyResult<()> {
 /// Fills the `enginekit._native` module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ROOT_HASH", ROOT_HASH)?;
+    m.add("MAX_BLOCKS", MAX_BLOCKS)?;
+    m.add("MAX_TABLE_LEN", MAX_TABLE_LEN)?;
     m.add_function(wrap_pyfunction!(hash_block, m)?)?;
     m.add_function(wrap_pyfunction!(hash_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;

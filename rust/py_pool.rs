@@ -5,7 +5,7 @@ use pyo3::types::PyDict;
 
 use crate::block_pool::{BlockPool, MAX_BLOCKS};
 use crate::py::{
-    as_u64, cache_err, collect_ints, count, for_each_item, guard, hash_arg, to_py, value_err,
+    as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, hash_arg, to_py,
     OutOfBlocksError,
 };
 
@@ -52,11 +52,7 @@ impl PyBlockPool {
         guard(|| {
             let n = match as_u64(num_blocks)? {
                 Some(v) if v <= u64::from(MAX_BLOCKS) => v as u32,
-                _ => {
-                    return Err(value_err(format!(
-                        "num_blocks must be in [1, {MAX_BLOCKS}], got {num_blocks}"
-                    )))
-                }
+                _ => return Err(to_py(BlockPool::bad_size(num_blocks))),
             };
             Ok(PyBlockPool {
                 inner: BlockPool::new(n).map_err(to_py)?,
@@ -121,8 +117,10 @@ impl PyBlockPool {
         guard(|| {
             let mut ids = std::mem::take(&mut self.ids);
             let max = u64::from(self.inner.num_blocks()) - 1;
-            let r = collect_ints(block_ids, &mut ids, max, |x| self.unknown_block(x))
-                .and_then(|()| self.inner.free(&ids).map_err(to_py));
+            let r = collect_ints(block_ids, "block_ids", &mut ids, max, |x| {
+                self.unknown_block(x)
+            })
+            .and_then(|()| self.inner.free(&ids).map_err(to_py));
             self.ids = ids;
             r
         })
@@ -148,23 +146,13 @@ impl PyBlockPool {
     }
 
     fn lookup(&self, block_hash: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
-        guard(|| Ok(as_u64(block_hash)?.and_then(|h| self.inner.lookup(h))))
+        guard(|| Ok(self.inner.lookup(hash_arg(block_hash, "block_hash")?)))
     }
 
     fn lookup_prefix(&self, block_hashes: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         guard(|| {
-            let mut out = Vec::new();
-            let mut hit = true;
-            for_each_item(block_hashes, |x| {
-                if hit {
-                    match as_u64(x)?.and_then(|h| self.inner.lookup(h)) {
-                        Some(b) => out.push(b),
-                        None => hit = false,
-                    }
-                }
-                Ok(())
-            })?;
-            Ok(out)
+            let hashes = block_hashes_arg(block_hashes)?;
+            Ok(self.inner.lookup_prefix(&hashes))
         })
     }
 

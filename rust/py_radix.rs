@@ -87,6 +87,10 @@ impl PyRadixTree {
         guard(|| Ok(self.inner.evictable_block_refs()))
     }
 
+    fn num_evictable_blocks(&self) -> PyResult<u64> {
+        guard(|| Ok(self.inner.num_evictable_blocks()))
+    }
+
     fn has_node(&self, node_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         guard(|| Ok(as_u64(node_id)?.is_some_and(|n| self.inner.has_node(n))))
     }

@@ -5,8 +5,9 @@ use pyo3::prelude::*;
 
 use crate::block_table::{BlockTables, HOLE, MAX_BLOCK_ID};
 use crate::py::{
-    as_i32, as_u64, bad_table_block, cache_err, collect_ints, count, for_each_item, guard,
-    new_seq_arg, seq_arg, seq_ids_into, table_block_ids, to_py, value_err,
+    as_i32, as_u64, bad_table_block, block_hashes_arg, cache_err, count, empty_tuple,
+    for_each_item, guard, int_default, new_seq_arg, seq_arg, seq_ids_into, table_block_ids, to_py,
+    value_err,
 };
 use crate::py_pool::PyBlockPool;
 
@@ -56,7 +57,7 @@ impl PyBlockTables {
         seq_ids_into(seq_ids, &mut self.seqs)?;
         self.toks.clear();
         let toks = &mut self.toks;
-        for_each_item(num_tokens, |x| {
+        for_each_item(num_tokens, "num_tokens", |x| {
             toks.push(count(x, "num_tokens")?);
             Ok(())
         })
@@ -95,18 +96,19 @@ impl PyBlockTables {
         guard(|| Ok(as_u64(seq_id)?.is_some_and(|s| self.inner.has_sequence(s))))
     }
 
-    #[pyo3(signature = (seq_id, block_ids = None))]
+    #[pyo3(
+        signature = (seq_id, block_ids = empty_tuple()),
+        text_signature = "($self, seq_id, block_ids=())"
+    )]
     fn add_sequence(
         &mut self,
+        py: Python<'_>,
         seq_id: &Bound<'_, PyAny>,
-        block_ids: Option<&Bound<'_, PyAny>>,
+        block_ids: Py<PyAny>,
     ) -> PyResult<()> {
         guard(|| {
             let s = new_seq_arg(seq_id)?;
-            let ids = match block_ids {
-                Some(b) => table_block_ids(b)?,
-                None => Vec::new(),
-            };
+            let ids = table_block_ids(block_ids.bind(py))?;
             self.inner.add_sequence(s, &ids).map_err(to_py)
         })
     }
@@ -275,10 +277,7 @@ impl PyBlockTables {
         guard(|| {
             let s = seq_arg(seq_id)?;
             let first = self.index_arg(s, first_index)?;
-            let mut hashes = Vec::new();
-            collect_ints(block_hashes, &mut hashes, u64::MAX, |x| {
-                value_err(format!("block_hash {x} is not in [0, 2**64)"))
-            })?;
+            let hashes = block_hashes_arg(block_hashes)?;
             self.inner
                 .cache_blocks(&mut pool.inner, s, first, &hashes)
                 .map_err(to_py)
@@ -293,7 +292,7 @@ impl PyBlockTables {
     }
 
     #[pyo3(
-        signature = (seq_ids, out, width, pad = None),
+        signature = (seq_ids, out, width, pad = int_default(-1)),
         text_signature = "($self, seq_ids, out, width, pad=-1)"
     )]
     fn export_into(
@@ -302,7 +301,7 @@ impl PyBlockTables {
         seq_ids: &Bound<'_, PyAny>,
         out: &Bound<'_, PyAny>,
         width: &Bound<'_, PyAny>,
-        pad: Option<&Bound<'_, PyAny>>,
+        pad: Py<PyAny>,
     ) -> PyResult<()> {
         guard(|| {
             seq_ids_into(seq_ids, &mut self.seqs)?;
@@ -314,12 +313,9 @@ impl PyBlockTables {
                     )))
                 }
             };
-            let pad = match pad {
-                None => -1,
-                Some(p) => match as_i32(p)? {
-                    Some(v) => v,
-                    None => return Err(value_err(format!("pad {p} is not in [-2**31, 2**31)"))),
-                },
+            let pad = match as_i32(pad.bind(py))? {
+                Some(v) => v,
+                None => return Err(value_err(format!("pad {pad} is not in [-2**31, 2**31)"))),
             };
             let buf = PyBuffer::<i32>::get(out).map_err(|e| {
                 value_err(format!(

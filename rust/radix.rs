@@ -8,15 +8,17 @@
 //! `insert` returns the references it created, `evict` the ones it released.
 //!
 //! Locks: `lock_count` of a node counts the locks taken on it or on any descendant; a node with
-//! `lock_count > 0` is never evicted. Recency: a logical clock ticks once per `insert`, `lock`
+//! `lock_count > 0` is never evicted. Since one block may be referenced by several nodes (a
+//! block straddling a split, or a chunk inserted after the one before it ended mid-block), the
+//! tree also counts the references to each distinct block, from all nodes and from locked ones,
+//! so that it can tell how many distinct blocks only unlocked nodes reference. Recency: a logical clock ticks once per `insert`, `lock`
 //! and `unlock`, which stamp every node from the root to the node concerned, so a parent's stamp
 //! is never older than its children's. `evict` removes unlocked leaves, least recent stamp
 //! first (ties: lower id). A call that errors changes nothing.
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::block_pool::{cache_err, KvError, KvResult};
-use crate::block_table::MAX_BLOCK_ID;
+use crate::error::{cache_err, KvError, KvResult, MAX_BLOCK_ID};
 use crate::hash::FastBuild;
 
 /// Id of the root node.
@@ -78,6 +80,72 @@ pub struct RadixNode {
     pub stamp: u64,
 }
 
+/// References to one block: from every node, and from nodes with `lock_count > 0`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct BlockRefs {
+    refs: u64,
+    locked: u64,
+}
+
+/// Per distinct block, its [`BlockRefs`]; and how many of those blocks no locked node
+/// references. Invariant: a block is in the map iff some node references it.
+#[derive(Debug, Clone, Default)]
+struct BlockCounts {
+    map: HashMap<u32, BlockRefs, FastBuild>,
+    num_unlocked_only: u64,
+}
+
+impl BlockCounts {
+    /// Changes the counts of block `b`, keeping `num_unlocked_only` in step.
+    fn update(&mut self, b: u32, f: impl FnOnce(&mut BlockRefs)) {
+        let e = self.map.entry(b).or_default();
+        let was = e.refs > 0 && e.locked == 0;
+        f(e);
+        let is = e.refs > 0 && e.locked == 0;
+        if e.refs == 0 {
+            self.map.remove(&b);
+        }
+        match (was, is) {
+            (false, true) => self.num_unlocked_only += 1,
+            (true, false) => self.num_unlocked_only -= 1,
+            _ => {}
+        }
+    }
+
+    /// A node whose lock status is `locked` gains a reference to each of `blocks`.
+    fn add(&mut self, blocks: &[u32], locked: bool) {
+        for &b in blocks {
+            self.update(b, |e| {
+                e.refs += 1;
+                e.locked += u64::from(locked);
+            });
+        }
+    }
+
+    /// A node whose lock status is `locked` drops its references to `blocks`.
+    fn remove(&mut self, blocks: &[u32], locked: bool) {
+        for &b in blocks {
+            self.update(b, |e| {
+                e.refs -= 1;
+                e.locked -= u64::from(locked);
+            });
+        }
+    }
+
+    /// A node holding `blocks` became locked (`true`) or unlocked (`false`).
+    fn set_locked(&mut self, blocks: &[u32], locked: bool) {
+        for &b in blocks {
+            self.update(b, |e| {
+                if locked {
+                    e.locked += 1;
+                } else {
+                    e.locked -= 1;
+                }
+            });
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RadixTree {
     block_size: u64,
@@ -91,6 +159,8 @@ pub struct RadixTree {
     num_block_refs: u64,
     /// References held by non-root nodes with lock_count 0 (what `evict` could release).
     num_evictable_refs: u64,
+    /// References per distinct block.
+    block_counts: BlockCounts,
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -125,6 +195,7 @@ impl RadixTree {
             num_tokens: 0,
             num_block_refs: 0,
             num_evictable_refs: 0,
+            block_counts: BlockCounts::default(),
         })
     }
 
@@ -150,6 +221,13 @@ impl RadixTree {
     /// References `evict` could release: those of non-root nodes with lock_count 0.
     pub fn evictable_block_refs(&self) -> u64 {
         self.num_evictable_refs
+    }
+
+    /// Distinct blocks that nodes with lock_count 0 reference and no other node does: those
+    /// evicting every unlocked node would take all the tree's references off. A block straddling
+    /// two nodes counts once.
+    pub fn num_evictable_blocks(&self) -> u64 {
+        self.block_counts.num_unlocked_only
     }
 
     pub fn has_node(&self, node_id: u64) -> bool {
@@ -322,6 +400,7 @@ impl RadixTree {
         let count = self.span(start, start + tokens.len() as u64);
         let blocks = block_ids[first..first + count].to_vec();
         refs.extend_from_slice(&blocks);
+        self.block_counts.add(&blocks, false);
         let id = self.take_id();
         self.unlist(parent);
         self.node_mut(parent).children.insert(tokens[0], id);
@@ -372,6 +451,8 @@ impl RadixTree {
         let lower_first = n.tokens[0];
         if straddles {
             refs.push(upper_blocks[upper_count - 1]);
+            self.block_counts
+                .add(&upper_blocks[upper_count - 1..], lock_count > 0);
             self.num_block_refs += 1;
             if lock_count == 0 {
                 self.num_evictable_refs += 1;
@@ -411,12 +492,14 @@ impl RadixTree {
         let path = self.path_to_root(node_id);
         for &id in &path {
             self.unlist(id);
-            let n = self.node_mut(id);
+            let n = self
+                .nodes
+                .get_mut(&id)
+                .expect("node id from the tree itself");
             n.lock_count += 1;
-            let newly_locked = n.lock_count == 1 && id != ROOT;
-            let held = n.blocks.len() as u64;
-            if newly_locked {
-                self.num_evictable_refs -= held;
+            if n.lock_count == 1 && id != ROOT {
+                self.num_evictable_refs -= n.blocks.len() as u64;
+                self.block_counts.set_locked(&n.blocks, true);
             }
             self.relist(id);
         }
@@ -435,12 +518,14 @@ impl RadixTree {
         let path = self.path_to_root(node_id);
         for &id in &path {
             self.unlist(id);
-            let n = self.node_mut(id);
+            let n = self
+                .nodes
+                .get_mut(&id)
+                .expect("node id from the tree itself");
             n.lock_count -= 1;
-            let newly_unlocked = n.lock_count == 0 && id != ROOT;
-            let held = n.blocks.len() as u64;
-            if newly_unlocked {
-                self.num_evictable_refs += held;
+            if n.lock_count == 0 && id != ROOT {
+                self.num_evictable_refs += n.blocks.len() as u64;
+                self.block_counts.set_locked(&n.blocks, false);
             }
             self.relist(id);
         }
@@ -464,6 +549,7 @@ impl RadixTree {
             self.num_tokens -= node.tokens.len() as u64;
             self.num_block_refs -= node.blocks.len() as u64;
             self.num_evictable_refs -= node.blocks.len() as u64;
+            self.block_counts.remove(&node.blocks, false);
             released.extend_from_slice(&node.blocks);
         }
         released

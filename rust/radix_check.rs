@@ -1,10 +1,9 @@
 //! `RadixTree::check_integrity`: every invariant re-derived from the nodes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
-use super::{RadixTree, ROOT};
-use crate::block_pool::{cache_err, KvResult};
-use crate::block_table::MAX_BLOCK_ID;
+use super::{BlockRefs, RadixTree, ROOT};
+use crate::error::{cache_err, KvResult, MAX_BLOCK_ID};
 
 impl RadixTree {
     /// Checks every invariant; the error names the first broken one.
@@ -21,6 +20,7 @@ impl RadixTree {
         let mut stack = vec![ROOT];
         let (mut tokens, mut refs, mut evictable_refs) = (0u64, 0u64, 0u64);
         let mut candidates = BTreeSet::new();
+        let mut block_refs: HashMap<u32, BlockRefs> = HashMap::new();
         while let Some(id) = stack.pop() {
             seen += 1;
             if seen > self.nodes.len() {
@@ -51,6 +51,11 @@ impl RadixTree {
                 }
                 tokens += n.tokens.len() as u64;
                 refs += n.blocks.len() as u64;
+                for &b in &n.blocks {
+                    let e = block_refs.entry(b).or_default();
+                    e.refs += 1;
+                    e.locked += u64::from(n.lock_count > 0);
+                }
                 if n.lock_count == 0 {
                     evictable_refs += n.blocks.len() as u64;
                     if n.children.is_empty() {
@@ -113,6 +118,22 @@ impl RadixTree {
             return fail(format!(
                 "evictable_block_refs is {} but unlocked nodes hold {evictable_refs}",
                 self.num_evictable_refs
+            ));
+        }
+        let counted: HashMap<u32, BlockRefs> = self
+            .block_counts
+            .map
+            .iter()
+            .map(|(&b, &e)| (b, e))
+            .collect();
+        if counted != block_refs {
+            return fail("the per-block reference counts disagree with the nodes".into());
+        }
+        let unlocked_only = block_refs.values().filter(|e| e.locked == 0).count() as u64;
+        if unlocked_only != self.block_counts.num_unlocked_only {
+            return fail(format!(
+                "num_evictable_blocks is {} but {unlocked_only} blocks only unlocked nodes hold",
+                self.block_counts.num_unlocked_only
             ));
         }
         if candidates != self.evictable {

@@ -345,6 +345,12 @@ fn integrity_detects_corruption() {
     t.num_block_refs += 1;
     assert!(cache_msg(t.check_integrity()).contains("num_block_refs"));
     let mut t = fresh();
+    t.block_counts.num_unlocked_only += 1;
+    assert!(cache_msg(t.check_integrity()).contains("num_evictable_blocks"));
+    let mut t = fresh();
+    t.block_counts.map.get_mut(&7).unwrap().refs += 1;
+    assert!(cache_msg(t.check_integrity()).contains("per-block reference counts"));
+    let mut t = fresh();
     t.node_mut(0).children.clear();
     assert!(cache_msg(t.check_integrity()).contains("not reachable"));
     let mut t = fresh();
@@ -370,4 +376,38 @@ fn integrity_detects_corruption() {
     let mut t = fresh();
     t.nodes.remove(&ROOT);
     assert!(cache_msg(t.check_integrity()).contains("no root"));
+}
+
+#[test]
+fn evictable_blocks_count_a_shared_block_once() {
+    let mut t = tree(4);
+    // A prompt of 7 tokens in blocks 10, 11; then the same sequence one token longer: the new
+    // leaf starts inside block 11, which both nodes reference.
+    let a: Vec<u32> = (1..=8).collect();
+    let r = t.insert(&a[..7], &[10, 11]).unwrap();
+    t.lock(r.node_id).unwrap();
+    assert_eq!(t.num_evictable_blocks(), 0);
+    let r2 = t.insert(&a, &[10, 11]).unwrap();
+    assert_eq!(r2.new_block_refs, vec![11]);
+    assert_eq!(t.num_evictable_blocks(), 0); // block 11 is still referenced by a locked node
+    t.unlock(r.node_id).unwrap();
+    assert_eq!((t.evictable_block_refs(), t.num_evictable_blocks()), (3, 2));
+    // A sequence leaving the first node's edge inside block 11 splits it there: 11 gains a
+    // third reference, its own copy 12 the new leaf's.
+    let b = [1, 2, 3, 4, 5, 9, 9, 9];
+    let r3 = t.insert(&b, &[10, 12]).unwrap();
+    assert_eq!(r3.new_block_refs, vec![11, 12]);
+    assert_eq!((t.evictable_block_refs(), t.num_evictable_blocks()), (5, 3));
+    t.lock(r3.node_id).unwrap();
+    // The locked path (the upper part, blocks 10 and 11, and the leaf's 12) leaves only the
+    // unlocked lower nodes, whose blocks the locked upper node also references.
+    assert_eq!((t.evictable_block_refs(), t.num_evictable_blocks()), (2, 0));
+    t.check_integrity().unwrap();
+    t.unlock(r3.node_id).unwrap();
+    assert_eq!(t.num_evictable_blocks(), 3);
+    let mut released = t.evict(u64::MAX);
+    released.sort_unstable();
+    assert_eq!(released, vec![10, 11, 11, 11, 12]);
+    assert_eq!(t.num_evictable_blocks(), 0);
+    t.check_integrity().unwrap();
 }

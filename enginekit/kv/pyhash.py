@@ -20,12 +20,15 @@ import operator
 import struct
 from collections.abc import Sequence
 
+from enginekit.kv.pyref_args import extra_key_arg, int_list
+
 __all__ = ["ROOT_HASH", "hash_block", "hash_blocks", "xxh64"]
 
 ROOT_HASH = 0x656E67696E656B69
 """Parent hash of a sequence's first block (ASCII ``"engineki"`` read big-endian)."""
 
 _MASK64 = (1 << 64) - 1
+_MASK32 = (1 << 32) - 1
 _MAX_TOKEN = 1 << 32
 
 _P1 = 0x9E3779B185EBCA87
@@ -107,24 +110,30 @@ def _check_parent(parent_hash: int) -> int:
 
 
 def _token_bytes(token_ids: Sequence[int]) -> bytes:
-    tokens = [operator.index(t) for t in token_ids]
-    for i, t in enumerate(tokens):
+    def check(t: int) -> int:
         if not 0 <= t < _MAX_TOKEN:
-            raise ValueError(f"token id {t} at position {i} is not in [0, 2**32)")
+            raise ValueError(f"token id {t} is not in [0, 2**32)")
+        return t
+
+    tokens = int_list(token_ids, "token_ids", check)
     return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
 def _extra_prefix(extra_key: bytes | None) -> bytes:
-    if extra_key is None:
+    extra = extra_key_arg(extra_key)
+    if extra is None:
         return b"\x00"
-    extra = bytes(extra_key)
+    if len(extra) > _MASK32:
+        raise ValueError(f"extra_key is {len(extra)} bytes, more than 2**32 - 1")
     return b"\x01" + struct.pack("<I", len(extra)) + extra
 
 
 def hash_block(parent_hash: int, token_ids: Sequence[int], extra_key: bytes | None = None) -> int:
     """Chained 64-bit hash of one block: XXH64 of (parent, extra key, tokens) as described above.
 
-    Raises ValueError if parent_hash is not in [0, 2**64) or a token id is not in [0, 2**32).
+    Raises ValueError if parent_hash is not in [0, 2**64) or a token id is not in [0, 2**32);
+    TypeError if token_ids is not a list or tuple of ints or extra_key not bytes or None.
+    Checked in that order.
     """
     parent = _check_parent(parent_hash)
     body = _token_bytes(token_ids)
@@ -140,15 +149,16 @@ def hash_blocks(
     """Chained hashes of every full block of ``token_ids``; a trailing partial block is ignored.
 
     Block i's parent is block i-1's hash (``parent_hash`` for block 0); every block carries the
-    same ``extra_key``. Raises ValueError as hash_block (every token is checked, including those
-    of an ignored trailing partial block), or if block_size < 1.
+    same ``extra_key``. Raises as hash_block (every token is checked, including those of an
+    ignored trailing partial block), and ValueError if block_size < 1; checked in the order
+    token_ids, block_size, extra_key, parent_hash.
     """
+    body = _token_bytes(token_ids)
     block_size = operator.index(block_size)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    parent = _check_parent(parent_hash)
-    body = _token_bytes(token_ids)
     prefix = _extra_prefix(extra_key)
+    parent = _check_parent(parent_hash)
     stride = 4 * block_size
     hashes = []
     for start in range(0, len(body) - stride + 1, stride):

@@ -9,6 +9,11 @@ Conventions shared by all classes:
 
 - Every id is a plain int. An id outside the structure (negative, or >= num_blocks) is
   "unknown" and raises KVCacheError, never IndexError.
+- A list argument is a list or tuple of ints; any other type (bytes, str, dict, set, a
+  generator, None) raises TypeError (``pyref_args``), as the Rust bindings do. An extra key
+  is bytes or None.
+- Sizes past the limits of rust/error.rs (``MAX_BLOCKS``, ``MAX_TABLE_LEN``: 2**26 each) raise
+  ValueError before anything is allocated; a failed allocation is a MemoryError.
 - A call that raises changes nothing: every method validates its whole input before mutating.
 - ``check_integrity()`` re-derives every invariant from scratch and raises KVCacheError naming
   the first one that is broken.
@@ -16,11 +21,13 @@ Conventions shared by all classes:
 
 from __future__ import annotations
 
-from enginekit.kv.pyref_pool import PyBlockPool
+from enginekit.kv.pyref_pool import MAX_BLOCKS, PyBlockPool
 from enginekit.kv.pyref_radix import InsertResult, PyRadixTree, RadixMatch, RadixNode
-from enginekit.kv.pyref_tables import PyBlockTables
+from enginekit.kv.pyref_tables import MAX_TABLE_LEN, PyBlockTables
 
 __all__ = [
+    "MAX_BLOCKS",
+    "MAX_TABLE_LEN",
     "InsertResult",
     "PyBlockPool",
     "PyBlockTables",

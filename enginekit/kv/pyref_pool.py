@@ -11,12 +11,18 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
+from enginekit.kv.pyref_args import int_list
 
-__all__ = ["PyBlockPool"]
+__all__ = ["MAX_BLOCKS", "PyBlockPool"]
 
 _MAX_HASH = (1 << 64) - 1
 _INT32_MIN = -(1 << 31)
 _INT32_MAX = (1 << 31) - 1
+
+MAX_BLOCKS = 1 << 26
+"""Largest pool (rust/error.rs): 32 bytes of bookkeeping a block in the Rust core, 2 GiB at
+the limit; a 141 GB GPU split into this many blocks would give each about 2.1 KB. Larger
+sizes are refused up front."""
 
 
 def _check_hash(block_hash: int) -> int:
@@ -50,10 +56,11 @@ class PyBlockPool:
     """
 
     def __init__(self, num_blocks: int) -> None:
-        """Raises ValueError if num_blocks < 1 (or > 2**31 - 1: block ids are int32)."""
+        """Raises ValueError if num_blocks is not in [1, MAX_BLOCKS = 2**26], MemoryError if
+        the host cannot hold the pool."""
         num_blocks = operator.index(num_blocks)
-        if not 1 <= num_blocks <= _INT32_MAX:
-            raise ValueError(f"num_blocks must be in [1, 2**31 - 1], got {num_blocks}")
+        if not 1 <= num_blocks <= MAX_BLOCKS:
+            raise ValueError(f"num_blocks must be in [1, 2**26], got {num_blocks}")
         self._num_blocks = num_blocks
         self._ref_counts = [0] * num_blocks
         self._hashes: list[int | None] = [None] * num_blocks
@@ -190,7 +197,7 @@ class PyBlockPool:
     def free(self, block_ids: Sequence[int]) -> None:
         """decref of every id, in order. Checked as a whole first (duplicates counted), so on
         error (double free, unknown id) nothing changes."""
-        ids = [self._known(b) for b in block_ids]
+        ids = int_list(block_ids, "block_ids", self._known)
         for block_id, times in Counter(ids).items():
             if times > self._ref_counts[block_id]:
                 raise KVCacheError(
@@ -274,15 +281,17 @@ class PyBlockPool:
         return True
 
     def lookup(self, block_hash: int) -> int | None:
-        """The block cached under block_hash, or None (also for a value that is not a valid
-        hash). Changes nothing."""
-        return self._hash_to_block.get(operator.index(block_hash))
+        """The block cached under block_hash, or None. Changes nothing. Raises ValueError if
+        block_hash is not in [0, 2**64)."""
+        return self._hash_to_block.get(_check_hash(block_hash))
 
     def lookup_prefix(self, block_hashes: Sequence[int]) -> list[int]:
-        """Block ids of the longest run of leading hashes that are all cached. Changes nothing."""
+        """Block ids of the longest run of leading hashes that are all cached. Changes nothing.
+        Every hash is checked first: ValueError if one is not in [0, 2**64)."""
+        hashes = int_list(block_hashes, "block_hashes", _check_hash)
         block_ids = []
-        for block_hash in block_hashes:
-            block_id = self.lookup(block_hash)
+        for block_hash in hashes:
+            block_id = self._hash_to_block.get(block_hash)
             if block_id is None:
                 break
             block_ids.append(block_id)

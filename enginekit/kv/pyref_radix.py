@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from enginekit.errors import KVCacheError
+from enginekit.kv.pyref_args import int_list
 
 __all__ = ["InsertResult", "PyRadixTree", "RadixMatch", "RadixNode"]
 
@@ -125,6 +126,17 @@ class PyRadixTree:
         """References evict could release: those of non-root nodes with lock_count 0."""
         return sum(len(n.blocks) for i, n in self._nodes.items() if i != ROOT and n.lock_count == 0)
 
+    def num_evictable_blocks(self) -> int:
+        """Distinct blocks that nodes with lock_count 0 reference and no other node does:
+        those evicting every unlocked node would take all the tree's references off. A block
+        straddling two nodes counts once."""
+        unlocked: set[int] = set()
+        locked: set[int] = set()
+        for node_id, node in self._nodes.items():
+            if node_id != ROOT:
+                (locked if node.lock_count else unlocked).update(node.blocks)
+        return len(unlocked - locked)
+
     def has_node(self, node_id: int) -> bool:
         return operator.index(node_id) in self._nodes
 
@@ -192,10 +204,7 @@ class PyRadixTree:
         fewer than ceil(len(token_ids) / block_size) block ids (extra ones are ignored).
         """
         tokens = _tokens(token_ids)
-        blocks = [operator.index(b) for b in block_ids]
-        for b in blocks:
-            if not 0 <= b <= _MAX_BLOCK_ID:
-                raise ValueError(f"block id {b} is not in [0, 2**31)")
+        blocks = int_list(block_ids, "block_ids", _check_block_id)
         need = -(-len(tokens) // self._block_size)
         if len(blocks) < need:
             raise ValueError(
@@ -381,9 +390,17 @@ class PyRadixTree:
             raise broken(f"{len(self._nodes) - len(seen)} nodes are not reachable")
 
 
+def _check_token(t: int) -> int:
+    if not 0 <= t <= _MAX_TOKEN:
+        raise ValueError(f"token id {t} is not in [0, 2**32)")
+    return t
+
+
+def _check_block_id(b: int) -> int:
+    if not 0 <= b <= _MAX_BLOCK_ID:
+        raise ValueError(f"block id {b} is not in [0, 2**31)")
+    return b
+
+
 def _tokens(token_ids: Sequence[int]) -> list[int]:
-    tokens = [operator.index(t) for t in token_ids]
-    for t in tokens:
-        if not 0 <= t <= _MAX_TOKEN:
-            raise ValueError(f"token id {t} is not in [0, 2**32)")
-    return tokens
+    return int_list(token_ids, "token_ids", _check_token)

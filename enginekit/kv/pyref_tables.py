@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
+from enginekit.kv.pyref_args import int_list
 from enginekit.kv.pyref_buffer import HOLE, int32_view, write_rows
 from enginekit.kv.pyref_pool import (
     _INT32_MAX,
@@ -21,10 +22,11 @@ from enginekit.kv.pyref_pool import (
     _check_hash,
 )
 
-__all__ = ["HOLE", "PyBlockTables"]
+__all__ = ["HOLE", "MAX_TABLE_LEN", "PyBlockTables"]
 
-MAX_TABLE_LEN = _INT32_MAX
-"""Most entries append_holes lets a table reach (logical block indices fit an int32)."""
+MAX_TABLE_LEN = 1 << 26
+"""Most entries append_holes lets a table reach (rust/error.rs): a context of 2**26 tokens at
+block size 1. Larger counts are refused up front."""
 
 
 class PyBlockTables:
@@ -86,11 +88,12 @@ class PyBlockTables:
 
     @staticmethod
     def _entries(block_ids: Sequence[int]) -> list[int]:
-        entries = [operator.index(b) for b in block_ids]
-        for block_id in entries:
+        def check(block_id: int) -> int:
             if not 0 <= block_id <= _INT32_MAX:
                 raise ValueError(f"block id {block_id} is not in [0, 2**31)")
-        return entries
+            return block_id
+
+        return int_list(block_ids, "block_ids", check)
 
     @staticmethod
     def _index(seq_id: int, table: list[int], index: int) -> int:
@@ -101,14 +104,23 @@ class PyBlockTables:
             )
         return index
 
+    @staticmethod
+    def _seq_ids(seq_ids: Sequence[int]) -> list[int]:
+        """A batch's seq ids; KVCacheError for one that is not a u64 (unknown before anything
+        else is checked)."""
+
+        def check(s: int) -> int:
+            if not 0 <= s <= _MAX_HASH:
+                raise KVCacheError(f"unknown sequence {s}")
+            return s
+
+        return int_list(seq_ids, "seq_ids", check)
+
     def _batch(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[tuple[int, int]]:
         """(seq_id, blocks wanted) pairs; ValueError for a negative num_tokens or lengths that
         differ, then KVCacheError for an unknown seq_id."""
-        seqs = [operator.index(s) for s in seq_ids]
-        for s in seqs:
-            if not 0 <= s <= _MAX_HASH:  # not a u64: unknown before anything else
-                raise KVCacheError(f"unknown sequence {s}")
-        tokens = [_check_count("num_tokens", n) for n in num_tokens]
+        seqs = self._seq_ids(seq_ids)
+        tokens = int_list(num_tokens, "num_tokens", lambda n: _check_count("num_tokens", n))
         if len(seqs) != len(tokens):
             raise ValueError(f"{len(seqs)} seq_ids but {len(tokens)} num_tokens in one batch")
         for s in seqs:
@@ -149,14 +161,14 @@ class PyBlockTables:
         the blocks it had released still released).
 
         Raises ValueError if num_holes is negative or the table would pass MAX_TABLE_LEN
-        (2**31 - 1) entries.
+        (2**26) entries, MemoryError if the host cannot hold them.
         """
         table = self._table(seq_id)
         num_holes = _check_count("num_holes", num_holes)
         if num_holes > MAX_TABLE_LEN - len(table):
             raise ValueError(
                 f"cannot append {num_holes} holes to sequence {seq_id} of {len(table)} blocks: "
-                "a table holds at most 2**31 - 1 entries"
+                "a table holds at most 2**26 entries"
             )
         table.extend([HOLE] * num_holes)
         self._num_holes[operator.index(seq_id)] += num_holes
@@ -292,9 +304,9 @@ class PyBlockTables:
         exception propagates, so the call changes nothing."""
         table = self._table(seq_id)
         first_index = operator.index(first_index)
-        if first_index < 0:
+        if not 0 <= first_index <= _MAX_HASH:
             raise KVCacheError(f"first_index {first_index} out of range for sequence {seq_id}")
-        hashes = [_check_hash(h) for h in block_hashes]
+        hashes = int_list(block_hashes, "block_hashes", _check_hash)
         if first_index + len(hashes) > len(table):
             raise KVCacheError(
                 f"cache_blocks range [{first_index}, {first_index + len(hashes)}) passes the "
@@ -317,7 +329,7 @@ class PyBlockTables:
 
     def max_num_blocks(self, seq_ids: Sequence[int]) -> int:
         """The longest table among seq_ids (0 for an empty batch)."""
-        return max((len(self._table(s)) for s in seq_ids), default=0)
+        return max((len(self._table(s)) for s in self._seq_ids(seq_ids)), default=0)
 
     def export_into(self, seq_ids: Sequence[int], out: Any, width: int, pad: int = -1) -> None:
         """Writes the batch's tables row by row into ``out``, a writable C-contiguous buffer of
@@ -330,10 +342,7 @@ class PyBlockTables:
         large enough (ValueError); then each seq_id in batch order: unknown (KVCacheError) or
         longer than width (ValueError).
         """
-        seqs = [operator.index(s) for s in seq_ids]
-        for s in seqs:
-            if not 0 <= s <= _MAX_HASH:  # not a u64: unknown before anything else
-                raise KVCacheError(f"unknown sequence {s}")
+        seqs = self._seq_ids(seq_ids)
         width = _check_count("width", width)
         pad = operator.index(pad)
         if not _INT32_MIN <= pad <= _INT32_MAX:

@@ -125,7 +125,11 @@ class RadixPrefixCache(PrefixCache):
         self._num_inserted[seq_id] = num_tokens
 
     def num_evictable_blocks(self) -> int:
-        return sum(tree.evictable_block_refs() for tree in self._trees.values())
+        # Distinct blocks, not tree references: a block two nodes share (a chunk inserted
+        # after one that ended inside it, or a split inside it) is one block of the pool.
+        # Each block lies in one tree (a request's blocks are its own, matched in its own
+        # tree or forked from a parent with the same key), so the trees' counts add up.
+        return sum(tree.num_evictable_blocks() for tree in self._trees.values())
 
     def evict(self, num_blocks: int) -> list[int]:
         released: list[int] = []

@@ -1,0 +1,35 @@
+"""Argument types of the pure-Python twins, checked as the Rust bindings check them.
+
+A list of ids, counts, hashes or tokens is a ``list`` or ``tuple`` of ints (``operator.index``
+decides what an int is). Anything else is a TypeError: ``bytes`` (which iterates as ints),
+``str``, a dict (which iterates as its keys), a set, a generator, None. An extra key is
+``bytes`` or None.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["extra_key_arg", "int_list"]
+
+
+def int_list(obj: Any, what: str, check: Callable[[int], int] | None = None) -> list[int]:
+    """The ints of the list or tuple ``obj`` (argument ``what``), each passed through
+    ``check`` (which raises for a bad value) as soon as it is read, as the Rust bindings do;
+    TypeError for another type or an item that is not an int."""
+    if not isinstance(obj, (list, tuple)):
+        raise TypeError(f"{what} must be a list or tuple of ints, got {type(obj).__name__}")
+    ints = []
+    for x in obj:
+        v = operator.index(x)
+        ints.append(v if check is None else check(v))
+    return ints
+
+
+def extra_key_arg(extra_key: Any) -> bytes | None:
+    """``extra_key`` itself if it is bytes (a subclass included) or None; else TypeError."""
+    if extra_key is not None and not isinstance(extra_key, bytes):
+        raise TypeError(f"extra_key must be bytes or None, got {type(extra_key).__name__}")
+    return extra_key
