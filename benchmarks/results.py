@@ -11,15 +11,13 @@ Runs, side by side where there is something to compare:
 - ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
 - ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
 - the claims (``enginekit.claims``): the main table, the rest folded;
-- kernels (``bench_kernels.py``) only where they can run: on a machine with a CUDA GPU and
-  the script, or from the saved output of a GPU run given with ``--kernels FILE``;
-  otherwise the section says where kernel figures come from.
+- kernels: no benchmark times them yet, and the section says so (and what checks them).
 
 The section is headed with the machine (CPU, cores, memory, OS, Python and torch
 versions, GPU or "no GPU"), the date and the command. Absolute times are this machine's;
 the ratios are what carries over.
 
-    python benchmarks/results.py [--quick] [--kernels FILE] [--readme README.md] [--print]
+    python benchmarks/results.py [--quick] [--readme README.md] [--print]
 """
 
 from __future__ import annotations
@@ -199,28 +197,18 @@ def claims_section(quick: bool) -> str:
     )
 
 
-def kernels_section(saved: Path | None) -> str:
-    head = "### Kernels\n\n"
-    script = BENCHMARKS / "bench_kernels.py"
-    if saved is not None:
-        return (
-            f"{head}From a GPU run of `benchmarks/bench_kernels.py` (not this machine), as "
-            f"saved:\n\n```text\n{saved.read_text().strip()}\n```\n"
-        )
-    if script.exists() and gpu_name() is not None:
-        out = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, check=True, cwd=ROOT
-        ).stdout
-        return f"{head}`python3 benchmarks/bench_kernels.py`:\n\n```text\n{out.strip()}\n```\n"
+def kernels_section() -> str:
+    """What is known of the Triton kernels' speed: nothing measured yet."""
     return (
-        f"{head}Kernel benchmarks need a CUDA GPU and this machine has none, so none ran "
-        "here: kernel figures come from a GPU run (`python3 benchmarks/bench_kernels.py > "
-        "kernels.txt` on a GPU machine, then `python3 benchmarks/results.py --kernels "
-        "kernels.txt`).\n"
+        "### Kernels\n\n"
+        "No benchmark times the Triton kernels yet, so there are no kernel figures. Their "
+        "correctness is tested: `tests/test_torch_kernels.py` runs every kernel against its "
+        "pure-torch reference under the Triton interpreter, and the engine end to end with "
+        "`kernels=triton` against `kernels=reference`.\n"
     )
 
 
-def build_section(quick: bool, kernels: Path | None, command: str) -> str:
+def build_section(quick: bool, command: str) -> str:
     """The whole Results section, markers included."""
     parts = [
         bookkeeping_section(quick),
@@ -228,7 +216,7 @@ def build_section(quick: bool, kernels: Path | None, command: str) -> str:
         capacity_section(),
         quality_section(),
         claims_section(quick),
-        kernels_section(kernels),
+        kernels_section(),
     ]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     head = (
@@ -261,15 +249,12 @@ def apply_section(readme: str, section: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, requests, counts")
-    parser.add_argument("--kernels", type=Path, help="saved output of a GPU kernel run")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--print", action="store_true", help="print only, write nothing")
     args = parser.parse_args(argv)
     command = "python3 benchmarks/results.py" + " --quick" * args.quick
-    if args.kernels is not None:
-        command += f" --kernels {args.kernels}"
     start = time.perf_counter()
-    section = build_section(args.quick, args.kernels, command)
+    section = build_section(args.quick, command)
     if args.print:
         print(section, end="")
     else:
