@@ -4,7 +4,10 @@ Every job writes ``report.json`` into Hydra's run (or sweep job) folder: the sum
 completed run, or ``status: failed`` with the error message when the job could not run.
 
 Errors: a single run that fails on a configuration or engine error prints ``error: ...``
-and exits with code 2 (any other exception shows its traceback). In a sweep (``-m``) a
+and exits with code 2 (any other exception shows its traceback). So does a run that
+serves nothing: a workload without requests, or one whose every request is rejected
+(too long for the model or the whole cache); a run where only some are rejected
+completes, its report counts them and stderr says how many. In a sweep (``-m``) a
 failing job is recorded (its report.json says failed, stderr names the job and the
 error) and the sweep goes on; the sweep exits 0 once every job ran or was recorded, and
 its summary table (``enginekit.sweep``) lists failed jobs with their errors.

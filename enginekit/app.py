@@ -6,7 +6,11 @@
 - ``rewrite_overrides`` also accepts ``allocator=paged`` (rewritten to ``+allocator=paged``),
   ``experiment=x`` and ``ablation=x`` (to ``+experiment=x``, ``+ablation=x``) and
   ``model=llama-3-70b`` (rewritten to ``model.name=llama-3-70b``), and refuses unknown
-  plugins, conf files and keys with the valid choices.
+  plugins, conf files and keys with the valid choices, and ``+name=...`` where ``name``
+  is no plugin group, preset or conf group (Hydra would add a key nothing reads). Hydra's
+  flags keep their values (``--cfg job``, ``--info config``, ``--package cache``).
+- The primary config gives each run a folder of its own (the time to the microsecond)
+  and creates the job's log file only when something is logged.
 - The primary config registers the sweep-summary callback (``enginekit.sweep``): every
   multirun ends with one table (and plots) of its jobs in the sweep folder; disable it with
   ``~hydra.callbacks.sweep_summary``, its plots with ``hydra.callbacks.sweep_summary.plots=false``.
@@ -214,7 +218,8 @@ def _sweep_values(value: str) -> list[str]:
 def _flag_values() -> dict[str, list[str] | None]:
     """Hydra's flags that take a value as the next argument (``--cfg job``, ``-p cache``):
     flag -> the values it accepts, or None for any value. A flag whose value is optional
-    (``--info [config]``) takes the next argument only if it is one of its choices."""
+    (``--info [config]``) takes the next argument only if it is one of its choices.
+    Read from Hydra's own argument parser, so the list follows the installed Hydra."""
     from hydra._internal.utils import get_args_parser
 
     flags: dict[str, list[str] | None] = {}
