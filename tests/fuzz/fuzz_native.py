@@ -13,7 +13,12 @@ cache manager does (what a table or the tree holds, it holds one pool reference 
 By hand (atheris, coverage-guided over the Python twin; libFuzzer flags pass through)::
 
     python tests/fuzz/fuzz_native.py -max_total_time=600 [corpus_dir]
-    python tests/fuzz/fuzz_native.py crash-<hash>          # replays one input
+    python tests/fuzz/fuzz_native.py tests/fuzz/artifacts/crash-<hash>   # replays one input
+
+Findings (``crash-*``, ``oom-*``, ``timeout-*`` ...) go to ``tests/fuzz/artifacts/``, which git
+ignores, unless ``-artifact_prefix=`` says otherwise. Every size the harness passes is one the
+structures accept at a few blocks, or one they refuse before allocating (past MAX_BLOCKS or
+MAX_TABLE_LEN), so a run stays within libFuzzer's default memory limit.
 
 Without atheris, ``run_one(data)`` is the entry point (tests/test_fuzz.py drives it with
 hypothesis).
@@ -23,7 +28,8 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,13 +43,38 @@ if __name__ == "__main__":
     import atheris
 
     with atheris.instrument_imports(include=["enginekit.kv"]):
-        from enginekit.kv import pyref
+        from enginekit.kv import pyhash, pyref
 else:
-    from enginekit.kv import pyref
+    from enginekit.kv import pyhash, pyref
 
-DOCUMENTED = (KVCacheError, OutOfBlocksError, ValueError)
+DOCUMENTED = (KVCacheError, OutOfBlocksError, ValueError, TypeError)
 MAX_STEPS = 200
 HASHES = [0, 1, 2, 3, 2**64 - 1]
+# append_holes counts: a few holes, or counts refused before anything is allocated.
+HOLE_COUNTS = [-1, 0, 1, 2, 3, _native.MAX_TABLE_LEN + 1, 2**64]
+# Where findings go unless -artifact_prefix= is given (ignored by git).
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+
+
+def not_a_list(kind: str, items: list[int]) -> Any:
+    """``items`` in a container the bindings refuse (a fresh one per call: a generator can
+    be consumed once)."""
+
+    def gen() -> Iterator[int]:
+        yield from items
+
+    return {
+        "bytes": lambda: bytes(x % 256 for x in items),
+        "str": lambda: "".join(str(x % 10) for x in items),
+        "dict": lambda: dict.fromkeys(items, 0),
+        "set": lambda: set(items),
+        "generator": gen,
+        "none": lambda: None,
+        "array": lambda: np.array(items, dtype=np.int64),
+    }[kind]()
+
+
+NOT_A_LIST = ["bytes", "str", "dict", "set", "generator", "none", "array"]
 
 
 class Bytes:
@@ -102,6 +133,7 @@ class World:
             [(tables.block_ids(s), tables.num_holes(s)) for s in seqs],
             [tuple(n) for n in tree.nodes()],
             (tree.num_nodes, tree.num_tokens, tree.num_block_refs, tree.evictable_block_refs()),
+            tree.num_evictable_blocks(),
         )
 
     def check(self) -> None:
@@ -231,7 +263,7 @@ class Fuzz:
 
     def op_append_holes(self) -> None:
         seq = self.seq_id()
-        n = self.b.pick([-1, 0, 1, 2, 3, 2**31 - 1, 2**64])
+        n = self.b.pick(HOLE_COUNTS)
         self.call(f"append_holes({seq}, {n})", lambda w: w.tables.append_holes(seq, n), True)
 
     def op_fork(self) -> None:
@@ -369,6 +401,37 @@ class Fuzz:
         if ok:
             self.free(released)
 
+    # ---- argument types -------------------------------------------------------------------
+
+    def op_bad_types(self) -> None:
+        """A list argument of a refused type (TypeError on both, nothing changed); or a
+        tuple, which both accept where a list is."""
+        kind = self.b.pick([*NOT_A_LIST, "tuple"])
+        items = self.b.ints(0, self.num_blocks, 3)
+        seq = self.seq_id()
+
+        def arg() -> Any:
+            return tuple(items) if kind == "tuple" else not_a_list(kind, items)
+
+        calls: list[tuple[str, Callable[[World], Any]]] = [
+            ("lookup_prefix", lambda w: w.pool.lookup_prefix(arg())),
+            ("num_blocks_to_grow", lambda w: w.tables.num_blocks_to_grow(arg(), [1] * 3)),
+            ("max_num_blocks", lambda w: w.tables.max_num_blocks(arg())),
+            ("match_prefix", lambda w: w.tree.match_prefix(arg())),
+            ("hash_blocks", lambda w: _hash_module(w).hash_blocks(arg(), self.bs)),
+        ]
+        if kind != "tuple":  # would change the state: only their refusal is checked
+            calls += [
+                ("free", lambda w: w.pool.free(arg())),
+                ("add_sequence", lambda w: w.tables.add_sequence(seq, arg())),
+                ("append_blocks", lambda w: w.tables.append_blocks(seq, arg())),
+                ("grow", lambda w: w.tables.grow(w.pool, [seq], arg())),
+                ("insert", lambda w: w.tree.insert(arg(), [0] * 8)),
+            ]
+        what, fn = self.b.pick(calls)
+        ok, _ = self.call(f"{what}({kind} {items})", fn, kind != "tuple")
+        assert not ok or kind == "tuple", f"{what} accepted a {kind}"
+
     # ---- driver ---------------------------------------------------------------------------
 
     OPS: list[Callable[[Fuzz], None]] = []
@@ -409,7 +472,13 @@ Fuzz.OPS = [
     Fuzz.op_radix_match,
     Fuzz.op_radix_lock,
     Fuzz.op_radix_evict,
+    Fuzz.op_bad_types,
 ]
+
+
+def _hash_module(world: World) -> Any:
+    """The block hashing of the world's implementation."""
+    return _native if type(world.pool).__module__ == _native.__name__ else pyhash
 
 
 def run_one(data: bytes) -> None:
@@ -417,10 +486,18 @@ def run_one(data: bytes) -> None:
     Fuzz(data).run()
 
 
+def libfuzzer_argv(argv: list[str]) -> list[str]:
+    """``argv`` with ``-artifact_prefix=`` pointing into ``ARTIFACTS`` unless it names one."""
+    if any(a.startswith("-artifact_prefix=") for a in argv[1:]):
+        return list(argv)
+    return [argv[0], f"-artifact_prefix={ARTIFACTS}/", *argv[1:]]
+
+
 def main(argv: list[str]) -> None:
     import atheris
 
-    atheris.Setup(argv, run_one)
+    ARTIFACTS.mkdir(exist_ok=True)
+    atheris.Setup(libfuzzer_argv(argv), run_one)
     atheris.Fuzz()
 
 
