@@ -3,10 +3,22 @@ generator names only files that exist, and its code blocks run."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
+import shlex
+import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_cli
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as pip vendors it (pip runs the tutorial's install)
+    from pip._vendor import tomli as tomllib
 
 README = REPO_ROOT / "README.md"
 RESULTS = REPO_ROOT / "benchmarks" / "results.py"
@@ -61,3 +73,227 @@ def test_readme_kernels_paragraph_is_what_the_generator_writes(monkeypatch):
     section = results.kernels_section()
     assert section in README.read_text(encoding="utf-8")
     assert "GPU" not in section  # no kernel figures: no benchmark, whatever the machine
+
+
+# ---- code blocks ------------------------------------------------------------------------
+
+TUTORIAL = "Writing a plugin package"
+_FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
+_HEADING = re.compile(r"^#{1,6} +(?P<title>.+?) *$", re.M)
+_FILE_LINE = re.compile(r"# (?P<name>[\w.-]+\.(?:py|toml))\n")
+
+
+class Block(NamedTuple):
+    """A fenced code block: its info string ("python", "toml", "" ...), its text, and
+    the title of the heading it stands under."""
+
+    info: str
+    body: str
+    section: str
+
+
+def code_blocks(text: str) -> list[Block]:
+    blocks = []
+    for match in _FENCE.finditer(text):
+        headings = [m for m in _HEADING.finditer(text, 0, match.start()) if not _in_fence(text, m)]
+        section = headings[-1]["title"] if headings else ""
+        blocks.append(Block(match["info"].strip(), match["body"], section))
+    return blocks
+
+
+def _in_fence(text: str, heading: re.Match[str]) -> bool:
+    return text.count("\n```", 0, heading.start()) % 2 == 1
+
+
+def commands(block: Block) -> list[list[str]]:
+    """The commands of a shell block: one per line and per ``&&``, comments dropped,
+    leading ``VAR=value`` environment settings dropped."""
+    result = []
+    for line in block.body.splitlines():
+        words = shlex.split(line, comments=True)
+        while words:
+            cut = words.index("&&") if "&&" in words else len(words)
+            command, words = words[:cut], words[cut + 1 :]
+            while command and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", command[0]):
+                command = command[1:]
+            if command:
+                result.append(command)
+    return result
+
+
+def tutorial_files(blocks: list[Block]) -> dict[str, str]:
+    """The tutorial's files: each of its blocks whose first line is ``# <file name>``."""
+    files = {}
+    for block in blocks:
+        named = _FILE_LINE.match(block.body)
+        if block.section == TUTORIAL and named:
+            files[named["name"]] = block.body
+    return files
+
+
+BLOCKS = code_blocks(README.read_text(encoding="utf-8"))
+
+
+def test_code_block_finder_reads_sections_commands_and_files():
+    text = (
+        "# Top\n\n## Set up\n\n```\nA=1 python3 -m x --y 'a b'  # note\ncmd1 && cmd2\n```\n"
+        f"### {TUTORIAL}\n\n```toml\n# pyproject.toml\n[project]\n```\n"
+        "```python\n# not a heading\nprint(1)\n```\n"
+    )
+    blocks = code_blocks(text)
+    assert [(b.info, b.section) for b in blocks] == [
+        ("", "Set up"),
+        ("toml", TUTORIAL),
+        ("python", TUTORIAL),
+    ]
+    assert commands(blocks[0]) == [["python3", "-m", "x", "--y", "a b"], ["cmd1"], ["cmd2"]]
+    assert tutorial_files(blocks) == {"pyproject.toml": "# pyproject.toml\n[project]\n"}
+
+
+def test_every_code_block_is_of_a_kind_these_tests_run():
+    """Python and shell blocks run (below), the tutorial's files are installed, text
+    blocks are printed output. A block of another kind needs a test first."""
+    kinds = {(b.info, b.section == TUTORIAL and bool(_FILE_LINE.match(b.body))) for b in BLOCKS}
+    assert kinds <= {
+        ("", False),
+        ("python", False),
+        ("toml", True),
+        ("python", True),
+        ("text", False),
+    }
+    assert sum(b.info == "" for b in BLOCKS) >= 6 and any(b.info == "python" for b in BLOCKS)
+
+
+def test_python_blocks_run():
+    ran = 0
+    for block in BLOCKS:
+        if block.info == "python" and not _FILE_LINE.match(block.body):
+            exec(compile(block.body, f"README.md ({block.section})", "exec"), {})
+            ran += 1
+    assert ran >= 1
+
+
+def _split_sweeps(args: list[str]) -> list[list[str]]:
+    """Each combination of a command line's comma sweeps (``a=x,y b=1,2``: four)."""
+    axes = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and re.fullmatch(r"[\w.\-]+(,[\w.\-]+)+", value):
+            axes.append([f"{key}={v}" for v in value.split(",")])
+        else:
+            axes.append([arg])
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def test_shell_commands_outside_the_tutorial_name_what_exists_and_compose():
+    """Outside the tutorial, the commands are sized for a user (seconds to minutes each;
+    the tests run sweeps and ablations at a smaller size): every ``python3 -m enginekit``
+    command is composed exactly as its command line would be, each sweep combination
+    apart, and builds an engine where it runs the simulator; installs name extras and
+    folders that exist."""
+    from enginekit.app import compose_config
+    from enginekit.engine import Engine
+
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    seen: set[str] = set()
+    for block in BLOCKS:
+        if block.info != "" or block.section == TUTORIAL:
+            continue
+        for command in commands(block):
+            assert command[:2] == ["python3", "-m"], command
+            module, args = command[2], command[3:]
+            seen.add(module)
+            if module == "pip":
+                assert args[0] == "install"
+                for arg in args[1:]:
+                    if arg.startswith("-"):
+                        continue
+                    folder, _, extra = arg.partition("[")
+                    assert (REPO_ROOT / folder).is_dir(), arg
+                    assert set(extra.rstrip("]").split(",")) - {""} <= set(extras), arg
+            elif module == "enginekit":
+                for combo in _split_sweeps([a for a in args if a != "-m"]):
+                    cfg = compose_config(combo)
+                    if cfg.executor == "sim":
+                        Engine(cfg)
+            else:
+                assert module == "pytest", command
+    assert {"pip", "enginekit", "pytest"} <= seen
+
+
+def test_plugin_tutorial_installs_runs_and_uses_its_key(tmp_path):
+    """The tutorial's files, written as it says, pip-install (into a folder of their own,
+    without dependencies: enginekit is the one under test) and run with its commands."""
+    files = tutorial_files(BLOCKS)
+    assert set(files) == {"pyproject.toml", "enginekit_mru_example.py"}
+    tutorial = [b for b in BLOCKS if b.section == TUTORIAL and b.info == ""]
+    steps = [command for block in tutorial for command in commands(block)]
+    assert [step[:4] for step in steps] == [
+        ["python3", "-m", "pip", "install"],
+        ["python3", "-m", "enginekit", "+eviction=mru_example"],
+    ]
+    package = tmp_path / steps[0][4]
+    package.mkdir()
+    for name, text in files.items():
+        (package / name).write_text(text)
+    project = tomllib.loads(files["pyproject.toml"])
+    entry_points = project["project"]["entry-points"]["enginekit.eviction"]
+
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+         "--no-build-isolation", "--target", str(site), str(package)],
+        check=True, cwd=tmp_path, capture_output=True,
+    )  # fmt: skip
+    run = run_cli([*steps[1][3:], "hydra.run.dir=run"], tmp_path, extra_pythonpath=[site])
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    name, version = project["project"]["name"], project["project"]["version"]
+    assert report["header"]["eviction"] == f"mru_example ({name} {version})"
+    assert report["summary"]["num_requests_finished"] == report["summary"]["num_requests"]
+
+    # the key it declares is the one its policy reads: the oldest blocks are spared
+    sys.path.insert(0, str(site))
+    try:
+        module = __import__("enginekit_mru_example")
+    finally:
+        sys.path.remove(str(site))
+
+    def policy(block_ids: list[int], **config: int) -> Any:
+        kv = SimpleNamespace(pool=_Pool(block_ids))
+        return module.MRUEviction(module.MRUConfig(**config), kv)
+
+    sparing = policy([10, 11, 12, 13, 14], keep_oldest=2)
+    assert sparing.evict(2) == [14, 13] and sparing.evict(3) == [12, 11, 10]
+    assert policy([10, 11, 12]).evict(2) == [12, 11]
+    listed = run_cli([], tmp_path, extra_pythonpath=[site], module="enginekit.plugins")
+    assert any(
+        line.split()[:4] == ["eviction", "mru_example", name, version]
+        for line in listed.stdout.splitlines()
+    ), listed.stdout
+
+    # its names are its own: installing it leaves the tests' fixture plugin unambiguous
+    for fixture in (REPO_ROOT / "tests" / "fixtures").glob("*/pyproject.toml"):
+        other = tomllib.loads(fixture.read_text())["project"]
+        assert other["name"] != name
+        for group, names in other.get("entry-points", {}).items():
+            if group == "enginekit.eviction":
+                assert not set(names) & set(entry_points), fixture
+        modules = set(tomllib.loads(fixture.read_text())["tool"]["setuptools"]["py-modules"])
+        assert not modules & {Path(f).stem for f in files if f.endswith(".py")}
+
+
+class _Pool:
+    """The two pool calls an eviction policy makes, over a list of evictable block ids
+    (least recently released first)."""
+
+    def __init__(self, block_ids: list[int]) -> None:
+        self.block_ids = list(block_ids)
+
+    def evictable_block_ids(self) -> list[int]:
+        return list(self.block_ids)
+
+    def evict(self, block_id: int) -> None:
+        self.block_ids.remove(block_id)
