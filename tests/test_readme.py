@@ -297,3 +297,15 @@ class _Pool:
 
     def evict(self, block_id: int) -> None:
         self.block_ids.remove(block_id)
+
+
+def test_set_up_says_what_a_new_machine_needs_before_its_commands():
+    text = README.read_text(encoding="utf-8")
+    setup = text[text.index("## Set up") :]
+    before = setup[: setup.index("```")]  # what precedes the first command
+    cargo = tomllib.loads((REPO_ROOT / "Cargo.toml").read_text())["package"]["rust-version"]
+    python = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert f"Rust toolchain ≥ {cargo}" in before and "`cargo`" in before
+    assert f"Python ≥ {python['requires-python'].lstrip('>=')}" in before
+    assert re.search(r"\d+(\.\d+)? GB", before) and re.search(r"\d+ minutes", before)
+    assert "python3 -m pip install -e . -e ./plugins" in before  # the install without torch
