@@ -313,6 +313,12 @@ def test_ablation_all_crosses_every_group_and_only_documented_refusals_fail():
         assert (refusal(selected) is not None) == documented, job
         refused += documented
     assert 0 < refused < len(jobs)
+    # the counts the README and the file's comment give
+    readme = " ".join((CONF_DIR.parent / "README.md").read_text(encoding="utf-8").split())
+    assert f"{len(jobs)} combinations, {refused} of which a plugin refuses" in readme
+    comment = " ".join((CONF_DIR / "ablation" / "all.yaml").read_text().replace("#", "").split())
+    assert f"= {len(jobs)} combinations" in comment
+    assert f"The {refused} combinations a plugin refuses" in comment
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
