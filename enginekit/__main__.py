@@ -47,15 +47,13 @@ def _config_header(cfg: Any) -> dict[str, Any]:
 
 def run_job(cfg: Any) -> dict[str, Any]:
     """One run on a composed config: build the engine, run the workload, print the report
-    and write it as ``report.json`` in the job's folder; returns the summary. On any
-    exception writes a failed report.json (status, error, the config's plugins) and
-    re-raises."""
+    and write it as ``report.json`` in the job's folder; returns the summary. Raises
+    when the run served nothing (``_check_served``). On any exception writes a failed
+    report.json (status, error, the config's plugins) and re-raises."""
     from enginekit.engine import Engine
     from enginekit.report import STATUS_FAILED, render_report, write_json
 
     path = _output_dir() / "report.json"
-    summary: dict[str, Any] = {}
-    header = _config_header(cfg)
     try:
         engine = Engine(cfg)
         with _Rejections() as rejections:
@@ -65,7 +63,7 @@ def run_job(cfg: Any) -> dict[str, Any]:
         _check_served(summary, rejections.first)
     except Exception as exc:
         error = str(exc) if isinstance(exc, EngineKitError) else f"{type(exc).__name__}: {exc}"
-        write_json(summary, header, path, status=STATUS_FAILED, error=error)
+        write_json({}, _config_header(cfg), path, status=STATUS_FAILED, error=error)
         raise
     print(render_report(summary, header))
     write_json(summary, header, path)
@@ -73,9 +71,9 @@ def run_job(cfg: Any) -> dict[str, Any]:
     num_rejected = summary.get("num_requests_rejected", 0)
     if num_rejected:
         total = num_rejected + summary.get("num_requests", 0)
+        first = f"; the first: {rejections.first}" if rejections.first else ""
         print(
-            f"warning: {num_rejected} of {total} requests rejected, the rest ran; "
-            f"the first: {rejections.first}",
+            f"warning: {num_rejected} of {total} requests rejected, the rest ran{first}",
             file=sys.stderr,
         )
     return summary
