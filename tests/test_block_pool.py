@@ -12,9 +12,11 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from native_args import NOT_A_LIST
 
 from enginekit import _native
 from enginekit.errors import KVCacheError, OutOfBlocksError
+from enginekit.kv import pyref
 from enginekit.kv.pyref import PyBlockPool
 
 
@@ -78,6 +80,16 @@ def test_new_pool(Pool) -> None:
 def test_bad_size(Pool, n: int) -> None:
     with pytest.raises(ValueError):
         Pool(n)
+
+
+@pytest.mark.parametrize("n", [2**26 + 1, 2**31 - 1, 2**31, 2**64])
+def test_sizes_past_the_limit_are_refused_up_front(Pool, n: int) -> None:
+    with pytest.raises(ValueError, match=r"num_blocks must be in \[1, 2\*\*26\], got "):
+        Pool(n)
+
+
+def test_the_limit_is_the_same_in_both() -> None:
+    assert _native.MAX_BLOCKS == pyref.MAX_BLOCKS == 2**26
 
 
 def test_allocate_in_order(Pool) -> None:
@@ -292,6 +304,42 @@ def test_lookup(Pool) -> None:
     assert pool.lookup_prefix([13, 11]) == []
     assert pool.lookup_prefix([14, 12, 11]) == [2, 1, 0]
     assert state(pool) == before
+
+
+@pytest.mark.parametrize("block_hash", [-1, 2**64, 2**70])
+def test_lookups_refuse_hashes_cache_block_refuses(Pool, block_hash: int) -> None:
+    pool = Pool(4)
+    pool.allocate(1)
+    pool.cache_block(0, 11)
+    raises_unchanged(pool, ValueError, lambda: pool.cache_block(0, block_hash))
+    raises_unchanged(pool, ValueError, lambda: pool.lookup(block_hash))
+    raises_unchanged(pool, ValueError, lambda: pool.lookup_prefix([block_hash]))
+    # Every hash is checked, also those past the first miss.
+    raises_unchanged(pool, ValueError, lambda: pool.lookup_prefix([11, 12, block_hash]))
+    assert pool.lookup_prefix([11, 12]) == [0]
+
+
+@pytest.mark.parametrize("kind", NOT_A_LIST)
+def test_id_lists_are_lists_or_tuples(Pool, kind: str) -> None:
+    pool = Pool(4)
+    assert pool.allocate(2) == [0, 1]
+    pool.cache_block(0, 0)
+    pool.cache_block(1, 1)
+    raises_unchanged(pool, TypeError, lambda: pool.free(NOT_A_LIST[kind]()))
+    raises_unchanged(pool, TypeError, lambda: pool.lookup_prefix(NOT_A_LIST[kind]()))
+    assert pool.ref_counts() == [1, 1, 0, 0]
+
+
+def test_tuples_are_accepted_where_lists_are(Pool) -> None:
+    pool = Pool(4)
+    assert pool.allocate(2) == [0, 1]
+    pool.cache_block(0, 7)
+    assert pool.lookup_prefix((7, 8)) == [0]
+    pool.free((0, 1))
+    assert pool.ref_counts() == [0, 0, 0, 0]
+    with pytest.raises(TypeError):
+        pool.free([0.0])  # items are ints (operator.index), not floats
+    pool.check_integrity()
 
 
 def test_check_integrity_passes_through_a_lifecycle(Pool) -> None:

@@ -19,9 +19,11 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from native_args import NOT_A_LIST
 
 from enginekit import _native
 from enginekit.errors import KVCacheError, OutOfBlocksError
+from enginekit.kv import pyref
 from enginekit.kv.pyref import PyBlockPool, PyBlockTables
 
 
@@ -442,10 +444,76 @@ def test_append_holes_restores_a_layout(impl) -> None:
     tables.check_integrity(pool)
     ru = lambda exc, fn: raises_unchanged(pool, tables, exc, fn)  # noqa: E731
     ru(ValueError, lambda: tables.append_holes(1, -1))
-    ru(ValueError, lambda: tables.append_holes(1, 2**31 - 6))  # past 2**31 - 1 entries
     ru(ValueError, lambda: tables.append_holes(1, 2**70))
     ru(KVCacheError, lambda: tables.append_holes(9, 1))
     assert tables.remove_sequence(1) == [0, 1, 2]
+
+
+def test_append_holes_past_the_limit_is_refused_up_front(impl) -> None:
+    """A table reaches at most MAX_TABLE_LEN = 2**26 entries: a larger count is refused before
+    anything is allocated (2**31 - 1 holes would be 8 GiB, 16 GiB in the twin)."""
+    assert _native.MAX_TABLE_LEN == pyref.MAX_TABLE_LEN == 2**26
+    Pool, Tables = impl
+    pool, tables = Pool(8), Tables(4)
+    tables.add_sequence(1, pool.allocate(2))
+    ru = lambda exc, fn: raises_unchanged(pool, tables, exc, fn)  # noqa: E731
+    for n in (2**26 - 1, 2**26, 2**31 - 1, 2**31, 2**64 - 1):  # each passes 2**26 entries
+        ru(ValueError, lambda n=n: tables.append_holes(1, n))
+    with pytest.raises(ValueError, match=r"of 2 blocks: a table holds at most 2\*\*26 entries"):
+        tables.append_holes(1, 2**26 - 1)
+    tables.append_holes(1, 3)
+    assert tables.num_blocks(1) == 5
+
+
+@pytest.mark.parametrize("kind", NOT_A_LIST)
+def test_list_arguments_are_lists_or_tuples(impl, kind: str) -> None:
+    Pool, Tables = impl
+    pool, tables = Pool(8), Tables(4)
+    tables.add_sequence(1, pool.allocate(2))
+    out = np.zeros(8, np.int32)
+    bad = NOT_A_LIST[kind]
+    ru = lambda fn: raises_unchanged(pool, tables, TypeError, fn)  # noqa: E731
+    ru(lambda: tables.add_sequence(2, bad()))
+    ru(lambda: tables.append_blocks(1, bad()))
+    ru(lambda: tables.num_blocks_to_grow(bad(), [8]))
+    ru(lambda: tables.num_blocks_to_grow([1], bad()))
+    ru(lambda: tables.grow(pool, bad(), [8]))
+    ru(lambda: tables.grow(pool, [1], bad()))
+    ru(lambda: tables.cache_blocks(pool, 1, 0, bad()))
+    ru(lambda: tables.max_num_blocks(bad()))
+    ru(lambda: tables.export_into(bad(), out, 2))
+    assert out.tolist() == [0] * 8
+
+
+def test_none_is_not_a_default(impl) -> None:
+    """Omitted, block_ids is () and pad -1; passed as None, they are refused."""
+    Pool, Tables = impl
+    pool, tables = Pool(8), Tables(4)
+    tables.add_sequence(1)
+    out = np.zeros(2, np.int32)
+    ru = lambda fn: raises_unchanged(pool, tables, TypeError, fn)  # noqa: E731
+    ru(lambda: tables.add_sequence(2, None))
+    ru(lambda: tables.export_into([1], out, 2, None))
+    ru(lambda: tables.export_into([1], out, 2, pad=None))
+    tables.export_into([1], out, 2)
+    assert out.tolist() == [-1, -1]
+    tables.add_sequence(2, block_ids=(3,))
+    assert tables.block_ids(2) == [3]
+
+
+def test_tuples_are_accepted_where_lists_are(impl) -> None:
+    Pool, Tables = impl
+    pool, tables = Pool(8), Tables(4)
+    tables.add_sequence(1, tuple(pool.allocate(1)))
+    tables.append_blocks(1, (pool.allocate(1)[0],))
+    assert tables.num_blocks_to_grow((1,), (12,)) == 1
+    assert tables.grow(pool, (1,), (12,)) == 1
+    assert tables.cache_blocks(pool, 1, 0, (5, 6)) == 2
+    assert tables.max_num_blocks((1,)) == 3
+    out = np.zeros(3, np.int32)
+    tables.export_into((1,), out, 3)
+    assert out.tolist() == [0, 1, 2]
+    tables.check_integrity(pool)
 
 
 def test_check_integrity(impl) -> None:

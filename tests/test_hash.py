@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native_args import NOT_A_LIST, NOT_AN_EXTRA_KEY
 
 from enginekit import _native
 from enginekit.kv import pyhash
@@ -220,3 +221,68 @@ def test_extreme_values_accepted(impl) -> None:
     assert impl.hash_blocks([2**32 - 1] * 2, 1, parent_hash=0) == pyhash.hash_blocks(
         [2**32 - 1] * 2, 1, parent_hash=0
     )
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind", NOT_AN_EXTRA_KEY)
+def test_extra_key_is_bytes_or_none(impl, kind: str) -> None:
+    """The twin once turned any extra key into bytes(x): 5 hashed as five zero bytes, and
+    2**33 tried to build 8 GiB of them."""
+    bad = NOT_AN_EXTRA_KEY[kind]
+    with pytest.raises(TypeError, match="extra_key must be bytes or None, got "):
+        impl.hash_block(impl.ROOT_HASH, [1, 2], bad())
+    with pytest.raises(TypeError, match="extra_key must be bytes or None, got "):
+        impl.hash_blocks([1, 2, 3, 4], 2, bad())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_extra_key_bytes_subclass_hashes_as_its_bytes(impl) -> None:
+    class Salt(bytes):
+        pass
+
+    assert impl.hash_block(1, [2], Salt(b"t")) == impl.hash_block(1, [2], b"t")
+    assert impl.hash_blocks([1, 2], 1, Salt(b"")) == impl.hash_blocks([1, 2], 1, b"")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind", NOT_A_LIST)
+def test_token_ids_are_a_list_or_tuple(impl, kind: str) -> None:
+    bad = NOT_A_LIST[kind]
+    with pytest.raises(TypeError):
+        impl.hash_block(impl.ROOT_HASH, bad())
+    with pytest.raises(TypeError):
+        impl.hash_blocks(bad(), 1)
+    assert impl.hash_blocks((0, 1), 1) == impl.hash_blocks([0, 1], 1)
+    assert impl.hash_block(impl.ROOT_HASH, (0, 1)) == impl.hash_block(impl.ROOT_HASH, [0, 1])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_parent_hash_none_is_refused(impl) -> None:
+    """Omitted, parent_hash is ROOT_HASH; None is not an int."""
+    assert impl.hash_blocks([1, 2], 2) == impl.hash_blocks([1, 2], 2, None, impl.ROOT_HASH)
+    with pytest.raises(TypeError):
+        impl.hash_blocks([1, 2], 2, None, None)
+    with pytest.raises(TypeError):
+        impl.hash_blocks([1, 2], 2, parent_hash=None)
+    with pytest.raises(TypeError):
+        impl.hash_block(None, [1, 2])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    ("call", "exc"),
+    [
+        (lambda m: m.hash_blocks(b"\x01", 0), TypeError),  # token_ids before block_size
+        (lambda m: m.hash_blocks([1, 2**32], 0), ValueError),
+        (lambda m: m.hash_blocks([1], 0, 5), ValueError),  # block_size before extra_key
+        (lambda m: m.hash_blocks([1], 1, 5, -1), TypeError),  # extra_key before parent_hash
+        (lambda m: m.hash_blocks([1], 1, None, -1), ValueError),
+        (lambda m: m.hash_block(-1, b"\x01"), ValueError),  # parent_hash first
+        (lambda m: m.hash_block(0, [2**32, "x"]), ValueError),  # items in order
+        (lambda m: m.hash_block(0, ["x", 2**32]), TypeError),
+    ],
+)
+def test_arguments_are_checked_left_to_right(impl, call, exc) -> None:
+    with pytest.raises(exc) as info:
+        call(impl)
+    assert type(info.value) is exc

@@ -1,4 +1,8 @@
-"""Smoke test of the compiled core: it imports, each class answers, errors have the right class."""
+"""Smoke test of the compiled core: it imports, each class answers, errors have the right class
+(a failed host allocation included)."""
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -47,3 +51,46 @@ def test_block_tables_smoke() -> None:
 def test_panic_becomes_kvcache_error() -> None:
     with pytest.raises(KVCacheError, match="internal error: forced panic for test"):
         n._panic_for_test()
+
+
+# Runs in a child under an address-space limit 64 MiB above what it has mapped, so the
+# largest pool (2 GiB of bookkeeping) or table (256 MiB of entries; 512 MiB in the twin)
+# that the limits allow cannot be allocated. The interpreter must survive with MemoryError.
+OUT_OF_MEMORY = """
+import resource, sys
+from enginekit import _native
+from enginekit.kv import pyref
+native = sys.argv[1] == "native"
+Pool = _native.BlockPool if native else pyref.PyBlockPool
+Tables = _native.BlockTables if native else pyref.PyBlockTables
+tables = Tables(1)
+tables.add_sequence(0, [5])
+with open("/proc/self/status") as status:
+    mapped = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (mapped * 1024 + (64 << 20), hard))
+for what, call in [
+    ("pool", lambda: Pool(_native.MAX_BLOCKS)),
+    ("holes", lambda: tables.append_holes(0, _native.MAX_TABLE_LEN - 1)),
+]:
+    try:
+        call()
+        print(what, "allocated")
+    except MemoryError:
+        print(what, "MemoryError")
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+print(tables.block_ids(0), tables.num_holes(0), Pool(4).allocate(2))
+"""
+
+
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_a_failed_allocation_is_a_memory_error(impl: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", OUT_OF_MEMORY, impl],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Nothing changed by the failed call: the table still holds its one block, no holes.
+    assert proc.stdout.splitlines() == ["pool MemoryError", "holes MemoryError", "[5] 0 [0, 1]"]

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from native_args import NOT_A_LIST
 
-from enginekit import _native
+from enginekit import Engine, SamplingParams, _native
 from enginekit.errors import KVCacheError
 from enginekit.kv.pyref import PyRadixTree
 
@@ -32,8 +33,18 @@ def state(tree: Any) -> dict[str, Any]:
         "num_tokens": tree.num_tokens,
         "num_block_refs": tree.num_block_refs,
         "evictable_block_refs": tree.evictable_block_refs(),
+        "num_evictable_blocks": tree.num_evictable_blocks(),
         "nodes": [tuple(n) for n in tree.nodes()],
     }
+
+
+def unlocked_only_blocks(tree: Any) -> set[int]:
+    """Blocks that non-root nodes with lock_count 0 reference and no locked node does."""
+    unlocked, locked = set(), set()
+    for n in tree.nodes():
+        if n.parent_id is not None:
+            (locked if n.lock_count else unlocked).update(n.block_ids)
+    return unlocked - locked
 
 
 def raises_unchanged(tree: Any, exc: type[Exception], fn: Callable[[], Any]) -> str:
@@ -74,6 +85,7 @@ def test_new_tree(Tree) -> None:
         "num_tokens": 0,
         "num_block_refs": 0,
         "evictable_block_refs": 0,
+        "num_evictable_blocks": 0,
         "nodes": [(0, None, [], [], 0, 0)],
     }
     assert tree.match_prefix([1, 2, 3]) == (0, [], 0)
@@ -104,6 +116,7 @@ def test_mid_block_split(Tree) -> None:
         "num_tokens": 16,
         "num_block_refs": 6,
         "evictable_block_refs": 6,
+        "num_evictable_blocks": 5,  # block 8 straddles the split: two references, one block
         "nodes": [
             (0, None, [], [], 0, 2),
             (1, 2, A[6:], [8, 9], 0, 1),
@@ -256,6 +269,86 @@ def test_deep_path(Tree) -> None:
     assert tree.num_nodes == 1
 
 
+def test_evictable_blocks_count_a_shared_block_once(Tree) -> None:
+    tree = Tree(4)
+    # A 7-token prompt in blocks 10, 11, then the same sequence one token longer: the new
+    # leaf starts inside block 11, which both nodes reference.
+    first = tree.insert([1, 2, 3, 4, 5, 6, 7], [10, 11])
+    tree.lock(first.node_id)
+    assert tree.num_evictable_blocks() == 0
+    assert tree.insert([1, 2, 3, 4, 5, 6, 7, 8], [10, 11]).new_block_refs == [11]
+    assert tree.num_evictable_blocks() == 0  # 11 is also referenced by a locked node
+    tree.unlock(first.node_id)
+    assert (tree.evictable_block_refs(), tree.num_evictable_blocks()) == (3, 2)
+    # Leaving the first edge inside block 11 splits it there: 11 gains a third reference;
+    # the new leaf holds its own copy, 12.
+    second = tree.insert([1, 2, 3, 4, 5, 9, 9, 9], [10, 12])
+    assert second.new_block_refs == [11, 12]
+    assert (tree.evictable_block_refs(), tree.num_evictable_blocks()) == (5, 3)
+    tree.lock(second.node_id)
+    # Locked: the upper part (10, 11) and the leaf (12); the unlocked lower nodes hold only
+    # block 11, which the upper part references too.
+    assert (tree.evictable_block_refs(), tree.num_evictable_blocks()) == (2, 0)
+    tree.unlock(second.node_id)
+    assert tree.num_evictable_blocks() == len(unlocked_only_blocks(tree)) == 3
+    assert sorted(tree.evict(100)) == [10, 11, 11, 11, 12]
+    assert tree.num_evictable_blocks() == 0
+    tree.check_integrity()
+
+
+@pytest.mark.parametrize("kind", NOT_A_LIST)
+def test_token_and_block_lists_are_lists_or_tuples(Tree, kind: str) -> None:
+    tree = split_example(Tree)
+    bad = NOT_A_LIST[kind]
+    raises_unchanged(tree, TypeError, lambda: tree.insert(bad(), [1, 2]))
+    raises_unchanged(tree, TypeError, lambda: tree.insert([0, 1], bad()))
+    raises_unchanged(tree, TypeError, lambda: tree.match_prefix(bad()))
+    assert tree.match_prefix(tuple(A)) == tree.match_prefix(A)
+    assert tree.insert(tuple(B), (7, 20, 21)) == (0, [], 3)
+
+
+def run_radix_engine(native: bool) -> list[tuple[int, int, int, int]]:
+    """Prompts [1..7], then [1, 2, 3, 4, 5, 9, 9, 9] at block size 4 (the second matches 5
+    tokens, inside block 1, and splits the first's edge there); the usage after every step."""
+    engine = Engine.from_overrides(
+        [
+            "progress=false",
+            "+prefix=radix",
+            "cache.block_size=4",
+            "cache.num_blocks=16",
+            "cache.watermark=0",
+            f"cache.native={str(native).lower()}",
+        ]
+    )
+    usages = []
+    for prompt in ([1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 9, 9, 9]):
+        engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+            engine.check_integrity()
+            usage = engine.kv.usage()
+            assert usage.num_used_blocks + usage.num_evictable_blocks + usage.num_free_blocks == (
+                usage.num_total_blocks
+            ), usage
+            assert engine.kv.num_reclaimable_blocks() <= usage.num_total_blocks
+            usages.append(tuple(usage))
+    # Once both have finished, the tree alone holds the blocks it references: all of them are
+    # evictable, each counted once.
+    assert engine.kv.pool.num_used_blocks == len(set(engine.kv.prefix.held_block_ids()))
+    assert usage.num_evictable_blocks == engine.kv.pool.num_used_blocks
+    return usages
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_radix_usage_counts_each_block_once(native: bool) -> None:
+    usages = run_radix_engine(native)
+    # The first request's 9 computed tokens (7 prompt, 2 outputs) end in the tree in blocks
+    # 0, 1, 2, block 1 in both the prompt's node and the outputs' leaf. The second shares
+    # block 0, copies block 1 and adds two more. Five blocks, referenced 7 times.
+    assert usages[-1] == (16, 0, 5, 11)
+    assert usages == run_radix_engine(not native)
+
+
 def test_native_is_fast_on_long_shared_prefixes() -> None:
     tree = _native.RadixTree(16)
     base = list(range(4000))
@@ -389,6 +482,7 @@ class RadixTwins(RuleBasedStateMachine):
         # The caller's ledger matches the references the nodes hold.
         held = Counter(b for n in self.python.nodes() for b in n.block_ids)
         assert +self.refs == held
+        assert self.native.num_evictable_blocks() == len(unlocked_only_blocks(self.python))
 
 
 TestRadixTwins = RadixTwins.TestCase
