@@ -10,8 +10,8 @@ added. Both read only what the jobs left on disk (``.hydra/overrides.yaml`` and
 Written into the sweep folder:
 
 - ``summary.md``: the markdown table (``enginekit.sweep_table``) with every metric, then
-  the plugin combinations refused without running (``enginekit.sweep_refusals``), each
-  reason once;
+  the plugin combinations refused before anything was built (``enginekit.sweep_refusals``),
+  each reason once;
 - ``summary.csv``: the same rows with raw values, every override and the full errors (a
   ``refused`` row per refused combination);
 - PNG plots for the keys the sweep varies (``enginekit.sweep_plots``).
