@@ -350,7 +350,7 @@ def test_readme_override_and_sweep_commands_run_as_written(run_main, tmp_path):
     """Every command of README's Overrides and Sweeps, as written plus a small workload
     (and a folder of its own): single runs complete, sweeps write every job's report."""
     overrides, sweeps = _readme_commands("Overrides"), _readme_commands("Sweeps")
-    assert len(overrides) == 3 and len(sweeps) == 2
+    assert len(overrides) >= 3 and len(sweeps) >= 2  # the blocks were found
     for i, args in enumerate(overrides):
         code, out, err = run_main(*args, *TINY, f"hydra.run.dir=run{i}")
         assert code == 0, (args, err)
