@@ -1,20 +1,14 @@
 """Plugin combinations a sweep does not run: those a selected plugin class refuses with
 ``check_compatible(selected)`` (contiguous allocation with a prefix cache, say).
 
-Such a job stops before anything is built (the engine checks compatibility first) and is
-recorded with status ``refused`` and the plugin's reason in its ``report.json``. The
-sweep's summary (``enginekit.sweep_table``) leaves refused jobs out of the table and lists
-the refused combinations once, grouped by reason. A single run of a refused combination
-stays an error (exit code 2).
-
-Two ways in, both in the job's own process, so any launcher (basic, joblib, submitit)
-gives the same record:
-
-- ``record_refusal(cfg, output_dir)``, asked by a job before it builds an engine: writes
-  the refused report and says so, so the job can return without running;
-- ``relabel_refusal(config)``, called by the sweep callback when a job ends
-  (``SweepSummaryCallback.on_job_end``): a job that failed because its plugins refuse
-  each other has its ``report.json`` rewritten as refused.
+Such a job stops at that check, before anything is built (the engine checks
+compatibility first). When it ends, the sweep callback (``SweepSummaryCallback.on_job_end``,
+in the job's own process, so any launcher gives the same record) calls
+``relabel_refusal``: a job that failed because its plugins refuse each other has its
+``report.json`` rewritten with status ``refused`` and the plugin's reason. The sweep's
+summary (``enginekit.sweep_table``) leaves refused jobs out of the table and lists the
+refused combinations once, grouped by reason. A single run of a refused combination stays
+an error (exit code 2).
 
 A plugin that is not installed or fails to import is no refusal: that job fails with the
 loader's error, as any other broken job does.
@@ -55,21 +49,6 @@ def refusal(selected: Mapping[str, str]) -> str | None:
         except ConfigError as exc:
             return str(exc)
     return None
-
-
-def record_refusal(cfg: Any, output_dir: str | Path) -> bool:
-    """If a plugin refuses the combination ``cfg`` selects, writes ``report.json`` into
-    ``output_dir`` with status ``refused``, the reason and the selected plugins, and
-    returns True; otherwise writes nothing and returns False."""
-    selected = selected_plugins(cfg)
-    reason = refusal(selected)
-    if reason is None:
-        return False
-    header: dict[str, Any] = {group: selected.get(group) for group in PLUGIN_GROUPS}
-    header["model"] = str(cfg.model.name) if "model" in cfg else None
-    header["executor"] = str(cfg.executor) if "executor" in cfg else None
-    write_json({}, header, Path(output_dir) / "report.json", status=STATUS_REFUSED, error=reason)
-    return True
 
 
 def relabel_refusal(config: Any) -> bool:

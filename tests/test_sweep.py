@@ -380,6 +380,43 @@ def test_grid_sweep_runs_only_valid_combinations_in_parallel_and_rebuilds(cli, t
     assert _pngs(sweep) == {"kv_utilization.png", "prefix_hit_rate.png", "latency.png"}
 
 
+def test_only_a_job_that_failed_for_its_plugins_refusal_is_relabelled(tmp_path):
+    from omegaconf import OmegaConf
+
+    from enginekit.sweep_refusals import relabel_refusal
+
+    def job(name: str, allocator: str, prefix: str, error: str | None) -> tuple:
+        folder = tmp_path / name
+        plugins = {"allocator": {"name": allocator}, "prefix": {"name": prefix}}
+        config = OmegaConf.create({**plugins, "hydra": {"runtime": {"output_dir": str(folder)}}})
+        if error is not None:
+            write_json(
+                {},
+                {"allocator": allocator},
+                folder / "report.json",
+                status=STATUS_FAILED,
+                error=error,
+            )
+        return config, folder / "report.json"
+
+    reason = refusal({"allocator": "contiguous", "prefix": "radix"})
+    assert reason is not None
+    refused, path = job("a", "contiguous", "radix", reason)
+    assert relabel_refusal(refused)
+    report = json.loads(path.read_text())
+    assert (report["status"], report["error"], report["header"]) == (
+        STATUS_REFUSED,
+        reason,
+        {"allocator": "contiguous"},
+    )
+    other_error, other = job("b", "contiguous", "radix", "out of memory")
+    assert not relabel_refusal(other_error) and json.loads(other.read_text())["status"] == "failed"
+    accepted, accepted_path = job("c", "paged", "radix", "a bug")
+    assert not relabel_refusal(accepted)
+    assert json.loads(accepted_path.read_text())["status"] == STATUS_FAILED
+    assert not relabel_refusal(job("d", "contiguous", "radix", None)[0])  # no report: running
+
+
 def test_a_refused_combination_is_recorded_as_the_engine_refuses_it():
     from enginekit.engine import Engine
     from enginekit.errors import ConfigError
