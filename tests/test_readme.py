@@ -187,10 +187,11 @@ def _split_sweeps(args: list[str]) -> list[list[str]]:
 
 def test_shell_commands_outside_the_tutorial_name_what_exists_and_compose():
     """Outside the tutorial, the commands are sized for a user (seconds to minutes each;
-    the tests run sweeps and ablations at a smaller size): every ``python3 -m enginekit``
-    command is composed exactly as its command line would be, each sweep combination
-    apart, and builds an engine where it runs the simulator; installs name extras and
-    folders that exist."""
+    tests/test_cli.py runs those of Overrides and Sweeps with a small workload, and
+    tests/test_sweep.py the ablations): here every ``python3 -m enginekit`` command is
+    composed exactly as its command line would be, each sweep combination apart, and
+    builds an engine where it runs the simulator; installs name extras and folders that
+    exist."""
     from enginekit.app import compose_config
     from enginekit.engine import Engine
 
