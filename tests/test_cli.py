@@ -322,10 +322,10 @@ def test_progress_bar_only_on_a_terminal(run_main, monkeypatch):
 
     assert EngineConfig().progress is None
     for is_tty in (True, False):
-        monkeypatch.setattr(sys.stderr, "isatty", lambda is_tty=is_tty: is_tty)
-        assert show_progress(None) is is_tty
-        assert show_progress(True) and not show_progress(False)
-    monkeypatch.undo()
+        with monkeypatch.context() as patch:
+            patch.setattr(sys.stderr, "isatty", lambda is_tty=is_tty: is_tty)
+            assert show_progress(None) is is_tty
+            assert show_progress(True) and not show_progress(False)
     code, out, err = run_main(*TINY, "hydra.run.dir=r")  # stderr is captured: no terminal
     assert code == 0, err
     assert out.startswith("== run ==\n")
