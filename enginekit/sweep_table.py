@@ -139,7 +139,8 @@ def refused_lines(jobs: Sequence[JobResult]) -> list[str]:
     lines = [
         f"## Refused combinations ({len(refused)})",
         "",
-        "Not run: a selected plugin's `check_compatible` refuses them before anything is built.",
+        "A selected plugin's `check_compatible` refuses these: they stopped there, before "
+        "anything was built.",
         "",
     ]
     for reason, group in by_reason.items():
@@ -172,7 +173,7 @@ def render_markdown(jobs: Sequence[JobResult], title: str = "Sweep", compact: bo
     counts = f"{len(ran)} jobs: {num_done} completed, {len(ran) - num_done} not"
     if num_refused:
         plural = "s" * (num_refused > 1)
-        counts += f"; {num_refused} combination{plural} refused by its plugins (listed below)"
+        counts += f"; {num_refused} combination{plural} refused by their plugins (listed below)"
     lines = [f"# {title}", "", counts + "."]
     fixed = fixed_overrides(jobs)
     if fixed:

@@ -140,7 +140,7 @@ def test_refused_combinations_are_no_rows_but_listed_once_by_reason(tmp_path):
             _job(root, str(i), overrides, 1.0 + i)
     summary = summarize(root, plots=False)
     text = summary.markdown
-    assert "5 jobs: 5 completed, 0 not; 3 combinations refused by its plugins" in text
+    assert "5 jobs: 5 completed, 0 not; 3 combinations refused by their plugins" in text
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in table[1:]] == ["| 0", "| 1", "| 2", "| 3", "| 4"]
     assert "refused" not in "\n".join(table)
