@@ -68,6 +68,9 @@ def run_job(cfg: Any) -> dict[str, Any]:
     print(render_report(summary, header))
     write_json(summary, header, path)
     print(f"report: {path}")
+    oversized = _oversized_pool(header)
+    if oversized:
+        print(f"warning: {oversized}", file=sys.stderr)
     num_rejected = summary.get("num_requests_rejected", 0)
     if num_rejected:
         total = num_rejected + summary.get("num_requests", 0)
@@ -77,6 +80,25 @@ def run_job(cfg: Any) -> dict[str, Any]:
             file=sys.stderr,
         )
     return summary
+
+
+def _oversized_pool(header: dict[str, Any]) -> str | None:
+    """What is wrong when a simulated KV pool and the weights exceed the simulated GPU's
+    memory (a pool of ``cache.num_blocks`` blocks; a ``cache.memory_gib`` budget that large
+    is refused): the run went ahead as if they fit. None when they fit or for torch."""
+    from enginekit.executor.hardware import HARDWARE_PRESETS
+
+    hardware = HARDWARE_PRESETS.get(str(header.get("hardware")))
+    pool, weights = header.get("kv_pool_gib"), header.get("weight_gib")
+    if header.get("executor") != "sim" or hardware is None or pool is None or weights is None:
+        return None
+    capacity = hardware.hbm_capacity / (1 << 30)
+    if pool + weights <= capacity:
+        return None
+    return (
+        f"the KV pool ({pool:,.1f} GiB) and the weights ({weights:,.1f} GiB) exceed "
+        f"{hardware.name}'s {capacity:,.1f} GiB; the simulator ran as if they fit"
+    )
 
 
 def show_progress(setting: bool | None) -> bool:

@@ -295,7 +295,7 @@ def test_a_run_where_some_requests_are_rejected_exits_0_and_says_how_many(run_ma
     assert f"{num_rejected} of 10 requests rejected" in log.read_text()
 
 
-def test_a_kv_pool_larger_than_the_device_is_refused(run_main):
+def test_a_kv_pool_larger_than_the_device_is_refused_or_warned_of(run_main):
     code, _, err = run_main("cache.memory_gib=100000", *TINY, "hydra.run.dir=r")
     assert code == 2
     assert (
@@ -304,6 +304,14 @@ def test_a_kv_pool_larger_than_the_device_is_refused(run_main):
     ) in err
     code, _, err = run_main("cache.memory_gib=125", *TINY, "hydra.run.dir=r")
     assert code == 0, err
+    assert "warning" not in err
+    # A pool given in blocks (tests use huge ones as unbounded) runs, and says it cannot fit.
+    code, _, err = run_main("cache.num_blocks=100000", *TINY, "hydra.run.dir=r")
+    assert code == 0, err
+    assert (
+        "warning: the KV pool (195.3 GiB) and the weights (15.0 GiB) exceed h200's 140.4 GiB; "
+        "the simulator ran as if they fit"
+    ) in err
 
 
 def test_runs_get_folders_of_their_own_and_no_empty_log(run_main, tmp_path):
