@@ -13,8 +13,9 @@
 - ``capacity.png``, when ``quantizer`` varies: pool tokens and KV bytes per token.
 
 Bar plots have one horizontal bar per job, labelled with its swept choices, ordered and
-coloured by the plot's key. Figures are drawn with matplotlib's object API on the Agg
-canvas (no pyplot, no display, no global state).
+coloured by the plot's key; counts are labelled at a few round values with thousands
+separators. ``figures`` draws them (matplotlib's object API on the Agg canvas: no pyplot,
+no display, no global state) and ``write_plots`` saves them.
 """
 
 from __future__ import annotations
@@ -104,17 +105,17 @@ def _panel_title(panel: Panel) -> str:
     return f"{panel.title}\n(bar: {', '.join(bars)}; |: {', '.join(ticks)})"
 
 
-def _bar_plot(
-    path: Path,
+def bar_figure(
     title: str,
     jobs: Sequence[JobResult],
     swept: Sequence[str],
     focus: Sequence[str],
     panels: Sequence[Panel],
-) -> Path:
-    """Horizontal bars, one row per job (ordered by ``focus``, coloured by its last key)."""
+) -> Any:
+    """Horizontal bars, one row per job (ordered by ``focus``, coloured by its last key);
+    counts labelled as plain numbers with thousands separators, at a few round values."""
     from matplotlib.patches import Patch
-    from matplotlib.ticker import PercentFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 
     rows = _ordered(jobs, focus)
     colour_key = focus[-1] if focus else None
@@ -133,13 +134,15 @@ def _bar_plot(
         if panel.is_fraction:
             ax.set_xlim(0, 1.05)
             ax.xaxis.set_major_formatter(PercentFormatter(xmax=1))
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
+            ax.xaxis.set_major_formatter(FuncFormatter(_plain))
     _label_rows(axes[0], rows, swept)
     if colour_key is not None and len(palette) > 1:
         handles = [Patch(color=c, label=v) for v, c in palette.items()]
         fig.legend(handles=handles, title=colour_key, loc="outside right upper", fontsize="small")
     fig.suptitle(title)
-    fig.savefig(path, dpi=100)
-    return path
+    return fig
 
 
 def _latency_points_ms(job: JobResult, key: str) -> dict[str, float]:
@@ -243,14 +246,10 @@ def latency_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
     return fig
 
 
-def _latency_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -> Path:
-    latency_figure(jobs, swept).savefig(path, dpi=100)
-    return path
-
-
-def _pool_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -> Path | None:
+def _pool_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
     """Preemptions per request and output tok/s against the pool size (swept key's value,
-    or the pool's GB when both pool keys vary); a line per combination of the other keys."""
+    or the pool's GB when both pool keys vary); a line per combination of the other keys.
+    None when no job has a pool size."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullLocator
 
@@ -297,8 +296,7 @@ def _pool_plot(path: Path, jobs: Sequence[JobResult], swept: Sequence[str]) -> P
     if others:
         fig.legend(loc="outside right upper", fontsize="small", title=", ".join(others))
     fig.suptitle("Preemption and throughput against the KV pool size")
-    fig.savefig(path, dpi=100)
-    return path
+    return fig
 
 
 _KV_PANELS = (
@@ -341,36 +339,39 @@ _CAPACITY_PANELS = (
 )
 
 
-def write_plots(jobs: Sequence[JobResult], folder: str | Path) -> list[Path]:
-    """Writes into ``folder`` the plots (see the module docstring) that the sweep's varied
-    keys call for, from its completed jobs; returns their paths (none without completed
-    jobs). Raises ImportError without matplotlib."""
+def figures(jobs: Sequence[JobResult]) -> dict[str, Any]:
+    """The figures (see the module docstring) that the sweep's varied keys call for, from
+    its completed jobs, by file name (none without completed jobs). Raises ImportError
+    without matplotlib."""
     import matplotlib  # noqa: F401  (fail early and clearly when it is missing)
 
-    folder = Path(folder)
     swept = swept_keys(jobs)
     done = [job for job in jobs if job.is_completed]
     if not done:
-        return []
-    written: list[Path | None] = []
+        return {}
+    drawn: dict[str, Any] = {}
     if "allocator" in swept:
         title = "KV utilisation and concurrency by allocator"
-        written.append(
-            _bar_plot(folder / "kv_utilization.png", title, done, swept, ["allocator"], _KV_PANELS)
-        )
+        drawn["kv_utilization.png"] = bar_figure(title, done, swept, ["allocator"], _KV_PANELS)
     prefix_focus = [k for k in ("workload.name", "prefix") if k in swept]
     if prefix_focus:
         title = "Prefix cache hit rate by " + " and ".join(prefix_focus)
-        written.append(
-            _bar_plot(folder / "prefix_hit_rate.png", title, done, swept, prefix_focus, _HIT_PANELS)
-        )
+        drawn["prefix_hit_rate.png"] = bar_figure(title, done, swept, prefix_focus, _HIT_PANELS)
     if len(done) >= 2 and swept:
-        written.append(_latency_plot(folder / "latency.png", done, swept))
+        drawn["latency.png"] = latency_figure(done, swept)
     if any(k in swept for k in POOL_KEYS):
-        written.append(_pool_plot(folder / "pool_size.png", done, swept))
+        drawn["pool_size.png"] = _pool_figure(done, swept)
     if "quantizer" in swept:
         title = "KV capacity by quantizer"
-        written.append(
-            _bar_plot(folder / "capacity.png", title, done, swept, ["quantizer"], _CAPACITY_PANELS)
-        )
-    return [path for path in written if path is not None]
+        drawn["capacity.png"] = bar_figure(title, done, swept, ["quantizer"], _CAPACITY_PANELS)
+    return {name: fig for name, fig in drawn.items() if fig is not None}
+
+
+def write_plots(jobs: Sequence[JobResult], folder: str | Path) -> list[Path]:
+    """Writes ``figures(jobs)`` into ``folder`` as PNG files; returns their paths. Raises
+    ImportError without matplotlib."""
+    paths = []
+    for name, fig in figures(jobs).items():
+        paths.append(Path(folder) / name)
+        fig.savefig(paths[-1], dpi=100)
+    return paths

@@ -209,6 +209,51 @@ def test_latency_plot_names_its_markers_and_colours_and_labels_its_log_axes(swee
         assert len(labelled) >= MIN_LOG_TICKS and all(low <= t <= high for t in labelled)
 
 
+def _wide_sweep(root: Path) -> Path:
+    """24 jobs over four swept keys with long values (long row labels, narrow panels)
+    and the byte and token counts of a real quantizer sweep."""
+    sizes = {"none": (131072, 2048), "fp8": (65536, 4096), "int4": (43008, 6241)}
+    grid = itertools.product(
+        ["paged", "contiguous"], sizes, ["lru", "sliding_window"], ["recompute", "swap"]
+    )
+    for i, (allocator, quantizer, eviction, preemption) in enumerate(grid):
+        job = root / str(i)
+        (job / ".hydra").mkdir(parents=True)
+        overrides = [f"+allocator={allocator}", f"+quantizer={quantizer}"]
+        overrides += [f"+eviction={eviction}", f"+preemption={preemption}"]
+        (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        bytes_per_token, blocks = sizes[quantizer]
+        summary = {**_summary(1.0 + i), "kv_cache_num_blocks": blocks}
+        header = {"block_size": 16, "kv_bytes_per_token": bytes_per_token}
+        write_json(summary, header, job / "report.json")
+    return root
+
+
+def test_no_plot_has_overlapping_axis_labels(tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from enginekit.sweep_plots import figures
+
+    drawn = figures(load_jobs(_wide_sweep(tmp_path / "wide")))
+    assert {"kv_utilization.png", "latency.png", "capacity.png"} <= set(drawn)
+    for name, fig in drawn.items():
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        for ax in fig.axes:
+            low, high = sorted(ax.get_xlim())
+            ticks, labels = ax.get_xticks(), ax.get_xticklabels()
+            shown = [
+                label.get_window_extent(renderer)
+                for tick, label in zip(ticks, labels, strict=True)
+                if label.get_text() and low <= tick <= high
+            ]
+            assert len(shown) >= 2, (name, ax.get_title())
+            shown.sort(key=lambda box: box.x0)
+            gaps = [right.x0 - left.x1 for left, right in itertools.pairwise(shown)]
+            assert min(gaps) >= 4, (name, ax.get_title(), [t.get_text() for t in labels])
+
+
 def test_plots_only_for_the_keys_the_sweep_varies(sweep_dir, tmp_path):
     summary = summarize(sweep_dir)
     written = sorted(p.name for p in summary.paths if p.suffix == ".png")
