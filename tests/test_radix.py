@@ -110,13 +110,14 @@ def test_results_are_named_tuples(Tree) -> None:
 
 def test_mid_block_split(Tree) -> None:
     tree = split_example(Tree)
+    # Block 8 straddles the split: two references, one block.
     assert state(tree) == {
         "block_size": 4,
         "num_nodes": 4,
         "num_tokens": 16,
         "num_block_refs": 6,
         "evictable_block_refs": 6,
-        "num_evictable_blocks": 5,  # block 8 straddles the split: two references, one block
+        "num_evictable_blocks": 5,
         "nodes": [
             (0, None, [], [], 0, 2),
             (1, 2, A[6:], [8, 9], 0, 1),
