@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from enginekit.errors import (
     ConfigError,
     EngineKitError,
+    InvalidRequestError,
     KVCacheError,
     OutOfBlocksError,
     PluginError,
@@ -47,6 +48,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineKitError",
+    "InvalidRequestError",
     "KVCacheError",
     "OutOfBlocksError",
     "PluginError",

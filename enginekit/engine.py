@@ -13,13 +13,13 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
 from enginekit.engine_workloads import WorkloadMixin
-from enginekit.errors import ConfigError, RequestRejectedError
+from enginekit.errors import ConfigError, InvalidRequestError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
 from enginekit.kv.context import KVContext
 from enginekit.kv.manager import KVCacheManager, make_structures
@@ -28,7 +28,14 @@ from enginekit.kv.spec import KVSpec
 from enginekit.metrics import RunMetrics
 from enginekit.models.shapes import ModelShape
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
-from enginekit.request import Request, RequestOutput, SamplingParams
+from enginekit.request import (
+    Request,
+    RequestOutput,
+    SamplingParams,
+    as_arrival_time,
+    as_extra_key,
+    as_token_ids,
+)
 from enginekit.scheduler import Scheduler
 from enginekit.tokenizer import Tokenizer
 from enginekit.workloads.request import WorkloadRequest
@@ -137,43 +144,93 @@ class Engine(WorkloadMixin):
 
     def add_request(
         self,
-        prompt_token_ids: Sequence[int],
+        prompt_token_ids: Sequence[int] | str,
         sampling: SamplingParams | None = None,
         *,
         request_id: str | None = None,
         arrival_time: float | None = None,
-        extra_key: bytes | None = None,
+        extra_key: bytes | str | None = None,
         scripted_output_ids: Sequence[int] | None = None,
     ) -> str:
-        """Queues a request; returns its id. A text prompt is tokenized with the tokenizer
-        of ``model.path`` (ConfigError for a model without a folder). Raises
-        RequestRejectedError, queuing nothing, if it can never be served: empty, a token
-        outside the vocabulary, prompt plus max_tokens beyond the model's context, or more
-        blocks than the whole cache."""
-        if isinstance(prompt_token_ids, str):
-            prompt_token_ids = self.tokenizer.encode(prompt_token_ids)
-        sampling = sampling or SamplingParams()
+        """Queues a request; returns its id. The prompt is a sequence of token ids (ints;
+        numpy integer arrays too) or a text, tokenized with the tokenizer of ``model.path``
+        (ConfigError for a model without a folder). ``extra_key`` salts the prefix cache
+        (requests share cached blocks only with the same salt): bytes, or a str, which
+        stands for its UTF-8 bytes. ``arrival_time`` (seconds; default: now) is clamped at
+        0. Raises, queuing nothing, InvalidRequestError for an argument of the wrong type
+        or value (naming it), RequestRejectedError if the request can never be served:
+        empty, a token outside the vocabulary (prompt or script), prompt plus max_tokens
+        beyond the model's context, or more blocks than the whole cache. Whatever it
+        accepts, no later step raises for it."""
+        if request_id is not None and not isinstance(request_id, str):
+            raise InvalidRequestError(
+                f"request_id must be a str or None, got {type(request_id).__name__}"
+            )
         seq_id = next(self._seq_ids)
-        request_id = str(seq_id) if request_id is None else request_id
-        if request_id in self._requests:
+        if request_id is None:
+            request_id = str(seq_id)
+            while request_id in self._requests:  # a caller's own id took this number
+                seq_id = next(self._seq_ids)
+                request_id = str(seq_id)
+        elif request_id in self._requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
         try:
-            self._check_servable(request_id, prompt_token_ids, sampling)
+            args = self._checked_arguments(
+                request_id, prompt_token_ids, sampling, arrival_time, extra_key, scripted_output_ids
+            )
+            self._check_servable(request_id, args.prompt_token_ids, args.sampling)
         except RequestRejectedError:
             self.metrics.on_request_rejected()
             raise
         request = Request(
             request_id=request_id,
             seq_id=seq_id,
-            prompt_token_ids=list(prompt_token_ids),
-            sampling=sampling,
-            arrival_time=self.clock if arrival_time is None else max(arrival_time, 0.0),
-            extra_key=extra_key,
-            scripted_output_ids=scripted_output_ids,
+            prompt_token_ids=args.prompt_token_ids,
+            sampling=args.sampling,
+            arrival_time=self.clock if args.arrival_time is None else args.arrival_time,
+            extra_key=args.extra_key,
+            scripted_output_ids=args.scripted_output_ids,
         )
         self._requests[request_id] = request
         heapq.heappush(self._pending, (request.arrival_time, seq_id, request))
         return request_id
+
+    def _checked_arguments(
+        self,
+        request_id: str,
+        prompt: object,
+        sampling: object,
+        arrival_time: object,
+        extra_key: object,
+        script: object,
+    ) -> _Arguments:
+        """``add_request``'s arguments as the scheduler and the caches take them: token ids
+        as lists of ints (a text prompt tokenized), the salt as bytes, the arrival time as
+        a float clamped at 0. Raises InvalidRequestError for a value of the wrong type
+        (naming it, and a token by its position), RequestRejectedError for a scripted
+        token outside the vocabulary (the prompt's are ``_check_servable``'s)."""
+        what = f"request {request_id!r}"
+        if sampling is None:
+            sampling = SamplingParams()
+        try:
+            if not isinstance(sampling, SamplingParams):
+                raise InvalidRequestError(
+                    f"sampling must be a SamplingParams or None, got {type(sampling).__name__}"
+                )
+            if isinstance(prompt, str):
+                prompt = self.tokenizer.encode(prompt)
+            token_ids = as_token_ids("prompt", prompt, "a list of token ids or a string")
+            script_ids = None if script is None else as_token_ids("scripted_output_ids", script)
+            salt = as_extra_key(extra_key)
+            arrival = as_arrival_time(arrival_time)
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"{what}: {exc}") from None
+        vocab = self.shape.vocab_size
+        if script_ids and (min(script_ids) < 0 or max(script_ids) >= vocab):
+            raise RequestRejectedError(f"{what}: scripted output ids must be in [0, {vocab})")
+        return _Arguments(
+            token_ids, sampling, None if arrival is None else max(arrival, 0.0), salt, script_ids
+        )
 
     def _check_servable(
         self, request_id: str, prompt: Sequence[int], sampling: SamplingParams
@@ -367,6 +424,16 @@ class Engine(WorkloadMixin):
         """Raises KVCacheError if any cache structure is inconsistent."""
         self.kv.check_integrity()
         self.scheduler.preemption.check_integrity()
+
+
+class _Arguments(NamedTuple):
+    """A request's arguments, checked and normalized by ``Engine._checked_arguments``."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_time: float | None  # None: now
+    extra_key: bytes | None
+    scripted_output_ids: list[int] | None
 
 
 def _with_attention_window(shape: ModelShape, eviction_cls: Any, eviction_cfg: Any) -> ModelShape:

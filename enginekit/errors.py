@@ -32,3 +32,10 @@ class PluginError(EngineKitError, LookupError):
 
 class RequestRejectedError(EngineKitError, ValueError):
     """A request can never be served (too long for the model or the whole cache)."""
+
+
+class InvalidRequestError(RequestRejectedError):
+    """A request is malformed: a field of the wrong type or out of range (a float token id,
+    ``max_tokens="8"``, a NaN arrival time). The message names the field and the value.
+    Raised where the request is built (``SamplingParams(...)``, ``Engine.add_request``),
+    never later by a step."""

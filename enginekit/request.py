@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from enginekit.errors import ConfigError
+from enginekit.errors import InvalidRequestError
+
+# Below this a temperature is refused rather than run: dividing float32 logits by it can
+# overflow them (softmax of inf is NaN), and it samples as greedily as 0 does anyway.
+MIN_TEMPERATURE = 1e-5
+MAX_EXTRA_KEY_BYTES = 2**32 - 1  # the block hash stores the salt's length in 4 bytes
 
 
 @dataclass(frozen=True)
@@ -33,26 +40,127 @@ class SamplingParams:
     beam_width: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ConfigError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"sampling.temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ConfigError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.n < 1:
-            raise ConfigError(f"sampling.n must be >= 1, got {self.n}")
-        if self.beam_width < 1:
-            raise ConfigError(f"sampling.beam_width must be >= 1, got {self.beam_width}")
+        """Checks every field; raises InvalidRequestError naming the first bad one and its
+        value. Normalizes numpy scalars to int / float and ``stop_token_ids`` to a tuple."""
+        put = object.__setattr__  # frozen: normalized values are written once, here
+        put(self, "max_tokens", _int_field("max_tokens", self.max_tokens, 1))
+        stop_token_ids = as_token_ids("sampling.stop_token_ids", self.stop_token_ids)
+        put(self, "stop_token_ids", tuple(stop_token_ids))
+        if any(t < 0 for t in self.stop_token_ids):
+            raise InvalidRequestError(
+                f"sampling.stop_token_ids must be >= 0, got {list(self.stop_token_ids)}"
+            )
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError(
+                f"sampling.ignore_eos must be a bool, got {_shown(self.ignore_eos)}"
+            )
+        temperature = _real_field("temperature", self.temperature)
+        if temperature < 0 or 0 < temperature < MIN_TEMPERATURE:
+            raise InvalidRequestError(
+                f"sampling.temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, "
+                f"got {temperature}"
+            )
+        put(self, "temperature", temperature)
+        put(self, "top_k", _int_field("top_k", self.top_k, 0, note=" (0 = off)"))
+        top_p = _real_field("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise InvalidRequestError(f"sampling.top_p must be in (0, 1], got {top_p}")
+        put(self, "top_p", top_p)
+        if self.seed is not None:
+            put(self, "seed", _int_field("seed", self.seed, None, kind="an int or None"))
+        put(self, "n", _int_field("n", self.n, 1))
+        put(self, "beam_width", _int_field("beam_width", self.beam_width, 1))
         if self.beam_width > 1:
             if self.temperature != 0:
-                raise ConfigError("beam search is deterministic: sampling.temperature must be 0")
+                raise InvalidRequestError(
+                    "beam search is deterministic: sampling.temperature must be 0, "
+                    f"got {self.temperature}"
+                )
             if self.n > self.beam_width:
-                raise ConfigError(
+                raise InvalidRequestError(
                     f"sampling.n ({self.n}) cannot exceed sampling.beam_width ({self.beam_width})"
                 )
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+
+def _shown(value: object) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _is_int(value: object) -> bool:
+    """An integer that is not a bool (numpy integers count; floats such as 8.0 do not)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int_field(
+    name: str, value: object, minimum: int | None, kind: str = "an int", note: str = ""
+) -> int:
+    if not _is_int(value):
+        raise InvalidRequestError(f"sampling.{name} must be {kind}, got {_shown(value)}")
+    number = int(value)  # type: ignore[call-overload]  # an Integral
+    if minimum is not None and number < minimum:
+        raise InvalidRequestError(f"sampling.{name} must be >= {minimum}{note}, got {number}")
+    return number
+
+
+def _real_field(name: str, value: object) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise InvalidRequestError(f"sampling.{name} must be a number, got {_shown(value)}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidRequestError(f"sampling.{name} must be finite, got {number}")
+    return number
+
+
+def as_token_ids(name: str, value: object, expected: str = "a list of token ids") -> list[int]:
+    """``value`` as a new list of Python ints. Takes a sequence of ints (numpy integers
+    too) or an array with ``tolist()`` (numpy, torch); refuses str, bytes, bools and
+    floats. Raises InvalidRequestError naming ``name`` and the first bad token; range
+    checks (the vocabulary) are the caller's."""
+    tolist = getattr(value, "tolist", None)
+    items = tolist() if callable(tolist) and not isinstance(value, list | tuple) else value
+    if isinstance(items, str | bytes | bytearray) or not isinstance(items, Sequence):
+        raise InvalidRequestError(f"{name} must be {expected}, got {type(value).__name__}")
+    tokens = list(items)
+    if set(map(type, tokens)) - {int}:  # the common case, a list of ints, skips the loop
+        for i, token in enumerate(tokens):
+            if not _is_int(token):
+                raise InvalidRequestError(f"{name} token {i} is {token!r}, not an int")
+            tokens[i] = int(token)
+    return tokens
+
+
+def as_extra_key(value: object) -> bytes | None:
+    """A prefix-cache salt as bytes: bytes-like values as they are, a str as its UTF-8
+    encoding (so ``"tenant-a"`` and ``b"tenant-a"`` share a cache), None as None.
+    Raises InvalidRequestError for anything else or a salt of 2**32 bytes or more."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            key = value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(f"extra_key {value!r} is not valid UTF-8: {exc}") from None
+    elif isinstance(value, bytes | bytearray | memoryview):
+        key = bytes(value)
+    else:
+        raise InvalidRequestError(
+            f"extra_key must be bytes, a str (encoded as UTF-8) or None, got {_shown(value)}"
+        )
+    if len(key) > MAX_EXTRA_KEY_BYTES:
+        raise InvalidRequestError(f"extra_key is {len(key)} bytes, more than {MAX_EXTRA_KEY_BYTES}")
+    return key
+
+
+def as_arrival_time(value: object) -> float | None:
+    """A finite number of seconds as a float, or None. Raises InvalidRequestError."""
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise InvalidRequestError(f"arrival_time must be a number, got {_shown(value)}")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise InvalidRequestError(f"arrival_time must be finite, got {seconds}")
+    return seconds
 
 
 class RequestStatus(enum.Enum):
