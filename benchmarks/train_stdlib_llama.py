@@ -404,8 +404,14 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="retrain even if cached")
     parser.add_argument("--check", action="store_true", help="only check the cached folder")
     args = parser.parse_args()
-    set_threads(args.threads)
     folder = cache_dir()
+    if args.check and not (folder / "training.json").is_file():
+        raise SystemExit(
+            f"error: no trained model in {folder} to check; train it first with\n"
+            f"  python3 benchmarks/train_stdlib_llama.py   (about {args.minutes:g} min)\n"
+            "(ENGINEKIT_CACHE chooses the cache folder)"
+        )
+    set_threads(args.threads)
     if not args.check:
         if args.force or not (folder / "training.json").is_file():
             build(folder, args.minutes, args.threads)

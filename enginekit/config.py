@@ -73,7 +73,10 @@ class ModelConfig:
 
     name: str = "llama-3-8b"
     max_model_len: int | None = None  # None: the model's own context length
-    dtype: str = "bfloat16"  # weights and, without a quantizer, KV: bfloat16 | float16 | float32
+    # Weights and, without a quantizer, KV: auto | bfloat16 | float16 | float32. auto: the
+    # model's own, config.json's torch_dtype for a folder, the preset's otherwise (tiny:
+    # float32; llama-2-7b: float16; the others bfloat16); the simulator counts its bits.
+    dtype: str = "auto"
     path: str | None = None  # local Hugging Face folder; overrides name's preset shape
     seed: int = 0  # tiny's weights; also the base of per-request sampling seeds (torch)
 
@@ -94,11 +97,14 @@ class CacheConfig:
     watermark: float = 0.01  # share of blocks admission keeps free for running sequences
     native: bool = True  # Rust structures; false runs their pure-Python reference twins
     # When num_blocks is None: KV pool budget in GiB (both executors). None: the simulated
-    # device's memory after weights and reserve; torch: 1 GiB on CPU, on CUDA free memory
-    # after the weights × hardware.memory_utilization - reserve_gib.
+    # device's memory after weights and reserve; torch on CUDA: free memory after the
+    # weights × hardware.memory_utilization - reserve_gib; torch on a CPU: what the run
+    # can hold (scheduler.max_num_seqs × model.max_model_len tokens), at most 1 GiB and
+    # half the available memory. The report says which rule chose the pool.
     memory_gib: float | None = None
-    # torch executor: host swap pool in GiB (allocated at the first swap-out). None: the
-    # preemption plugin's swap_space_gib when it has one, else no swap pool.
+    # Removed, and refused when set: the host swap pool is sized by the swap plugin's
+    # preemption.swap_space_gib alone (the swap bookkeeping and the torch executor's host
+    # tensors both follow it). Kept in the schema only so that the refusal can say so.
     swap_gib: float | None = None
 
 
@@ -145,7 +151,9 @@ class EngineConfig:
     executor: str = "sim"  # sim | torch
     device: str = "cpu"  # torch executor: cpu | cuda | cuda:N
     kernels: str = "auto"  # torch executor: auto (triton on CUDA) | triton | reference
-    threads: int | None = None  # torch executor: intra-op CPU threads (None: torch's default)
+    # torch executor: intra-op CPU threads, for the process. auto: 1 on a CPU for models of
+    # hidden size < 2048 (their matmuls are too small to split), else torch's default.
+    threads: int | str = "auto"
     # A progress bar on stderr while the run goes: null (default) when stderr is a
     # terminal, true always, false never.
     progress: bool | None = None

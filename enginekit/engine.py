@@ -26,7 +26,7 @@ from enginekit.kv.manager import KVCacheManager, make_structures
 from enginekit.kv.restore_cost import RestoreCost
 from enginekit.kv.spec import KVSpec
 from enginekit.metrics import RunMetrics
-from enginekit.models.shapes import ModelShape
+from enginekit.models.shapes import ModelShape, resolve_dtype
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
 from enginekit.request import (
     Request,
@@ -84,7 +84,7 @@ class Engine(WorkloadMixin):
 
         self.shape = _with_attention_window(model_shape(cfg.model), *plugins["eviction"])
         self.max_model_len = self.shape.max_model_len
-        model_bits = _dtype_bits(cfg.model.dtype)
+        model_bits = _dtype_bits(resolve_dtype(cfg.model.dtype, self.shape))
         quantizer_cls, quantizer_cfg = plugins["quantizer"]
         self.quantizer = quantizer_cls(quantizer_cfg)
         self.kv_spec = KVSpec.of(
@@ -97,7 +97,7 @@ class Engine(WorkloadMixin):
             raise ConfigError(f"cache.watermark must be in [0, 1), got {cfg.cache.watermark}")
 
         self.executor, num_blocks = build_executor(
-            cfg, self.shape, self.kv_spec, model_bits, self.quantizer
+            cfg, self.shape, self.kv_spec, model_bits, self.quantizer, plugins["preemption"][1]
         )
         pool, tables = make_structures(num_blocks, cfg.cache.block_size, cfg.cache.native)
         kv = KVContext(pool, tables, self.kv_spec, self.max_model_len, self.shape.sliding_window)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from enginekit.config import PreemptionConfig
 from enginekit.errors import ConfigError
 from enginekit.executor.base import Executor
 from enginekit.executor.hardware import HardwareSpec
@@ -44,20 +45,28 @@ def build_executor(
     kv_spec: KVSpec,
     model_bits: int,
     quantizer: Quantizer | None = None,
+    preemption: PreemptionConfig | None = None,
 ) -> tuple[Executor, int]:
     """The executor ``cfg.executor`` names, and the number of KV blocks of the pool:
     ``cache.num_blocks`` if set, else the blocks ``cache.memory_gib`` holds if set, else
     what the device's memory holds. ``quantizer``
     (the plugin behind ``kv_spec.quant``) tells the torch executor where fp8 scales
-    come from."""
+    come from; ``preemption`` (the selected plugin's full config) how large its host
+    swap pool is: ``swap_space_gib`` where the plugin has one, else none."""
     if cfg.executor not in EXECUTORS:
         raise ConfigError(
             f"executor={cfg.executor!r} is not available; choose: {', '.join(EXECUTORS)}"
         )
+    if cfg.cache.get("swap_gib") is not None:
+        raise ConfigError(
+            "cache.swap_gib was removed: the host swap pool is sized by "
+            "preemption.swap_space_gib (with +preemption=swap)"
+        )
     if cfg.executor == "torch":
         from enginekit.executor.torch_factory import build_torch_executor
 
-        return build_torch_executor(cfg, shape, kv_spec, quantizer)
+        swap_space_gib = float(getattr(preemption, "swap_space_gib", 0.0) or 0.0)
+        return build_torch_executor(cfg, shape, kv_spec, quantizer, swap_space_gib)
     from enginekit.executor.hardware import hardware_preset, kv_pool_num_blocks
     from enginekit.executor.sim import SimExecutor
 

@@ -1,10 +1,11 @@
 """TorchExecutor: real tokens from a Llama-family model over paged KV tensors.
 
-Per step: register the step's forks, then forget ``finished_seq_ids``; apply swap-outs, swap-ins and copy-on-write block
-copies (in that order); build the flat batch (prefill chunks, then decodes) from the
-scheduler's block tables; run the forward, which writes the new tokens' K/V and attends
-over the pool; sample one token for each ``sample_seq_ids`` entry. ``step_time_s`` is the
-measured wall time of all of it (the device is synchronised by reading the tokens back).
+Per step: register the step's forks, then forget ``finished_seq_ids``; apply swap-outs,
+swap-ins and copy-on-write block copies (in that order); build the flat batch (prefill
+chunks, then decodes) from the scheduler's block tables; run the forward, which writes
+the new tokens' K/V and attends over the pool; sample one token for each
+``sample_seq_ids`` entry. ``step_time_s`` is the measured wall time of all of it (the
+device is synchronised by reading the tokens back).
 
 Per-sequence state lives from ``add_sequence`` until ``finished_seq_ids`` lists the
 sequence: its sampling parameters and its generator (the tokens each step computes come
@@ -78,6 +79,8 @@ class TorchExecutor(Executor):
         self.base_seed = base_seed
         self.eos_token_id = model.arch.eos_token_id
         self._sequences: dict[int, _Sequence] = {}
+        # What the builder chose and by which rule (pool sizing, threads), for describe().
+        self.build_notes: dict[str, object] = {}
         self.num_steps = 0
         self.busy_time_s = 0.0
 
@@ -104,8 +107,9 @@ class TorchExecutor(Executor):
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
         """Registers the forks' children, then forgets ``finished_seq_ids`` (unknown ids
         ignored; a parent finishing in the step that forks it is still forked), applies
-        the block operations, runs the forward and samples. Mutates the KV pools and the sampled sequences'
-        tokens and generators. Raises KeyError for a scheduled sequence never added."""
+        the block operations, runs the forward and samples. Mutates the KV pools and the
+        sampled sequences' tokens and generators. Raises KeyError for a scheduled
+        sequence never added."""
         started = time.perf_counter()
         sequences = self._sequences
         # Forks first: a beam's parent may be listed as finished in the step that forks it.
@@ -157,7 +161,11 @@ class TorchExecutor(Executor):
         )
 
     def describe(self) -> dict[str, object]:
+        """Where and how the run happens: device, model, kernels, the KV pool and the host
+        swap pool (blocks and bytes; the host blocks allocated so far), and what the
+        builder chose and why (``build_notes``)."""
         shape = self.model.arch.shape
+        block_bytes = self.kv_spec.bytes_per_block
         info: dict[str, object] = {
             "executor": "torch",
             "device": str(self.device),
@@ -169,9 +177,13 @@ class TorchExecutor(Executor):
             "kv_bytes_per_token": self.kv_spec.bytes_per_token,
             "block_size": self.kv_spec.block_size,
             "kv_pool_blocks": self.cache.num_blocks,
-            "kv_pool_gib": self.cache.num_blocks * self.kv_spec.bytes_per_block / (1 << 30),
+            "kv_pool_bytes": self.cache.num_blocks * block_bytes,
+            "kv_pool_gib": self.cache.num_blocks * block_bytes / (1 << 30),
             "swap_pool_blocks": self.cache.num_host_blocks,
+            "swap_pool_bytes": self.cache.num_host_blocks * block_bytes,
+            "swap_pool_blocks_allocated": self.cache.num_host_blocks_allocated,
         }
+        info.update(self.build_notes)
         if self.fp8_scales is not None:
             info["fp8_scales"] = self.fp8_scales.describe()
         return info

@@ -21,12 +21,20 @@ from enginekit.models.llama import LayerWeights, LlamaWeights
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:
-    """The parsed ``config.json`` of the folder ``path``; ConfigError if absent."""
+    """The parsed ``config.json`` of the folder ``path``; ConfigError if absent, unreadable
+    or not a JSON object."""
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"model.path={str(path)!r}: no config.json there")
-    with config_file.open() as f:
-        config: dict[str, Any] = json.load(f)
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"model.path={str(path)!r}: config.json cannot be read: {exc}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"model.path={str(path)!r}: config.json holds a {type(config).__name__}, "
+            "not an object of model settings"
+        )
     return config
 
 

@@ -10,7 +10,7 @@ from enginekit.config import PreemptionConfig
 from enginekit.errors import ConfigError
 from enginekit.interfaces import Preemption, PreemptionResult
 from enginekit.kv.restore_cost import RestoreCost
-from enginekit.kv.swap import HostSwapPool
+from enginekit.kv.swap import HostSwapPool, host_pool_num_blocks
 from enginekit.request import Request, RequestStatus
 from enginekit_plugins.preemption.recompute import recompute
 
@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 @dataclass
 class SwapConfig(PreemptionConfig):
     name: str = "swap"
-    swap_space_gib: float = 4.0  # host memory for swapped-out KV blocks
+    # Host memory for swapped-out KV blocks, at most the device pool's blocks (see
+    # enginekit.kv.swap.host_pool_num_blocks): the swap bookkeeping and the torch
+    # executor's host pool (allocated as swaps fill it) are both sized from this key.
+    swap_space_gib: float = 4.0
     num_candidates: int = 4  # lowest-priority running requests weighed as victims
 
 
@@ -44,17 +47,14 @@ class SwapPreemption(Preemption):
 
     def __init__(self, config: SwapConfig, costs: RestoreCost, kv: KVCacheManager) -> None:
         super().__init__(config, costs, kv)
-        if config.swap_space_gib < 0:
-            raise ConfigError(
-                f"preemption.swap_space_gib must be >= 0, got {config.swap_space_gib}"
-            )
         if config.num_candidates < 1:
             raise ConfigError(
                 f"preemption.num_candidates must be >= 1, got {config.num_candidates}"
             )
         self.num_candidates = config.num_candidates
-        num_host_blocks = int(config.swap_space_gib * 2**30) // kv.spec.bytes_per_block
-        self.host = HostSwapPool(num_host_blocks)
+        self.host = HostSwapPool(
+            host_pool_num_blocks(config.swap_space_gib, kv.spec.bytes_per_block, kv.num_blocks)
+        )
         # seq_id -> (host blocks in logical order, leading holes of its table)
         self._swapped: dict[int, tuple[list[int], int]] = {}
 
