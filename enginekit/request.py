@@ -27,6 +27,10 @@ class SamplingParams:
     ``seed + k``. ``beam_width > 1`` is beam search (greedy: temperature 0): the
     ``beam_width`` sequences of highest total log-probability are kept at every step, and
     the best ``n`` are returned; beams fork and are pruned by reference counts.
+
+    Every field is checked here, so that a step never meets a bad value: InvalidRequestError
+    names the field and the value. Counts and ids are ints (numpy integers are converted;
+    bools, floats and strings are refused), temperature and top_p finite numbers.
     """
 
     max_tokens: int = 16
@@ -194,7 +198,9 @@ class Request:
     prompt_token_ids: Sequence[int]
     sampling: SamplingParams
     arrival_time: float = 0.0
-    extra_key: bytes | None = None  # prefix-cache salt (e.g. a tenant); None shares globally
+    # Prefix-cache salt (e.g. a tenant; add_request encodes a str as UTF-8); None shares
+    # globally.
+    extra_key: bytes | None = None
     scripted_output_ids: Sequence[int] | None = None  # what the simulator "generates"
 
     token_ids: list[int] = field(init=False)
