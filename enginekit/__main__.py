@@ -172,6 +172,16 @@ def run_task(cfg: Any) -> dict[str, Any] | None:
             from enginekit.claims import run_claims_job
 
             return run_claims_job(_output_dir())
+        if _is_multirun():
+            from enginekit.report import write_json
+            from enginekit.sweep_jobs import STATUS_REFUSED
+            from enginekit.sweep_refusals import refusal, selected_plugins
+
+            reason = refusal(selected_plugins(cfg))
+            if reason is not None:  # listed once in the sweep's summary, not as an error
+                path = _output_dir() / "report.json"
+                write_json({}, _config_header(cfg), path, status=STATUS_REFUSED, error=reason)
+                return None
         return run_job(cfg)
     except EngineKitError as exc:
         if _is_multirun():

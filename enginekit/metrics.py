@@ -55,8 +55,12 @@ class RunMetrics:
 
     def __init__(self) -> None:
         self._requests: dict[str, _RequestRecord] = {}
+        # Every admission's prefix lookup, as vLLM counts them; the re-admissions of
+        # preempted requests among them are also counted on their own.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.prefix_cache_readmission_queries = 0
+        self.prefix_cache_readmission_hits = 0
         self.num_preemptions_by_kind: dict[str, int] = {}
         self.recomputed_tokens_total = 0
         self.num_steps = 0
@@ -110,10 +114,17 @@ class RunMetrics:
 
     # ---- cache and scheduler events ---------------------------------------------------
 
-    def on_prefix_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
-        """One prefix-cache lookup of ``num_query_tokens`` tokens, ``num_hit_tokens`` found."""
+    def on_prefix_query(
+        self, num_query_tokens: int, num_hit_tokens: int, is_readmission: bool = False
+    ) -> None:
+        """One admission's prefix-cache lookup of ``num_query_tokens`` tokens, of which
+        ``num_hit_tokens`` were found; ``is_readmission``: the request was admitted before
+        and preempted."""
         self.prefix_cache_queries += num_query_tokens
         self.prefix_cache_hits += num_hit_tokens
+        if is_readmission:
+            self.prefix_cache_readmission_queries += num_query_tokens
+            self.prefix_cache_readmission_hits += num_hit_tokens
 
     def on_preemption(self, kind: str, num_recomputed_tokens: int) -> None:
         """One preemption of ``kind`` (e.g. "recompute", "swap"); ``num_recomputed_tokens``
@@ -182,9 +193,12 @@ class RunMetrics:
     def summary(self, kv_bytes_per_block: int, ideal_hit_tokens: int | None = None) -> dict:
         """Everything a report prints, as JSON-ready values.
 
-        ``prefix_cache_hit_rate`` = hits / queries (queries repeat for a request admitted
-        again after a preemption); ``prefix_cache_hit_rate_ideal`` = ``ideal_hit_tokens`` /
-        ``prompt_tokens_total``. ``kv_cache_usage_perc_mean`` weighs each step by its
+        ``prefix_cache_hit_rate`` = hits / queries over every admission (a request admitted
+        again after a preemption queries again), split into first admissions
+        (``prefix_cache_first_*``) and re-admissions (``prefix_cache_readmission_*``: where
+        eviction policies differ most); ``prefix_cache_hit_rate_ideal`` =
+        ``ideal_hit_tokens`` / ``prompt_tokens_total``, comparable to the first admissions'
+        rate. ``kv_cache_usage_perc_mean`` weighs each step by its
         duration (by count if no step took time). Durations run from the first arrival (or
         step) to the last finish (or step end). TTFT and e2e count from arrival; TPOT is
         (e2e − TTFT) / (outputs − 1) for requests with at least 2 outputs.
@@ -220,6 +234,8 @@ class RunMetrics:
         else:
             usage_mean = _ratio(self._usage_step_sum, steps)
         pool_bytes = self.num_total_blocks * kv_bytes_per_block
+        first_queries = self.prefix_cache_queries - self.prefix_cache_readmission_queries
+        first_hits = self.prefix_cache_hits - self.prefix_cache_readmission_hits
         output_tps = _ratio(generation_tokens, duration)
         total_tps = _ratio(prompt_tokens + generation_tokens, duration)
         summary: dict = {
@@ -234,6 +250,14 @@ class RunMetrics:
             "prefix_cache_queries": self.prefix_cache_queries,
             "prefix_cache_hits": self.prefix_cache_hits,
             "prefix_cache_hit_rate": _ratio(self.prefix_cache_hits, self.prefix_cache_queries),
+            "prefix_cache_first_queries": first_queries,
+            "prefix_cache_first_hits": first_hits,
+            "prefix_cache_first_hit_rate": _ratio(first_hits, first_queries),
+            "prefix_cache_readmission_queries": self.prefix_cache_readmission_queries,
+            "prefix_cache_readmission_hits": self.prefix_cache_readmission_hits,
+            "prefix_cache_readmission_hit_rate": _ratio(
+                self.prefix_cache_readmission_hits, self.prefix_cache_readmission_queries
+            ),
             "prefix_cache_hits_ideal": ideal_hit_tokens,
             "prefix_cache_hit_rate_ideal": (
                 None if ideal_hit_tokens is None else _ratio(ideal_hit_tokens, prompt_tokens)

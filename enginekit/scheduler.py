@@ -6,6 +6,14 @@ uncached prompt fits the cache with a watermark to spare. A prefill's blocks com
 chunk, out of the blocks admission promised it (so a prefill never waits for memory). When
 decodes cannot grow, the preemption plugin frees a victim and the scheduler requeues it at
 the front.
+
+Progress: a step with work queued is never empty. Where promises fall short (a sliding
+window released a block another request still holds) the cache manager tops them up,
+evicting cached blocks, and admission leaves the shortfall alone; where running requests
+still block one another (prefills short of a block each, beams waiting for a sibling that
+cannot come back), victims are preempted until something runs. Admission takes no
+watermark while nothing runs, so a request ``add_request`` accepted (it fits the empty
+pool) is always admitted eventually.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -35,6 +44,40 @@ class StepUpdate(NamedTuple):
 
     finished: list[Request]
     first_tokens: list[Request]  # requests that got their first output token
+
+
+def _empty_output(step: int) -> SchedulerOutput:
+    """A step with nothing to run (the step counter does not advance)."""
+    return SchedulerOutput(
+        step=step,
+        prefill_seq_ids=[],
+        prefill_starts=[],
+        prefill_lens=[],
+        decode_seq_ids=[],
+        decode_context_lens=[],
+        sample_seq_ids=[],
+        finished_seq_ids=[],
+        preempted_seq_ids=[],
+        block_copies=[],
+    )
+
+
+@dataclass
+class _StepPlan:
+    """The work one ``schedule`` call has decided so far, and the token budget left."""
+
+    budget: int
+    decodes: list[Request] = field(default_factory=list)
+    prefill_seq_ids: list[int] = field(default_factory=list)
+    prefill_starts: list[int] = field(default_factory=list)
+    prefill_lens: list[int] = field(default_factory=list)
+    prefill_token_ids: list[list[int]] = field(default_factory=list)
+    final_prefill_seq_ids: list[int] = field(default_factory=list)  # sampled this step
+    forks: list[Fork] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefill_seq_ids
 
 
 class Scheduler(ForkingMixin):
@@ -93,109 +136,171 @@ class Scheduler(ForkingMixin):
 
     def schedule(self) -> SchedulerOutput:
         """Decides the next step's work and reserves its KV. Mutates the queues, the
-        requests' ``num_computed_tokens`` (advanced by what is scheduled) and the cache."""
-        budget = self.config.max_num_batched_tokens
-        block_size = self.kv.block_size
+        requests' ``num_computed_tokens`` (advanced by what is scheduled) and the cache.
+
+        Never returns an empty step while a running request is stuck: when nothing could be
+        scheduled (prefills whose promised blocks are held by one another, beams waiting
+        for a sibling that cannot be brought back), the preemption plugin's victims are
+        preempted until something runs. An empty step (nothing arrived yet) hands the
+        executor nothing: its block operations and finished or preempted sequences wait for
+        the next step that runs."""
+        plan = _StepPlan(self.config.max_num_batched_tokens)
         decodes, prefills = self._reserve_decodes()
-        budget -= len(decodes)
+        plan.decodes = decodes
+        plan.budget -= len(decodes)
+        self._schedule_prefills(plan, prefills)
+        self._admit_waiting(plan)
+        num_unblocking = len(self.running)
+        while plan.is_empty and self.running:
+            if num_unblocking == 0:
+                raise RuntimeError(  # a bug: a pool with every running request preempted fits
+                    f"scheduler stuck after preempting every running request: "
+                    f"{len(self.waiting)} waiting, {len(self.running)} running"
+                )
+            num_unblocking -= 1
+            self._preempt(self.preemption.choose_victim(self.running))
+            self._schedule_prefills(plan, self._running_prefills())
+            self._admit_waiting(plan)
+        if plan.is_empty:
+            return _empty_output(self._num_steps)
+        return self._output(plan)
 
-        prefill_seq_ids: list[int] = []
-        prefill_starts: list[int] = []
-        prefill_lens: list[int] = []
-        final_prefill_seq_ids: list[int] = []
-        prefill_token_ids: list[list[int]] = []
-        forks, self._pending_forks = self._pending_forks, []
+    def _running_prefills(self) -> list[Request]:
+        return [r for r in self.running if self._is_prefilling(r)]
 
-        def schedule_chunk(request: Request) -> None:
-            nonlocal budget
-            start = request.num_computed_tokens
-            num_new = self.kv.reserve_prefill(request, min(request.num_tokens - start, budget))
-            if num_new == 0:
-                return  # its promised blocks fell short (see KVCacheManager.reserve_prefill)
-            budget -= num_new
-            prefill_seq_ids.append(request.seq_id)
-            prefill_starts.append(start)
-            prefill_lens.append(num_new)
-            prefill_token_ids.append(request.token_ids[start : start + num_new])
-            request.num_computed_tokens = start + num_new
-            self.kv.on_computed(request, start + num_new)
-            if start + num_new == request.num_tokens:
-                final_prefill_seq_ids.append(request.seq_id)
-                if request.needs_fork:
-                    for k, child in enumerate(self._fork(request), start=1):
-                        forks.append(Fork(request.seq_id, child.seq_id, k))
-                        final_prefill_seq_ids.append(child.seq_id)
+    @staticmethod
+    def _is_prefilling(request: Request) -> bool:
+        """Whether the request's next tokens run as a prefill chunk (not a decode, and not
+        a beam whose step is done)."""
+        num_left = request.num_tokens_to_compute
+        return num_left > 1 or (num_left == 1 and request.num_output_tokens == 0)
 
+    def _schedule_prefills(self, plan: _StepPlan, prefills: list[Request]) -> None:
+        """A chunk of each of ``prefills`` that its promise and the budget allow, in order."""
         for request in prefills:
-            if budget <= 0:
+            if plan.budget <= 0:
                 break
-            schedule_chunk(request)
+            self._schedule_chunk(plan, request)
 
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+    def _schedule_chunk(self, plan: _StepPlan, request: Request) -> None:
+        start = request.num_computed_tokens
+        num_new = self.kv.reserve_prefill(request, min(request.num_tokens - start, plan.budget))
+        if num_new == 0:
+            return  # its promised blocks fell short (see KVCacheManager.reserve_prefill)
+        plan.budget -= num_new
+        plan.prefill_seq_ids.append(request.seq_id)
+        plan.prefill_starts.append(start)
+        plan.prefill_lens.append(num_new)
+        plan.prefill_token_ids.append(request.token_ids[start : start + num_new])
+        request.num_computed_tokens = start + num_new
+        self.kv.on_computed(request, start + num_new)
+        if start + num_new == request.num_tokens:
+            plan.final_prefill_seq_ids.append(request.seq_id)
+            if request.needs_fork:
+                for k, child in enumerate(self._fork(request), start=1):
+                    plan.forks.append(Fork(request.seq_id, child.seq_id, k))
+                    plan.final_prefill_seq_ids.append(child.seq_id)
+
+    def _admit_waiting(self, plan: _StepPlan) -> None:
+        """Admits waiting requests in order while the budget, ``max_num_seqs`` and the
+        cache allow, and schedules a first chunk of each (a swapped-out decode decodes)."""
+        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if request.is_beam and request.num_preemptions and not self._beams_fit(request):
-                break
+            if request.is_beam and request.num_preemptions:
+                if not self._beams_fit(request):
+                    break
+                self._queue_siblings_behind(request)
             owed = self._num_sequences_owed(request)
             if len(self.running) + self._num_owed + owed + 1 > self.config.max_num_seqs:
                 break  # its samples or beams would not fit among the running sequences
             is_restore = self.preemption.is_swapped(request)
-            try:
-                if is_restore:
-                    if not self.kv.can_admit(request, NO_MATCH):
-                        break
-                    self.metrics.on_swap(0, self.preemption.restore(request))
-                else:
-                    match = self.kv.match(request)
-                    if match.num_deferred_tokens and (decodes or prefill_seq_ids):
-                        break  # its prefix is being computed by this step: admit it next
-                    if not self.kv.can_admit(request, match):
-                        break
-                    self.kv.admit(request, match)
-                    if request.num_preemptions == 0:
-                        request.num_cached_tokens = match.num_tokens
-                        self.metrics.on_prefix_query(request.num_tokens, match.num_tokens)
-            except OutOfBlocksError:
-                break  # the room can_admit estimated was not all reclaimable: retry later
+            if not self._try_admit(request, is_restore, plan):
+                break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             if owed:
                 self._owed[request.seq_id] = owed
                 self._num_owed += owed
-            if is_restore and request.num_tokens_to_compute <= 1:
-                if request.num_tokens_to_compute:
-                    decodes.append(request)  # swapped out mid-decode: it decodes on
-                    budget -= 1
-                # else: a beam restored with its step done, waiting for its siblings
-            else:
-                schedule_chunk(request)
+            if not is_restore or self._is_prefilling(request):
+                self._schedule_chunk(plan, request)
+            elif request.num_tokens_to_compute:
+                plan.decodes.append(request)  # swapped out mid-decode: it decodes on
+                plan.budget -= 1
+            # else: a beam restored with its step done, waiting for its siblings
 
+    def _try_admit(self, request: Request, is_restore: bool, plan: _StepPlan) -> bool:
+        """Admits ``request`` into the cache (restores it, if it is swapped out) if it fits
+        now; returns whether. An admission that falls short of what ``can_admit`` estimated
+        has still evicted cached blocks, so it is matched and tried once more against what
+        is left."""
+        if is_restore:
+            if not self.kv.can_admit(request, NO_MATCH):
+                return False
+            self.metrics.on_swap(0, self.preemption.restore(request))
+            return True
+        for _ in range(2):
+            match = self.kv.match(request)
+            if match.num_deferred_tokens and not plan.is_empty:
+                return False  # its prefix is being computed by this step: admit it next
+            if not self.kv.can_admit(request, match):
+                return False
+            try:
+                self.kv.admit(request, match)
+            except OutOfBlocksError:
+                continue  # the room can_admit estimated was not all reclaimable
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = match.num_tokens
+            self.metrics.on_prefix_query(
+                request.num_tokens, match.num_tokens, is_readmission=request.num_preemptions > 0
+            )
+            return True
+        return False
+
+    def _queue_siblings_behind(self, beam: Request) -> None:
+        """Moves every other waiting beam of ``beam``'s request right behind it (``beam``
+        heads the queue), so the group that ``_beams_fit`` found room for is admitted
+        together rather than split by requests queued between its beams."""
+        root = beam.parent or beam
+        siblings = [r for r in self.waiting if r is not beam and (r.parent or r) is root]
+        if not siblings:
+            return
+        others = [r for r in self.waiting if r is not beam and (r.parent or r) is not root]
+        self.waiting = deque([beam, *siblings, *others])
+
+    def _output(self, plan: _StepPlan) -> SchedulerOutput:
+        """The step's SchedulerOutput: the plan, the decodes' context lengths (the decodes'
+        computed tokens advance to them) and the block operations queued since the last
+        step that ran."""
+        block_size = self.kv.block_size
+        decodes = plan.decodes
         decode_seq_ids = [r.seq_id for r in decodes]
         decode_context_lens = [len(r.token_ids) for r in decodes]
         for request, num_computed in zip(decodes, decode_context_lens, strict=True):
             request.num_computed_tokens = num_computed
             if num_computed % block_size == 0:
                 self.kv.on_computed(request, num_computed)
-
+        forks, self._pending_forks = self._pending_forks + plan.forks, []
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
         copies, swap_outs, swap_ins = self.kv.take_block_ops()
         self._num_steps += 1
+        prefill_seq_ids = plan.prefill_seq_ids
         return SchedulerOutput(
             step=self._num_steps,
             prefill_seq_ids=prefill_seq_ids,
-            prefill_starts=prefill_starts,
-            prefill_lens=prefill_lens,
+            prefill_starts=plan.prefill_starts,
+            prefill_lens=plan.prefill_lens,
             decode_seq_ids=decode_seq_ids,
             decode_context_lens=decode_context_lens,
-            sample_seq_ids=decode_seq_ids + final_prefill_seq_ids,
+            sample_seq_ids=decode_seq_ids + plan.final_prefill_seq_ids,
             finished_seq_ids=finished,
             preempted_seq_ids=preempted,
             block_copies=copies,
             swap_outs=swap_outs,
             swap_ins=swap_ins,
             forks=forks,
-            prefill_token_ids=prefill_token_ids,
+            prefill_token_ids=plan.prefill_token_ids,
             decode_token_ids=[r.token_ids[-1] for r in decodes],
             block_tables=(
                 self._block_tables(prefill_seq_ids + decode_seq_ids)

@@ -143,4 +143,4 @@ class ForkingMixin:
         if len(self.running) + len(group) > self.config.max_num_seqs:
             return False
         needed = sum(self.kv.num_blocks_to_admit_alone(r) for r in group)
-        return needed + self.kv.num_watermark_blocks <= self.kv.num_reclaimable_blocks()
+        return needed + self.kv.admission_watermark() <= self.kv.num_reclaimable_blocks()

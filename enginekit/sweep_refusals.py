@@ -1,11 +1,12 @@
 """Plugin combinations a sweep does not run: those a selected plugin class refuses with
 ``check_compatible(selected)`` (contiguous allocation with a prefix cache, say).
 
-Such a job stops at that check, before anything is built (the engine checks
-compatibility first). When it ends, the sweep callback (``SweepSummaryCallback.on_job_end``,
-in the job's own process, so any launcher gives the same record) calls
-``relabel_refusal``: a job that failed because its plugins refuse each other has its
-``report.json`` rewritten with status ``refused`` and the plugin's reason. The sweep's
+Such a job is not run: the sweep's task (``enginekit.__main__.run_task``) asks ``refusal``
+first and writes its ``report.json`` with status ``refused`` and the plugin's reason,
+building nothing and printing nothing. As a second line of defence, the sweep callback
+(``SweepSummaryCallback.on_job_end``, in the job's own process, so any launcher gives the
+same record) calls ``relabel_refusal``: a job that failed anyway because its plugins refuse
+each other has its ``report.json`` rewritten the same way. The sweep's
 summary (``enginekit.sweep_table``) leaves refused jobs out of the table and lists the
 refused combinations once, grouped by reason. A single run of a refused combination stays
 an error (exit code 2).

@@ -177,7 +177,8 @@ class KVCacheManager(ForkMixin, SwapMixin):
     def can_admit(self, request: Request, match: PrefixMatch) -> bool:
         """True if admitting ``request`` with ``match`` (or restoring it, if it is swapped
         out: ``match`` is then NO_MATCH) leaves at least the watermark of blocks
-        reclaimable beyond the prefill promises, its own included. Matched blocks that are
+        (``admission_watermark``) reclaimable beyond the prefill promises, its own included,
+        and beyond what short promises still need. Matched blocks that are
         evictable stop being reclaimable once the request holds them, so they count against
         the room. Pure."""
         if request.seq_id in self._swapped:
@@ -187,8 +188,24 @@ class KVCacheManager(ForkMixin, SwapMixin):
             num_needed, pinned = plan.num_new, plan.pinned
         pool = self.pool
         num_pinned_evictable = sum(1 for b in pinned if pool.ref_count(b) == 0)
-        room = self.num_reclaimable_blocks() - num_pinned_evictable
-        return num_needed + self.num_watermark_blocks <= room
+        room = self.num_reclaimable_blocks() - num_pinned_evictable - self._num_short_promised()
+        return num_needed + self.admission_watermark() <= room
+
+    def admission_watermark(self) -> int:
+        """Blocks admission keeps reclaimable for the running sequences to grow into: the
+        watermark, or 0 while no sequence holds a block (then it protects nothing, and a
+        request that fits the whole pool must still be admitted). Pure."""
+        return self.num_watermark_blocks if self.allocator.num_reserved_blocks() else 0
+
+    def _num_short_promised(self) -> int:
+        """Blocks the prefills' promises fall short of ``peak - held`` by (a window released
+        a block another sequence still holds): admission leaves them for those prefills."""
+        if self._window is None:
+            return 0  # without a window a promise is always peak - held
+        promises = self._promises
+        return sum(
+            max(0, promises.peak(s) - self._num_held(s) - promises.promised(s)) for s in promises
+        )
 
     def admit(self, request: Request, match: PrefixMatch) -> None:
         """Gives ``request`` a block table: the fully matched blocks (pinned first, so
@@ -243,16 +260,20 @@ class KVCacheManager(ForkMixin, SwapMixin):
         compute. That is ``num_tokens``, except with a sliding window, whose chunk holds at
         most the blocks promised to the request plus, unless the policy's bound is strict,
         the free blocks no one is promised (these come back after the step, when the window
-        moves on). 0 only if a promise fell short (blocks a window released were shared:
-        see ``release_out_of_window``): the chunk then waits. The promise ends with the
-        prefill's last chunk (a request with outputs computes its last token as a decode).
-        Never evicts or fails."""
+        moves on). A promise that fell short (blocks a window released were shared: see
+        ``release_out_of_window``) is topped up first, evicting cached blocks if need be;
+        0 only if it is still short of a block: the chunk then waits (the scheduler
+        preempts if nothing else can run). The promise ends with the prefill's last chunk
+        (a request with outputs computes its last token as a decode). Never fails."""
         seq_id = request.seq_id
         start = request.num_computed_tokens
         end = start + num_tokens
         promised = self._promises.promised(seq_id)
         num_slots = self.tables.num_blocks(seq_id)
         if self._window is not None and seq_id in self._promises:
+            if promised < self._promises.peak(seq_id) - self._num_held(seq_id):
+                self._repromise()  # short: top it up, evicting cached blocks if need be
+                promised = self._promises.promised(seq_id)
             num_new = promised
             if not self._window.strict_bound:
                 num_new += self.pool.num_free_blocks - self._promises.total
