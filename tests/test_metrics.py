@@ -140,3 +140,37 @@ def test_step_times_bound_the_duration_when_no_request_finished():
     assert s["kv_cache_usage_perc_mean"] == pytest.approx((0.1 * 0.25 + 0.2 * 0.5) / 0.75)
     assert s["generation_tokens_total"] == 0
     assert s["output_tokens_per_s"] == 0.0
+
+
+def test_every_admission_queries_the_prefix_cache_and_readmissions_are_also_counted_apart():
+    m = RunMetrics()
+    m.on_prefix_query(100, 64)  # first admissions
+    m.on_prefix_query(50, 0)
+    m.on_prefix_query(120, 96, is_readmission=True)  # preempted, admitted again
+    s = m.summary(BLOCK_BYTES)
+    assert (s["prefix_cache_queries"], s["prefix_cache_hits"]) == (270, 160)
+    assert s["prefix_cache_hit_rate"] == 160 / 270
+    assert (s["prefix_cache_first_queries"], s["prefix_cache_first_hits"]) == (150, 64)
+    assert s["prefix_cache_first_hit_rate"] == 64 / 150
+    assert (s["prefix_cache_readmission_queries"], s["prefix_cache_readmission_hits"]) == (120, 96)
+    assert s["prefix_cache_readmission_hit_rate"] == 0.8
+
+
+def test_a_recomputed_request_queries_again_when_it_is_readmitted():
+    from enginekit import Engine, SamplingParams
+
+    engine = Engine.from_overrides(
+        ["executor=sim", "model=tiny", "progress=false", "cache.watermark=0"]
+        + ["+prefix=block_hash", "cache.block_size=4", "cache.num_blocks=6"]
+    )
+    for base in (100, 200):
+        engine.add_request(
+            list(range(base, base + 8)), SamplingParams(max_tokens=8, ignore_eos=True)
+        )
+    s = engine.run().summary
+    assert s["num_preemptions_total"] > 0
+    assert s["prefix_cache_first_queries"] == 16
+    assert s["prefix_cache_readmission_queries"] > 0
+    # a recomputed request's published blocks are still cached when it comes back
+    assert s["prefix_cache_readmission_hits"] > 0
+    assert s["prefix_cache_queries"] == 16 + s["prefix_cache_readmission_queries"]
