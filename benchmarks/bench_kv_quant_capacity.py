@@ -35,6 +35,7 @@ TORCH = {
     "overrides": [
         "executor=torch",
         "model=tiny",
+        "model.dtype=bfloat16",  # a 16-bit baseline, as the simulated Llama-3-8B's
         "threads=1",
         "workload=unique",
         "workload.num_requests=48",

@@ -70,13 +70,14 @@ def _ops(kind: str, device: torch.device) -> PagedOps:
 def set_threads(threads: int | str, shape: ModelShape, device: torch.device) -> str:
     """Sets torch's intra-op CPU threads (for the whole process) from ``threads``: a
     number, or ``auto``: one thread on a CPU for models narrower than
-    ``SINGLE_THREAD_MAX_HIDDEN``, else torch's own choice (``OMP_NUM_THREADS`` or the
-    cores). Returns what the report says about it. ConfigError for another value."""
+    ``SINGLE_THREAD_MAX_HIDDEN``, else torch's setting as it is (by default
+    ``OMP_NUM_THREADS`` or the cores). Returns what the report says about it.
+    ConfigError for another value."""
     if threads == "auto":
         if device.type == "cpu" and shape.hidden_size < SINGLE_THREAD_MAX_HIDDEN:
             torch.set_num_threads(1)
             return f"1 (auto: hidden size {shape.hidden_size} < {SINGLE_THREAD_MAX_HIDDEN})"
-        return f"{torch.get_num_threads()} (auto: torch's default)"
+        return f"{torch.get_num_threads()} (auto: torch's setting)"
     try:
         count = int(threads)
     except ValueError:
