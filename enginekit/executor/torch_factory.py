@@ -80,7 +80,7 @@ def set_threads(threads: int | str, shape: ModelShape, device: torch.device) -> 
         return f"{torch.get_num_threads()} (auto: torch's setting)"
     try:
         count = int(threads)
-    except ValueError:
+    except (TypeError, ValueError):
         count = 0
     if count < 1 or str(count) != str(threads).strip():
         raise ConfigError(f"threads must be auto or an integer >= 1, got {threads!r}")
