@@ -166,3 +166,10 @@ def test_a_pool_larger_than_the_memory_is_refused_before_allocating(key):
     with pytest.raises(ConfigError, match="GiB is available") as info:
         Engine.from_overrides([*TINY, key])
     assert key in str(info.value)
+
+
+def test_the_memory_available_is_at_most_what_the_cgroup_leaves(monkeypatch):
+    monkeypatch.setattr(torch_factory, "_cgroup_room", lambda: 1 << 20)
+    assert torch_factory.available_memory_bytes(torch.device("cpu")) == 1 << 20
+    with pytest.raises(ConfigError, match="only 0.00 GiB is available"):
+        Engine.from_overrides([*TINY, "cache.num_blocks=4096"])

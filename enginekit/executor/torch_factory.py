@@ -110,20 +110,51 @@ def load_model(cfg: DictConfig, shape: ModelShape, device: torch.device) -> Llam
 
 def available_memory_bytes(device: torch.device) -> int | None:
     """Memory a new allocation on ``device`` can take now: CUDA's free memory, or the
-    host's available memory (MemAvailable, else free pages); None when unknown."""
+    host's available memory (MemAvailable, else free pages), at most what the process's
+    cgroup (v2 or v1) has left; None when unknown."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    available = _meminfo_available()
+    limit = _cgroup_room()
+    if available is None or limit is None:
+        return available if limit is None else limit
+    return min(available, limit)
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError):
         pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _cgroup_room() -> int | None:
+    """The cgroup's memory limit minus its usage; None without a limit."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            with open(limit_file, encoding="ascii") as f:
+                limit = f.read().strip()
+            with open(usage_file, encoding="ascii") as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 1 << 60:
+            return None
+        return max(int(limit) - usage, 0)
+    return None
 
 
 def _check_fits(num_bytes: int, what: str, device: torch.device) -> None:
