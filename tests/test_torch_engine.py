@@ -313,6 +313,8 @@ def test_text_prompts_use_the_tokenizer_of_the_model_folder(tmp_path):
 
 
 def test_text_prompts_without_a_model_folder_are_refused():
-    eng = Engine.from_overrides(["executor=torch", "model=tiny", "progress=false"])
+    eng = Engine.from_overrides(
+        ["executor=torch", "model=tiny", "progress=false", "cache.num_blocks=16"]
+    )
     with pytest.raises(ConfigError, match="text prompts need a tokenizer"):
         eng.add_request("hello", SamplingParams(max_tokens=2))

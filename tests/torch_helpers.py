@@ -102,7 +102,10 @@ def prompts(vocab: int, shared: int, seed: int, n: int = 6) -> list[list[int]]:
 
 
 def saved_engine(folder: Any, *overrides: str) -> Engine:
-    """The torch engine on the model saved in ``folder``, in float32 with blocks of 4."""
+    """The torch engine on the model saved in ``folder``, in float32 with blocks of 4, on
+    a pool of 512 blocks (room for every test's prompts) unless ``overrides`` size it: the
+    default would hold max_num_seqs sequences of the model's whole context."""
+    sized = any(o.startswith(("cache.num_blocks=", "cache.memory_gib=")) for o in overrides)
     return Engine.from_overrides(
         [
             "executor=torch",
@@ -110,6 +113,7 @@ def saved_engine(folder: Any, *overrides: str) -> Engine:
             "model.dtype=float32",
             "progress=false",
             "cache.block_size=4",
+            *([] if sized else ["cache.num_blocks=512"]),
             *overrides,
         ]
     )
