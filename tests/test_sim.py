@@ -273,7 +273,22 @@ def test_describe_names_model_hardware_and_pool():
     assert info["model"] == "llama-3-8b"
     assert info["hardware"] == "h200"
     assert info["kv_pool_blocks"] == 1000
+    assert info["kv_pool_bytes"] == 1000 * KV.bytes_per_block
     assert info["kv_pool_gib"] == 1000 * KV.bytes_per_block / (1 << 30)
+    assert "swap_pool_blocks" not in info
+
+
+def test_the_report_says_how_large_the_swap_pool_is():
+    """4 GiB of 2 MiB blocks, or the whole device pool when that is smaller."""
+    from enginekit import Engine
+
+    for num_blocks, expected in ((100_000, 2048), (1000, 1000)):
+        engine = Engine.from_overrides(
+            ["progress=false", "+preemption=swap", f"cache.num_blocks={num_blocks}"]
+        )
+        info = engine.describe()
+        assert info["swap_pool_blocks"] == engine.scheduler.preemption.host.num_blocks == expected
+        assert info["swap_pool_bytes"] == expected * engine.kv_spec.bytes_per_block
 
 
 def test_swap_time_over_effective_pcie():

@@ -13,6 +13,7 @@ from enginekit.executor.base import Executor
 from enginekit.executor.hardware import HardwareSpec
 from enginekit.interfaces.quantizer import Quantizer
 from enginekit.kv.spec import KVSpec
+from enginekit.kv.swap import host_pool_num_blocks
 from enginekit.models.shapes import ModelShape, model_preset
 
 EXECUTORS = ("sim", "torch")
@@ -62,10 +63,10 @@ def build_executor(
             "cache.swap_gib was removed: the host swap pool is sized by "
             "preemption.swap_space_gib (with +preemption=swap)"
         )
+    swap_space_gib = float(getattr(preemption, "swap_space_gib", 0.0) or 0.0)
     if cfg.executor == "torch":
         from enginekit.executor.torch_factory import build_torch_executor
 
-        swap_space_gib = float(getattr(preemption, "swap_space_gib", 0.0) or 0.0)
         return build_torch_executor(cfg, shape, kv_spec, quantizer, swap_space_gib)
     from enginekit.executor.hardware import hardware_preset, kv_pool_num_blocks
     from enginekit.executor.sim import SimExecutor
@@ -80,7 +81,14 @@ def build_executor(
         num_blocks = _blocks_in_budget(cfg.cache.memory_gib, kv_spec)
     if num_blocks is None:
         num_blocks = kv_pool_num_blocks(hardware, cfg.hardware, shape, kv_spec, weight_bytes)
-    executor = SimExecutor(shape, hardware, kv_spec, model_bits // 8, num_blocks=num_blocks)
+    executor = SimExecutor(
+        shape,
+        hardware,
+        kv_spec,
+        model_bits // 8,
+        num_blocks=num_blocks,
+        num_host_blocks=host_pool_num_blocks(swap_space_gib, kv_spec.bytes_per_block, num_blocks),
+    )
     return executor, num_blocks
 
 

@@ -144,12 +144,14 @@ class SimExecutor(Executor):
         weight_bytes_per_param: int = 2,
         *,
         num_blocks: int | None = None,
+        num_host_blocks: int = 0,
     ) -> None:
         self.shape = shape
         self.hw = hw
         self.kv_spec = kv_spec
         self.weight_bytes_per_param = weight_bytes_per_param
         self.num_blocks = num_blocks  # pool size, for describe() only
+        self.num_host_blocks = num_host_blocks  # host swap pool, for describe() only
         self.weight_bytes = shape.num_params * weight_bytes_per_param  # resident footprint
         self.weight_read_bytes = shape.num_matmul_params_per_token * weight_bytes_per_param
         self._flops_per_token = 2 * shape.num_matmul_params_per_token
@@ -317,7 +319,12 @@ class SimExecutor(Executor):
             "block_size": self.kv_spec.block_size,
             "step_overhead_us": STEP_OVERHEAD_S * 1e6,
         }
+        block_bytes = self.kv_spec.bytes_per_block
         if self.num_blocks is not None:
             info["kv_pool_blocks"] = self.num_blocks
-            info["kv_pool_gib"] = self.num_blocks * self.kv_spec.bytes_per_block / (1 << 30)
+            info["kv_pool_bytes"] = self.num_blocks * block_bytes
+            info["kv_pool_gib"] = self.num_blocks * block_bytes / (1 << 30)
+        if self.num_host_blocks:
+            info["swap_pool_blocks"] = self.num_host_blocks
+            info["swap_pool_bytes"] = self.num_host_blocks * block_bytes
         return info
