@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from enginekit.config import PreemptionConfig
+from enginekit.config import PluginConfig
 from enginekit.errors import ConfigError
 from enginekit.executor.base import Executor
 from enginekit.executor.hardware import HardwareSpec
@@ -46,7 +46,7 @@ def build_executor(
     kv_spec: KVSpec,
     model_bits: int,
     quantizer: Quantizer | None = None,
-    preemption: PreemptionConfig | None = None,
+    preemption: PluginConfig | None = None,
 ) -> tuple[Executor, int]:
     """The executor ``cfg.executor`` names, and the number of KV blocks of the pool:
     ``cache.num_blocks`` if set, else the blocks ``cache.memory_gib`` holds if set, else
