@@ -302,11 +302,22 @@ def _refuse_unknown_group(arg: str, name: str) -> None:
     )
 
 
+REMOVED_KEYS: dict[str, str] = {
+    "cache.swap_gib": "the host swap pool is sized by preemption.swap_space_gib alone "
+    "(with +preemption=swap)",
+}
+"""Keys the schema no longer has -> what replaces them, for the refusal's message."""
+
+
 def _check_key(arg: str, selected: dict[str, str]) -> None:
     """Raises ConfigError if ``arg`` sets a key the schema (or the selected plugin's
-    Config) does not have, naming the valid keys and the closest one."""
+    Config) does not have, naming the valid keys and the closest one (or, for a removed
+    key, what replaced it)."""
     if arg.startswith("-") or arg.lstrip("+~").startswith("hydra"):
         return
+    removed = REMOVED_KEYS.get(arg.lstrip("+~").split("=", 1)[0])
+    if removed is not None:
+        raise ConfigError(f"{arg}: this key was removed: {removed}")
     if arg.startswith("+"):
         key = arg.lstrip("+").split("=", 1)[0]
         if not re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", key):  # a group, not a dotted key

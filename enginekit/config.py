@@ -102,10 +102,6 @@ class CacheConfig:
     # can hold (scheduler.max_num_seqs × model.max_model_len tokens), at most 1 GiB and
     # half the available memory. The report says which rule chose the pool.
     memory_gib: float | None = None
-    # Removed, and refused when set: the host swap pool is sized by the swap plugin's
-    # preemption.swap_space_gib alone (the swap bookkeeping and the torch executor's host
-    # tensors both follow it). Kept in the schema only so that the refusal can say so.
-    swap_gib: float | None = None
 
 
 @dataclass

@@ -58,11 +58,6 @@ def build_executor(
         raise ConfigError(
             f"executor={cfg.executor!r} is not available; choose: {', '.join(EXECUTORS)}"
         )
-    if cfg.cache.get("swap_gib") is not None:
-        raise ConfigError(
-            "cache.swap_gib was removed: the host swap pool is sized by "
-            "preemption.swap_space_gib (with +preemption=swap)"
-        )
     swap_space_gib = float(getattr(preemption, "swap_space_gib", 0.0) or 0.0)
     if cfg.executor == "torch":
         from enginekit.executor.torch_factory import build_torch_executor
