@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from enginekit.app import CONF_DIR, CONFIG_NAME, compose_config, register_configs
 from enginekit.config import PLUGIN_GROUPS
@@ -283,12 +284,32 @@ def test_an_unexpected_error_fails_only_its_job_in_a_sweep(monkeypatch, capsys):
     monkeypatch.setattr(entry, "run_job", broken)
     monkeypatch.setattr(entry, "_job_name", lambda: "job 7 (x=1)")
     monkeypatch.setattr(entry, "_is_multirun", lambda: True)
-    assert entry.run_task(object()) is None
+    cfg = OmegaConf.create({})
+    assert entry.run_task(cfg) is None
     err = capsys.readouterr().err
     assert "error: job 7 (x=1) failed:" in err and "RuntimeError: a bug" in err
     monkeypatch.setattr(entry, "_is_multirun", lambda: False)
     with pytest.raises(RuntimeError, match="a bug"):  # a single run shows its traceback
-        entry.run_task(object())
+        entry.run_task(cfg)
+
+
+def test_a_refused_combination_in_a_sweep_is_recorded_without_running(
+    monkeypatch, capsys, tmp_path
+):
+    import enginekit.__main__ as entry
+
+    def must_not_run(cfg):
+        raise AssertionError("a refused combination was built")
+
+    monkeypatch.setattr(entry, "run_job", must_not_run)
+    monkeypatch.setattr(entry, "_is_multirun", lambda: True)
+    monkeypatch.setattr(entry, "_output_dir", lambda: tmp_path)
+    cfg = OmegaConf.create({"allocator": {"name": "contiguous"}, "prefix": {"name": "block_hash"}})
+    assert entry.run_task(cfg) is None
+    assert capsys.readouterr().err == ""
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "refused"
+    assert "contiguous" in report["error"]
 
 
 def test_summary_callback_can_be_removed_or_set_from_the_command_line():
