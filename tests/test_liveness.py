@@ -4,10 +4,11 @@ left behind.
 
 A property-based test drives random tight workloads (ragged prompts sharing random
 prefixes, parallel samples and beams where the allocator can fork, blocks of 4 and 16,
-watermark 0, pools between what the longest request needs and twice that) through the simulator over every valid
-combination of allocator × prefix cache × eviction (window, sinks, strict bound) ×
-preemption × quantizer × Rust or Python structures. A smaller run drives the torch executor
-on the tiny model, so the executor's side of the step contract is covered too.
+watermark 0, pools between what the longest request needs and twice that) through the
+simulator over every valid combination of allocator × prefix cache × eviction (window,
+sinks, strict bound) × preemption × quantizer × Rust or Python structures. A smaller run
+drives the torch executor on the tiny model, so the executor's side of the step contract
+is covered too.
 
 Sizing: run against the scheduler as it was before this test existed, the simulator
 property as derandomized here (hypothesis' generate phase) met its first scheduler stall
