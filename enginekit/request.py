@@ -106,13 +106,19 @@ def _int_field(
     return number
 
 
-def _real_field(name: str, value: object) -> float:
+def _finite_number(name: str, value: object) -> float:
+    """``value`` as a float; InvalidRequestError naming ``name`` unless it is a finite
+    real number (bools refused)."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise InvalidRequestError(f"sampling.{name} must be a number, got {_shown(value)}")
+        raise InvalidRequestError(f"{name} must be a number, got {_shown(value)}")
     number = float(value)
     if not math.isfinite(number):
-        raise InvalidRequestError(f"sampling.{name} must be finite, got {number}")
+        raise InvalidRequestError(f"{name} must be finite, got {number}")
     return number
+
+
+def _real_field(name: str, value: object) -> float:
+    return _finite_number(f"sampling.{name}", value)
 
 
 def as_token_ids(name: str, value: object, expected: str = "a list of token ids") -> list[int]:
@@ -157,14 +163,7 @@ def as_extra_key(value: object) -> bytes | None:
 
 def as_arrival_time(value: object) -> float | None:
     """A finite number of seconds as a float, or None. Raises InvalidRequestError."""
-    if value is None:
-        return None
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise InvalidRequestError(f"arrival_time must be a number, got {_shown(value)}")
-    seconds = float(value)
-    if not math.isfinite(seconds):
-        raise InvalidRequestError(f"arrival_time must be finite, got {seconds}")
-    return seconds
+    return None if value is None else _finite_number("arrival_time", value)
 
 
 class RequestStatus(enum.Enum):
@@ -241,6 +240,13 @@ class Request:
     @property
     def num_tokens_to_compute(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Whether its next tokens run as a prefill chunk: more than one left, or its last
+        prompt token (not a decode, and not a beam whose step is done)."""
+        num_left = self.num_tokens_to_compute
+        return num_left > 1 or (num_left == 1 and self.num_output_tokens == 0)
 
     @property
     def is_finished(self) -> bool:

@@ -166,14 +166,7 @@ class Scheduler(ForkingMixin):
         return self._output(plan)
 
     def _running_prefills(self) -> list[Request]:
-        return [r for r in self.running if self._is_prefilling(r)]
-
-    @staticmethod
-    def _is_prefilling(request: Request) -> bool:
-        """Whether the request's next tokens run as a prefill chunk (not a decode, and not
-        a beam whose step is done)."""
-        num_left = request.num_tokens_to_compute
-        return num_left > 1 or (num_left == 1 and request.num_output_tokens == 0)
+        return [r for r in self.running if r.is_prefilling]
 
     def _schedule_prefills(self, plan: _StepPlan, prefills: list[Request]) -> None:
         """A chunk of each of ``prefills`` that its promise and the budget allow, in order."""
@@ -222,7 +215,7 @@ class Scheduler(ForkingMixin):
             if owed:
                 self._owed[request.seq_id] = owed
                 self._num_owed += owed
-            if not is_restore or self._is_prefilling(request):
+            if not is_restore or request.is_prefilling:
                 self._schedule_chunk(plan, request)
             elif request.num_tokens_to_compute:
                 plan.decodes.append(request)  # swapped out mid-decode: it decodes on

@@ -209,28 +209,26 @@ def assert_finished_and_nothing_leaked(engine: Engine, accepted: dict[str, int])
         assert host.num_used_blocks == 0
 
 
-@settings(
-    max_examples=SIM_EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    derandomize=True,
-)
+def _examples(num_examples: int) -> settings:
+    """Derandomized, so every CI run drives the same workloads (a failure reproduces)."""
+    return settings(
+        max_examples=num_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        derandomize=True,
+    )
+
+
+@_examples(SIM_EXAMPLES)
 @given(workloads("sim"))
 def test_every_accepted_request_finishes_in_the_simulator(workload):
-    engine, accepted = run_to_the_end(workload)
-    assert_finished_and_nothing_leaked(engine, accepted)
+    assert_finished_and_nothing_leaked(*run_to_the_end(workload))
 
 
-@settings(
-    max_examples=TORCH_EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    derandomize=True,
-)
+@_examples(TORCH_EXAMPLES)
 @given(workloads("torch"))
 def test_every_accepted_request_finishes_on_the_torch_executor(workload):
-    engine, accepted = run_to_the_end(workload)
-    assert_finished_and_nothing_leaked(engine, accepted)
+    assert_finished_and_nothing_leaked(*run_to_the_end(workload))
 
 
 # -- the stalls the property found, one test each -----------------------------------------

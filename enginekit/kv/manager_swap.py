@@ -54,17 +54,12 @@ class SwapMixin:
                 layout.append((is_hole, 1))
         self._swapped[request.seq_id] = layout
 
-    def _is_prefilling(self, request: Request) -> bool:
-        """Whether the scheduler runs the request's next tokens as a prefill chunk."""
-        num_left = request.num_tokens - request.num_computed_tokens
-        return num_left > 1 or (num_left == 1 and request.num_output_tokens == 0)
-
     def _num_blocks_to_restore(self, request: Request) -> int:
         """Free blocks swap_in takes for a swapped-out request (promised ones included)."""
         layout = self._swapped[request.seq_id]
         num_holes = sum(n for is_hole, n in layout if is_hole)
         num_held = sum(n for is_hole, n in layout if not is_hole)
-        if self._is_prefilling(request):
+        if request.is_prefilling:
             return max(num_held, self._peak_to_restore(request))
         return self.allocator.num_blocks_to_admit(request, 0) - num_holes
 
@@ -108,7 +103,7 @@ class SwapMixin:
         entries = self.tables.block_ids(seq_id)[:position]
         device_block_ids = [b for b in entries if b >= 0]
         self._swap_ins.extend(map(BlockSwap, device_block_ids, host_block_ids))
-        if self._is_prefilling(request):
+        if request.is_prefilling:
             self._promise(request, self._peak_to_restore(request))
         else:
             self.allocator.grow([seq_id], [request.num_tokens])
