@@ -32,8 +32,8 @@ from typing import NamedTuple
 import numpy as np
 
 from enginekit import Engine, SamplingParams, _native
-from enginekit.kv import pyhash
 from enginekit.kv.pyref import PyBlockPool, PyBlockTables, PyRadixTree
+from enginekit.kv.pyref import hashing as pyhash
 
 NUM_SEQS = 256
 BLOCK_SIZE = 16

@@ -43,15 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_stdlib_llama import ensure_model, held_out_windows, set_threads  # noqa: E402
 
 from enginekit import Engine, SamplingParams  # noqa: E402
-from enginekit.executor.fp8_scales import calibrated_scale  # noqa: E402
-from enginekit.executor.scoring import teacher_forced_logprobs  # noqa: E402
+from enginekit.executor.torch.fp8_scales import calibrated_scale  # noqa: E402
+from enginekit.executor.torch.scoring import teacher_forced_logprobs  # noqa: E402
 from enginekit.kernels import reference  # noqa: E402
 from enginekit.kernels.layout import allocate_pool  # noqa: E402
 from enginekit.kernels.ops import REFERENCE_OPS  # noqa: E402
-from enginekit.kv.quant import KVQuant  # noqa: E402
-from enginekit.kv.spec import KVSpec  # noqa: E402
 from enginekit.models.llama import LlamaModel  # noqa: E402
 from enginekit.models.weights import load_hf_folder  # noqa: E402
+from enginekit.spec.kv import KVSpec  # noqa: E402
+from enginekit.spec.quant import KVQuant  # noqa: E402
 from enginekit.tokenizer import Tokenizer  # noqa: E402
 
 DTYPE = torch.float32

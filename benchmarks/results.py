@@ -10,7 +10,7 @@ Runs, side by side where there is something to compare:
   here, 3,000 with ``--quick``; the benchmark's own default reaches 100,000);
 - ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
 - ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
-- the claims (``enginekit.claims``): the main table, the rest folded;
+- the claims (``enginekit.claims.job``): the main table, the rest folded;
 - kernels: no benchmark times them yet, and the section says so (and what checks them).
 
 The section is headed with the machine (CPU, cores, memory, OS, Python and torch
@@ -36,7 +36,7 @@ from pathlib import Path
 import bench_bookkeeping
 import bench_simulator
 
-from enginekit.claims import markdown_table, render_markdown, run_claims
+from enginekit.claims.job import markdown_table, render_markdown, run_claims
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ROOT = Path(__file__).resolve().parent.parent

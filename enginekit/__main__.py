@@ -10,7 +10,7 @@ serves nothing: a workload without requests, or one whose every request is rejec
 completes, its report counts them and stderr says how many. In a sweep (``-m``) a
 failing job is recorded (its report.json says failed, stderr names the job and the
 error) and the sweep goes on; the sweep exits 0 once every job ran or was recorded, and
-its summary table (``enginekit.sweep``) lists failed jobs with their errors.
+its summary table (``enginekit.sweep.summary``) lists failed jobs with their errors.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _oversized_pool(header: dict[str, Any]) -> str | None:
     """What is wrong when a simulated KV pool and the weights exceed the simulated GPU's
     memory (a pool of ``cache.num_blocks`` blocks; a ``cache.memory_gib`` budget that large
     is refused): the run went ahead as if they fit. None when they fit or for torch."""
-    from enginekit.executor.hardware import HARDWARE_PRESETS
+    from enginekit.spec.hardware import HARDWARE_PRESETS
 
     hardware = HARDWARE_PRESETS.get(str(header.get("hardware")))
     pool, weights = header.get("kv_pool_gib"), header.get("weight_gib")
@@ -162,20 +162,20 @@ def _job_name() -> str:
 
 def run_task(cfg: Any) -> dict[str, Any] | None:
     """The Hydra task: ``run_job``, with the error policy of the module docstring, or the
-    claims job (``enginekit.claims``) when ``hydra.job.name`` is ``claims``. Returns the
+    claims job (``enginekit.claims.job``) when ``hydra.job.name`` is ``claims``. Returns the
     summary (the claims), or None for a job of a sweep that failed (and was recorded)."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
         # hydra.job.name is set by conf/experiment/claims.yaml
         if HydraConfig.initialized() and HydraConfig.get().job.name == CLAIMS_JOB:
-            from enginekit.claims import run_claims_job
+            from enginekit.claims.job import run_claims_job
 
             return run_claims_job(_output_dir())
         if _is_multirun():
             from enginekit.report import write_json
-            from enginekit.sweep_jobs import STATUS_REFUSED
-            from enginekit.sweep_refusals import refusal, selected_plugins
+            from enginekit.sweep.jobs import STATUS_REFUSED
+            from enginekit.sweep.refusals import refusal, selected_plugins
 
             reason = refusal(selected_plugins(cfg))
             if reason is not None:  # listed once in the sweep's summary, not as an error

@@ -11,7 +11,7 @@
   flags keep their values (``--cfg job``, ``--info config``, ``--package cache``).
 - The primary config gives each run a folder of its own (the time to the microsecond)
   and creates the job's log file only when something is logged.
-- The primary config registers the sweep-summary callback (``enginekit.sweep``): every
+- The primary config registers the sweep-summary callback (``enginekit.sweep.summary``): every
   multirun ends with one table (and plots) of its jobs in the sweep folder; disable it with
   ``~hydra.callbacks.sweep_summary``, its plots with ``hydra.callbacks.sweep_summary.plots=false``.
 - ``compose_config`` turns override strings into the same config the command line builds.
@@ -35,18 +35,18 @@ from enginekit.plugins import config_keys, load_all_configs
 PRESET_GROUPS: tuple[str, ...] = ("model", "hardware", "workload")
 # Groups of YAML files under conf/, selected with +group=name (never in a defaults list).
 CONF_GROUPS: tuple[str, ...] = ("experiment", "ablation")
-# conf/ of a source checkout (experiment files); absent from a wheel install.
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# The experiment and ablation files, shipped inside the package (so a wheel has them).
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 CONFIG_NAME = "enginekit"
 JOB_LOGGING = "enginekit"  # hydra/job_logging option of the primary config
-SWEEP_CALLBACK = "enginekit.sweep.SweepSummaryCallback"
+SWEEP_CALLBACK = "enginekit.sweep.summary.SweepSummaryCallback"
 _GROUP_OVERRIDE = re.compile(r"^(?P<prefix>\+{0,2})(?P<group>[A-Za-z_]\w*)=(?P<value>.*)$")
 _KEY_OVERRIDE = re.compile(r"^(?P<prefix>[+~]{0,2})(?P<key>[A-Za-z_][\w.]*)(?P<rest>=.*)?$")
 
 
 def preset_names() -> dict[str, list[str]]:
-    from enginekit.executor.hardware import HARDWARE_PRESETS
-    from enginekit.models.shapes import MODEL_PRESETS
+    from enginekit.spec.hardware import HARDWARE_PRESETS
+    from enginekit.spec.model import MODEL_PRESETS
     from enginekit.workloads import WORKLOADS
 
     return {
@@ -57,7 +57,7 @@ def preset_names() -> dict[str, list[str]]:
 
 
 def conf_names(group: str) -> list[str]:
-    """The YAML files of a ``CONF_GROUPS`` group under conf/ (sorted stems; [] without conf/)."""
+    """The YAML files of a ``CONF_GROUPS`` group under enginekit/conf/ (sorted stems)."""
     return sorted(f.stem for f in (CONF_DIR / group).glob("*.yaml"))
 
 
@@ -176,8 +176,7 @@ def register_configs() -> list[str]:
         "run": {"dir": "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S.%f}"},
         "sweep": {"dir": "multirun/${now:%Y-%m-%d}/${now:%H-%M-%S.%f}"},
     }
-    if CONF_DIR.is_dir():
-        hydra["searchpath"] = [f"file://{CONF_DIR}"]
+    hydra["searchpath"] = ["pkg://enginekit.conf"]
     defaults = ["enginekit_schema", "_self_", {"override hydra/job_logging": JOB_LOGGING}]
     primary = {"defaults": defaults, "hydra": hydra}
     store.store(name=CONFIG_NAME, node=primary)
@@ -195,10 +194,8 @@ def _check_plugin_value(group: str, value: str) -> None:
 
 
 def _check_conf_value(group: str, value: str) -> None:
-    """Refuses a name that no YAML file of ``group`` under conf/ has (when conf/ exists)."""
+    """Refuses a name that no YAML file of ``group`` under enginekit/conf/ has."""
     names = conf_names(group)
-    if not CONF_DIR.is_dir():
-        return
     for name in _sweep_values(value):
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)

@@ -66,7 +66,7 @@ PLUGIN_BASE_CONFIGS: dict[str, type[PluginConfig]] = {
 
 @dataclass
 class ModelConfig:
-    """The model: a preset shape by name (see enginekit.models.shapes), or a local Hugging
+    """The model: a preset shape by name (see enginekit.spec.model), or a local Hugging
     Face folder (``path``: config.json + *.safetensors of a Llama, Mistral or Qwen2 model)
     whose config.json gives the shape. The torch executor runs ``path``'s weights, or the
     embedded random-weight ``tiny`` model (weights seeded by ``seed``)."""
@@ -83,7 +83,7 @@ class ModelConfig:
 
 @dataclass
 class HardwareConfig:
-    """The accelerator the simulator models (see enginekit.executor.hardware)."""
+    """The accelerator the simulator models (see enginekit.spec.hardware)."""
 
     name: str = "h200"
     memory_utilization: float = 0.9  # share of device memory the engine may use

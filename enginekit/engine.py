@@ -21,12 +21,9 @@ from enginekit.config import PLUGIN_GROUPS, EngineConfig
 from enginekit.engine_workloads import WorkloadMixin
 from enginekit.errors import ConfigError, InvalidRequestError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
-from enginekit.kv.context import KVContext
+from enginekit.interfaces.context import KVContext
 from enginekit.kv.manager import KVCacheManager, make_structures
-from enginekit.kv.restore_cost import RestoreCost
-from enginekit.kv.spec import KVSpec
 from enginekit.metrics import RunMetrics
-from enginekit.models.shapes import ModelShape, resolve_dtype
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
 from enginekit.request import (
     Request,
@@ -36,7 +33,10 @@ from enginekit.request import (
     as_extra_key,
     as_token_ids,
 )
-from enginekit.scheduler import Scheduler
+from enginekit.scheduler.scheduler import Scheduler
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.model import ModelShape, resolve_dtype
+from enginekit.spec.restore_cost import RestoreCost
 from enginekit.tokenizer import Tokenizer
 from enginekit.workloads.request import WorkloadRequest
 
@@ -129,7 +129,7 @@ class Engine(WorkloadMixin):
         self._followers: dict[str, list[WorkloadRequest]] = {}  # turns waiting on a turn
 
     def _restore_cost(self, cfg: DictConfig) -> RestoreCost:
-        from enginekit.executor.hardware import hardware_preset
+        from enginekit.spec.hardware import hardware_preset
 
         return RestoreCost.of(hardware_preset(cfg.hardware.name), self.shape, self.kv_spec)
 

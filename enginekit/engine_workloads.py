@@ -14,9 +14,9 @@ from enginekit.workloads.request import WorkloadRequest
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from enginekit.kv.spec import KVSpec
     from enginekit.metrics import RunMetrics
-    from enginekit.models.shapes import ModelShape
+    from enginekit.spec.kv import KVSpec
+    from enginekit.spec.model import ModelShape
 
 _log = logging.getLogger("enginekit")
 

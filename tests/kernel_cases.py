@@ -23,10 +23,12 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
-from enginekit.kernels import reference, triton_attention, triton_cache  # noqa: E402
+from enginekit.kernels import reference  # noqa: E402
 from enginekit.kernels.layout import KVPool, allocate_pool  # noqa: E402
-from enginekit.kv.quant import KVQuant  # noqa: E402
-from enginekit.kv.spec import KVSpec  # noqa: E402
+from enginekit.kernels.triton import attention as triton_attention  # noqa: E402
+from enginekit.kernels.triton import cache as triton_cache  # noqa: E402
+from enginekit.spec.kv import KVSpec  # noqa: E402
+from enginekit.spec.quant import KVQuant  # noqa: E402
 
 HEAD_DIM = 16
 NUM_LAYERS = 2

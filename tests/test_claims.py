@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from enginekit import claims
-from enginekit.claims import VERDICTS, rows_by_key, run_claims, write_claims
+from enginekit.claims import job as claims
+from enginekit.claims.job import VERDICTS, rows_by_key, run_claims, write_claims
 
 EXPECTED_KEYS = {
     "prefix_blocks_hit",
@@ -73,7 +73,7 @@ def test_measured_figures_point_the_documented_way(rows):
 
 
 def test_swap_crossover_is_where_swap_stays_cheaper():
-    from enginekit.claims_swap import _swap_recompute_s, swap_crossover
+    from enginekit.claims.swap import _swap_recompute_s, swap_crossover
 
     first = swap_crossover("llama-2-7b", 16)
     assert first is not None and first > 1

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from native_args import NOT_A_LIST, NOT_AN_EXTRA_KEY
 
 from enginekit import _native
-from enginekit.kv import pyhash
+from enginekit.kv.pyref import hashing as pyhash
 
 IMPLS = [pytest.param(_native, id="native"), pytest.param(pyhash, id="python")]
 

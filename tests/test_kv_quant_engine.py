@@ -22,10 +22,10 @@ from torch_helpers import hf_config, hf_model, prompts, saved_engine
 
 from enginekit import Engine, SamplingParams
 from enginekit.errors import ConfigError
-from enginekit.kv.quant import KVQuant
-from enginekit.kv.spec import KVSpec
-from enginekit.models.shapes import model_preset
 from enginekit.models.tiny import random_state_dict
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.model import model_preset
+from enginekit.spec.quant import KVQuant
 
 NEW_TOKENS = 12
 GIB = 1 << 30

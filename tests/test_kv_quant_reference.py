@@ -23,8 +23,8 @@ from enginekit.kernels.quantize import (
     quantize_int4_groups,
     unpack_int4,
 )
-from enginekit.kv.quant import KVQuant
-from enginekit.kv.spec import KVSpec
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.quant import KVQuant
 
 torch.set_num_threads(1)
 

@@ -23,27 +23,27 @@ else:  # Python 3.10: the same parser, as pip vendors it (pip runs the tutorial'
 README = REPO_ROOT / "README.md"
 RESULTS = REPO_ROOT / "benchmarks" / "results.py"
 # Top-level entries of the repository a path in prose can start with.
-_PATH_ROOTS = ("rust", "enginekit", "plugins", "conf", "tests", "benchmarks", ".ci")
+_PATH_ROOTS = ("rust", "enginekit", "plugins", "tests", "benchmarks", ".ci")
 _ROOTS_ALTERNATIVES = "|".join(re.escape(root) for root in _PATH_ROOTS)
 _PATH = re.compile(rf"(?<![\w./-])(?:\./)?((?:{_ROOTS_ALTERNATIVES})/[\w./*-]*)")
 
 
 def repository_paths(text: str) -> list[str]:
     """Every word of ``text`` that names a path below one of the repository's top-level
-    folders (``benchmarks/x.py``, ``conf/ablation/``), trailing punctuation dropped, in
+    folders (``benchmarks/x.py``, ``enginekit/conf/ablation/``), trailing punctuation dropped, in
     order of first mention. Placeholders (``<name>``, ``...``) end the path before them."""
     return list(dict.fromkeys(m.group(1).rstrip(".,;:") for m in _PATH.finditer(text)))
 
 
 def test_path_finder_finds_paths_in_prose_commands_and_code():
     text = (
-        "see `benchmarks/a.py`, `conf/ablation/` and (`tests/fixtures/x`). "
+        "see `benchmarks/a.py`, `enginekit/conf/ablation/` and (`tests/fixtures/x`). "
         "run `python3 benchmarks/b.py --n 3`; not my_tests/c.py nor outputs/<date>/.\n"
         "```\npython3 -m pip install -e ./plugins/sub\n```"
     )
     assert repository_paths(text) == [
         "benchmarks/a.py",
-        "conf/ablation/",
+        "enginekit/conf/ablation/",
         "tests/fixtures/x",
         "benchmarks/b.py",
         "plugins/sub",
@@ -52,7 +52,7 @@ def test_path_finder_finds_paths_in_prose_commands_and_code():
 
 def test_every_repository_path_the_readme_names_exists():
     paths = repository_paths(README.read_text(encoding="utf-8"))
-    assert "conf/ablation/" in paths and "benchmarks/results.py" in paths
+    assert "enginekit/conf/ablation/" in paths and "benchmarks/results.py" in paths
     missing = [p for p in paths if not (REPO_ROOT / p).exists()]
     assert missing == []
 

@@ -9,18 +9,18 @@ import pytest
 
 from enginekit.config import HardwareConfig
 from enginekit.errors import ConfigError
-from enginekit.executor.base import BlockCopy, BlockSwap, SchedulerOutput
-from enginekit.executor.hardware import HARDWARE_PRESETS, hardware_preset, kv_pool_num_blocks
-from enginekit.executor.sim import (
+from enginekit.executor.sim.executor import (
     STEP_OVERHEAD_S,
     SimExecutor,
     _causal_pairs,
     _sink_pairs,
     fallback_token_id,
 )
-from enginekit.kv.spec import KVSpec
-from enginekit.models.shapes import ModelShape, model_preset
 from enginekit.request import SamplingParams
+from enginekit.spec.hardware import HARDWARE_PRESETS, hardware_preset, kv_pool_num_blocks
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.model import ModelShape, model_preset
+from enginekit.step import BlockCopy, BlockSwap, SchedulerOutput
 
 SHAPE = model_preset("llama-3-8b")
 HW = hardware_preset("h200")

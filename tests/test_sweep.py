@@ -16,16 +16,16 @@ from omegaconf import OmegaConf
 from enginekit.app import CONF_DIR, CONFIG_NAME, compose_config, register_configs
 from enginekit.config import PLUGIN_GROUPS
 from enginekit.report import STATUS_FAILED, write_json
-from enginekit.sweep import SUMMARY_CSV, SUMMARY_MD, summarize
-from enginekit.sweep_jobs import (
+from enginekit.sweep.jobs import (
     STATUS_MISSING,
     STATUS_REFUSED,
     load_jobs,
     parse_override,
     swept_keys,
 )
-from enginekit.sweep_refusals import refusal
-from enginekit.sweep_table import COMPACT_METRICS, METRIC_COLUMNS, render_csv
+from enginekit.sweep.refusals import refusal
+from enginekit.sweep.summary import SUMMARY_CSV, SUMMARY_MD, summarize
+from enginekit.sweep.table import COMPACT_METRICS, METRIC_COLUMNS, render_csv
 
 ABLATIONS = sorted(f.stem for f in (CONF_DIR / "ablation").glob("*.yaml"))
 EXPERIMENTS = sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -182,7 +182,7 @@ def test_printed_table_is_compact_and_summary_md_has_every_metric(sweep_dir):
     ("low", "high"), [(174.0, 632.0), (3.9, 7.3), (200.0, 3000.0), (0.02, 900.0), (4.9, 5.1)]
 )
 def test_log_axis_ticks_are_enough_round_values_inside_the_range(low, high):
-    from enginekit.sweep_plots import MIN_LOG_TICKS, log_ticks
+    from enginekit.sweep.plots import MIN_LOG_TICKS, log_ticks
 
     ticks = log_ticks(low, high)
     assert len(ticks) >= MIN_LOG_TICKS and ticks == sorted(set(ticks))
@@ -191,7 +191,7 @@ def test_log_axis_ticks_are_enough_round_values_inside_the_range(low, high):
 
 
 def test_latency_plot_names_its_markers_and_colours_and_labels_its_log_axes(sweep_dir):
-    from enginekit.sweep_plots import MIN_LOG_TICKS, latency_figure
+    from enginekit.sweep.plots import MIN_LOG_TICKS, latency_figure
 
     jobs = load_jobs(sweep_dir)
     done = [job for job in jobs if job.is_completed]
@@ -233,7 +233,7 @@ def _wide_sweep(root: Path) -> Path:
 def test_no_plot_has_overlapping_axis_labels(tmp_path):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from enginekit.sweep_plots import figures
+    from enginekit.sweep.plots import figures
 
     drawn = figures(load_jobs(_wide_sweep(tmp_path / "wide")))
     assert {"kv_utilization.png", "latency.png", "capacity.png"} <= set(drawn)
@@ -380,7 +380,7 @@ def test_ablation_all_crosses_every_group_and_only_documented_refusals_fail():
         refused += documented
     assert 0 < refused < len(jobs)
     # the counts the README and the file's comment give
-    readme = " ".join((CONF_DIR.parent / "README.md").read_text(encoding="utf-8").split())
+    readme = " ".join((CONF_DIR.parent.parent / "README.md").read_text(encoding="utf-8").split())
     assert f"{len(jobs)} combinations, {refused} of which a plugin refuses" in readme
     comment = " ".join((CONF_DIR / "ablation" / "all.yaml").read_text().replace("#", "").split())
     assert f"= {len(jobs)} combinations" in comment
@@ -449,7 +449,7 @@ def test_grid_sweep_runs_only_valid_combinations_in_parallel_and_rebuilds(cli, t
 def test_only_a_job_that_failed_for_its_plugins_refusal_is_relabelled(tmp_path):
     from omegaconf import OmegaConf
 
-    from enginekit.sweep_refusals import relabel_refusal
+    from enginekit.sweep.refusals import relabel_refusal
 
     def job(name: str, allocator: str, prefix: str, error: str | None) -> tuple:
         folder = tmp_path / name

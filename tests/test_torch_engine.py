@@ -12,13 +12,13 @@ from torch_helpers import hf_config, hf_model, prompts, saved_engine
 
 from enginekit import Engine, SamplingParams
 from enginekit.errors import ConfigError
-from enginekit.executor.base import BlockCopy, BlockSwap
-from enginekit.executor.kv_cache import PagedKVCache
+from enginekit.executor.torch.kv_tensors import PagedKVCache
 from enginekit.kernels.ops import REFERENCE_OPS
-from enginekit.kv.quant import KVQuant
-from enginekit.kv.spec import KVSpec
-from enginekit.models.shapes import model_preset
 from enginekit.models.tiny import random_state_dict
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.model import model_preset
+from enginekit.spec.quant import KVQuant
+from enginekit.step import BlockCopy, BlockSwap
 
 NEW_TOKENS = 20
 

@@ -15,13 +15,13 @@ from torch_helpers import prompts
 from enginekit import Engine, SamplingParams
 from enginekit.config import CacheConfig, EngineConfig, ModelConfig, PreemptionConfig
 from enginekit.errors import ConfigError, KVCacheError, OutOfBlocksError
-from enginekit.executor import torch_factory
-from enginekit.executor.base import BlockSwap
-from enginekit.executor.kv_cache import PagedKVCache
+from enginekit.executor.torch import factory as torch_factory
+from enginekit.executor.torch.kv_tensors import PagedKVCache
 from enginekit.kernels.ops import REFERENCE_OPS
-from enginekit.kv.spec import KVSpec
-from enginekit.kv.swap import HostSwapPool, host_pool_num_blocks
-from enginekit.models.shapes import model_preset
+from enginekit.kv.host_pool import HostSwapPool, host_pool_num_blocks
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.model import model_preset
+from enginekit.step import BlockSwap
 
 TINY = ["executor=torch", "model=tiny", "progress=false"]
 

@@ -16,7 +16,7 @@ import random
 import pytest
 
 from enginekit import Engine, SamplingParams
-from enginekit.executor.scoring import teacher_forced_logprobs
+from enginekit.executor.torch.scoring import teacher_forced_logprobs
 
 WINDOW, SINKS, BLOCK = 12, 5, 4
 NEW_TOKENS = 20

@@ -10,14 +10,14 @@ import numpy as np
 import torch
 
 from enginekit import Engine
-from enginekit.executor.base import SchedulerOutput
-from enginekit.executor.batch import build_batch
+from enginekit.executor.torch.batch import build_batch
 from enginekit.kernels.layout import allocate_pool
-from enginekit.kv.spec import KVSpec
 from enginekit.models.arch import ModelArch
 from enginekit.models.llama import LlamaModel
 from enginekit.models.tiny import random_state_dict, tiny_hf_config
 from enginekit.models.weights import weights_from_state_dict
+from enginekit.spec.kv import KVSpec
+from enginekit.step import SchedulerOutput
 
 FP32_ATOL = 2e-5  # logits are O(1); fp32 forwards agree to ~1e-6
 

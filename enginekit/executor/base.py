@@ -1,105 +1,13 @@
-"""The contract between the scheduler and an executor.
-
-The scheduler decides; the executor computes. What crosses is plain data: sequence ids,
-token counts and block operations, never Request objects, so an executor could run in
-another process.
-"""
+"""Executor: runs the steps the scheduler plans (the step contract is ``enginekit.step``)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar, NamedTuple
-
-import numpy as np
+from typing import ClassVar
 
 from enginekit.request import SamplingParams
-
-
-class BlockCopy(NamedTuple):
-    src_block_id: int
-    dst_block_id: int
-
-
-class BlockSwap(NamedTuple):
-    device_block_id: int
-    host_block_id: int
-
-
-class Fork(NamedTuple):
-    """A new sequence, sample ``sample_index`` of its parent's request: it starts with a copy
-    of the parent's tokens and shares its KV blocks."""
-
-    parent_seq_id: int
-    child_seq_id: int
-    sample_index: int
-
-
-class SchedulerOutput(NamedTuple):
-    """The work of one step.
-
-    Prefill chunk i computes tokens [prefill_starts[i], prefill_starts[i] + prefill_lens[i])
-    of sequence prefill_seq_ids[i]; the tokens before prefill_starts[i] are already in the
-    cache (prefix hit or earlier chunks) and are attended to. Decode i computes the last
-    token of decode_seq_ids[i] and attends to decode_context_lens[i] tokens (itself
-    included). sample_seq_ids lists, in order, the sequences that get a new token this
-    step: every decode, then every prefill whose chunk reaches the end of its tokens.
-
-    Before computing, the executor applies, in this order: ``swap_outs`` (device block to
-    host block), ``swap_ins`` (host block to device block), ``block_copies`` (copy-on-write),
-    so a device block freed by a swap-out can be reused by this very step.
-    ``block_tables`` (only for executors whose ``needs_block_tables`` is true) holds one
-    int32 row per prefill sequence then per decode sequence, padded with -1.
-
-    ``forks`` (parallel sampling and beam search; only for executors whose
-    ``supports_forks`` is true) register new sequences before the step, each a copy of its
-    parent's sampling state (seed + sample_index). A child with no chunk or decode of its
-    own this step is listed in ``sample_seq_ids`` right after its parent and draws from the
-    parent's logits (parallel sampling forks when the prompt is computed).
-
-    ``prefill_token_ids`` and ``decode_token_ids`` carry the tokens the step computes, so an
-    executor needs no token history of its own.
-    """
-
-    step: int
-    prefill_seq_ids: list[int]
-    prefill_starts: list[int]
-    prefill_lens: list[int]
-    decode_seq_ids: list[int]
-    decode_context_lens: list[int]
-    sample_seq_ids: list[int]
-    finished_seq_ids: list[int]  # left the engine since the last step: drop their state
-    preempted_seq_ids: list[int]  # lost their KV blocks this step; keep their tokens
-    block_copies: list[BlockCopy]
-    swap_outs: Sequence[BlockSwap] = ()
-    swap_ins: Sequence[BlockSwap] = ()
-    block_tables: np.ndarray | None = None
-    forks: Sequence[Fork] = ()
-    prefill_token_ids: Sequence[Sequence[int]] = ()  # each chunk's tokens
-    decode_token_ids: Sequence[int] = ()  # each decode's token (its last)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(self.prefill_lens)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(self.prefill_lens) + len(self.decode_seq_ids)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefill_seq_ids and not self.decode_seq_ids
-
-
-class ModelOutput(NamedTuple):
-    """next_token_ids[i] is the token sampled for sample_seq_ids[i]; step_time_s is the
-    time the step took (simulated or measured). For a beam-search sequence
-    (``sampling.beam_width`` > 1) candidates[i] holds its 2 × beam_width most likely next
-    tokens with their log-probabilities, most likely first (empty for other sequences)."""
-
-    next_token_ids: list[int]
-    step_time_s: float
-    candidates: Sequence[Sequence[tuple[int, float]]] | None = None
+from enginekit.step import ModelOutput, SchedulerOutput
 
 
 class Executor(ABC):

@@ -10,11 +10,11 @@ from omegaconf import DictConfig
 from enginekit.config import PluginConfig
 from enginekit.errors import ConfigError
 from enginekit.executor.base import Executor
-from enginekit.executor.hardware import HardwareSpec
 from enginekit.interfaces.quantizer import Quantizer
-from enginekit.kv.spec import KVSpec
-from enginekit.kv.swap import host_pool_num_blocks
-from enginekit.models.shapes import ModelShape, model_preset
+from enginekit.kv.host_pool import host_pool_num_blocks
+from enginekit.spec.hardware import HardwareSpec
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.model import ModelShape, model_preset
 
 EXECUTORS = ("sim", "torch")
 
@@ -60,11 +60,11 @@ def build_executor(
         )
     swap_space_gib = float(getattr(preemption, "swap_space_gib", 0.0) or 0.0)
     if cfg.executor == "torch":
-        from enginekit.executor.torch_factory import build_torch_executor
+        from enginekit.executor.torch.factory import build_torch_executor
 
         return build_torch_executor(cfg, shape, kv_spec, quantizer, swap_space_gib)
-    from enginekit.executor.hardware import hardware_preset, kv_pool_num_blocks
-    from enginekit.executor.sim import SimExecutor
+    from enginekit.executor.sim.executor import SimExecutor
+    from enginekit.spec.hardware import hardware_preset, kv_pool_num_blocks
 
     hardware = hardware_preset(cfg.hardware.name)
     weight_bytes = shape.num_params * model_bits // 8

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from enginekit.config import AllocatorConfig
 from enginekit.interfaces.base import Plugin
-from enginekit.kv.context import KVContext
+from enginekit.interfaces.context import KVContext
 from enginekit.request import Request
 
 
@@ -74,7 +74,7 @@ class Allocator(Plugin, ABC):
 
     def num_hole_blocks(self) -> int:
         """Holes in running sequences' tables (blocks given back while the sequence runs,
-        see ``enginekit.kv.holes.HoleAllocator``). Pure."""
+        see ``enginekit.interfaces.capabilities.HoleAllocator``). Pure."""
         return 0
 
     def num_reserved_blocks(self) -> int:

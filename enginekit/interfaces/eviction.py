@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from enginekit.config import EvictionConfig
 from enginekit.interfaces.base import Plugin
-from enginekit.kv.context import KVContext
+from enginekit.interfaces.context import KVContext
 from enginekit.request import Request
 
 if TYPE_CHECKING:

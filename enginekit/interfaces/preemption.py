@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from enginekit.config import PreemptionConfig
 from enginekit.interfaces.base import Plugin
-from enginekit.kv.restore_cost import RestoreCost
 from enginekit.request import Request
+from enginekit.spec.restore_cost import RestoreCost
 
 if TYPE_CHECKING:
     from enginekit.kv.manager import KVCacheManager

@@ -8,7 +8,7 @@ from typing import ClassVar, NamedTuple
 
 from enginekit.config import PrefixConfig
 from enginekit.interfaces.base import Plugin
-from enginekit.kv.context import KVContext
+from enginekit.interfaces.context import KVContext
 from enginekit.request import Request
 
 

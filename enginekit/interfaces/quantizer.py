@@ -7,8 +7,8 @@ from typing import ClassVar
 
 from enginekit.config import QuantizerConfig
 from enginekit.interfaces.base import Plugin
-from enginekit.kv.quant import KVQuant
-from enginekit.models.shapes import ModelShape
+from enginekit.spec.model import ModelShape
+from enginekit.spec.quant import KVQuant
 
 
 class Quantizer(Plugin, ABC):

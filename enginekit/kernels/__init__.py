@@ -1,3 +1,3 @@
 """Paged-KV operations: pure-torch references (``reference``), Triton kernels
-(``triton_ops``, imported only where Triton is used), the pool layout (``layout``) and
+(``triton/``, imported only where Triton is used), the pool layout (``layout``) and
 the arithmetic of the quantized storage formats (``quantize``)."""

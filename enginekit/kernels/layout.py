@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from enginekit.kv.quant import KVQuant
-from enginekit.kv.spec import KVSpec
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.quant import KVQuant
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

@@ -1,7 +1,7 @@
 """PagedOps: the paged-KV operations the forward calls, with two implementations.
 
 ``REFERENCE_OPS`` runs the pure-torch references (any device; what CPU uses);
-``triton_ops.TRITON_OPS`` runs the Triton kernels (CUDA, or anywhere under
+``triton.ops.TRITON_OPS`` runs the Triton kernels (CUDA, or anywhere under
 ``TRITON_INTERPRET=1``). Both take the same arguments and store the same format; tensors
 named ``*_starts``/``*_lens``/``block_tables`` live on the pool's device. Every operation
 takes a ``KVPool`` of any storage kind (none, fp8, int4): writes quantize, attention
@@ -76,7 +76,7 @@ def make_ops(kind: str) -> PagedOps:
     if kind == "reference":
         return REFERENCE_OPS
     if kind == "triton":
-        from enginekit.kernels.triton_ops import TRITON_OPS
+        from enginekit.kernels.triton.ops import TRITON_OPS
 
         return TRITON_OPS
     raise ValueError(f"unknown paged ops {kind!r}; choose reference or triton")

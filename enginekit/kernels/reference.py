@@ -1,6 +1,6 @@
 """Pure-torch reference implementations of the paged-KV operations.
 
-These are the specification the Triton kernels (``enginekit.kernels.triton_ops``) are
+These are the specification the Triton kernels (``enginekit.kernels.triton.ops``) are
 tested against, and what the torch executor runs where Triton cannot (CPU).
 
 KV pool: a ``KVPool`` (see ``enginekit.kernels.layout``), K/V elements in::

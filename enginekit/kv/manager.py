@@ -8,15 +8,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
-from enginekit.executor.base import BlockCopy, BlockSwap
+from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
+from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
-from enginekit.kv.context import KVContext
-from enginekit.kv.holes import HoleAllocator, WindowedEviction
 from enginekit.kv.manager_fork import ForkMixin
 from enginekit.kv.manager_swap import SwapMixin
 from enginekit.kv.promises import PrefillPromises
-from enginekit.kv.spec import KVSpec
 from enginekit.request import Request
+from enginekit.spec.kv import KVSpec
+from enginekit.step import BlockCopy, BlockSwap
 
 if TYPE_CHECKING:
     from enginekit._native import BlockPool, BlockTables
@@ -369,7 +369,7 @@ class KVCacheManager(ForkMixin, SwapMixin):
     def release_range(self, request: Request, first: int, end: int) -> int:
         """Gives back the request's blocks ``first .. end - 1`` (holes stay in its table);
         returns how many were still held. Needs an allocator that can
-        (``enginekit.kv.holes.HoleAllocator``)."""
+        (``enginekit.interfaces.capabilities.HoleAllocator``)."""
         return self._hole_allocator().release_range(request.seq_id, first, end)
 
     def _hole_allocator(self) -> HoleAllocator:

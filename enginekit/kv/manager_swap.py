@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from enginekit.errors import OutOfBlocksError
-from enginekit.executor.base import BlockSwap
-from enginekit.kv.holes import HoleAllocator, WindowedEviction
+from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
 from enginekit.request import Request
+from enginekit.step import BlockSwap
 
 if TYPE_CHECKING:
     from enginekit._native import BlockTables

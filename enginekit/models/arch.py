@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from enginekit.errors import ConfigError
-from enginekit.models.shapes import ModelShape
+from enginekit.spec.model import ModelShape
 
 ROPE_TYPES = ("default", "linear", "llama3")
 

@@ -19,8 +19,8 @@ import torch
 
 from enginekit.models.arch import ModelArch
 from enginekit.models.llama import LlamaWeights
-from enginekit.models.shapes import model_preset
 from enginekit.models.weights import weights_from_state_dict
+from enginekit.spec.model import model_preset
 
 TINY_EOS_TOKEN_ID = 2
 

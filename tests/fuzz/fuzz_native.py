@@ -43,9 +43,11 @@ if __name__ == "__main__":
     import atheris
 
     with atheris.instrument_imports(include=["enginekit.kv"]):
-        from enginekit.kv import pyhash, pyref
+        from enginekit.kv import pyref
+        from enginekit.kv.pyref import hashing as pyhash
 else:
-    from enginekit.kv import pyhash, pyref
+    from enginekit.kv import pyref
+    from enginekit.kv.pyref import hashing as pyhash
 
 DOCUMENTED = (KVCacheError, OutOfBlocksError, ValueError, TypeError)
 MAX_STEPS = 200

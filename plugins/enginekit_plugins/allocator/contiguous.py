@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enginekit.config import AllocatorConfig
 from enginekit.errors import ConfigError, KVCacheError
 from enginekit.interfaces import Allocator
-from enginekit.kv.context import KVContext
+from enginekit.interfaces.context import KVContext
 from enginekit.request import Request
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from enginekit.config import AllocatorConfig
 from enginekit.interfaces import Allocator
-from enginekit.kv.context import KVContext
+from enginekit.interfaces.context import KVContext
 from enginekit.request import Request
 
 
@@ -20,7 +20,7 @@ class PagedAllocator(Allocator):
     """A sequence holds exactly ceil(tokens / block_size) blocks, so it wastes less than one
     block. Blocks need not be contiguous: the block table maps logical to physical. Tables
     may hold holes anywhere (``release_range``, ``append_holes``: see
-    ``enginekit.kv.holes.HoleAllocator``)."""
+    ``enginekit.interfaces.capabilities.HoleAllocator``)."""
 
     Config = PagedConfig
 

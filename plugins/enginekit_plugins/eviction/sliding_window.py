@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from enginekit.config import EvictionConfig
 from enginekit.errors import ConfigError
 from enginekit.interfaces import Eviction
-from enginekit.kv.context import KVContext
+from enginekit.interfaces.context import KVContext
 from enginekit.request import Request
 
 if TYPE_CHECKING:

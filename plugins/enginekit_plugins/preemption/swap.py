@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from enginekit.config import PreemptionConfig
 from enginekit.errors import ConfigError
 from enginekit.interfaces import Preemption, PreemptionResult
-from enginekit.kv.restore_cost import RestoreCost
-from enginekit.kv.swap import HostSwapPool, host_pool_num_blocks
+from enginekit.kv.host_pool import HostSwapPool, host_pool_num_blocks
 from enginekit.request import Request, RequestStatus
+from enginekit.spec.restore_cost import RestoreCost
 from enginekit_plugins.preemption.recompute import recompute
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class SwapConfig(PreemptionConfig):
     name: str = "swap"
     # Host memory for swapped-out KV blocks, at most the device pool's blocks (see
-    # enginekit.kv.swap.host_pool_num_blocks): the swap bookkeeping and the torch
+    # enginekit.kv.host_pool.host_pool_num_blocks): the swap bookkeeping and the torch
     # executor's host pool (allocated as swaps fill it) are both sized from this key.
     swap_space_gib: float = 4.0
     num_candidates: int = 4  # lowest-priority running requests weighed as victims

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from enginekit.config import PrefixConfig
 from enginekit.interfaces import PrefixCache, PrefixMatch
-from enginekit.kv.context import KVContext
+from enginekit.interfaces.context import KVContext
 from enginekit.request import Request
 
 
@@ -33,7 +33,7 @@ class BlockHashPrefixCache(PrefixCache):
         if native:
             from enginekit._native import ROOT_HASH, hash_block, hash_blocks
         else:
-            from enginekit.kv.pyhash import ROOT_HASH, hash_block, hash_blocks  # type: ignore[assignment]
+            from enginekit.kv.pyref.hashing import ROOT_HASH, hash_block, hash_blocks  # type: ignore[assignment]
         self._root_hash = ROOT_HASH
         self._hash_block = hash_block
         self._hash_blocks = hash_blocks

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from enginekit.config import PrefixConfig
 from enginekit.interfaces import PrefixCache, PrefixMatch
+from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.prefix import NO_MATCH
-from enginekit.kv.context import KVContext
 from enginekit.request import Request
 
 

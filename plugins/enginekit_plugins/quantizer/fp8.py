@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from enginekit.config import QuantizerConfig
 from enginekit.errors import ConfigError
 from enginekit.interfaces import Quantizer
-from enginekit.kv.quant import KVQuant
-from enginekit.models.shapes import ModelShape
+from enginekit.spec.model import ModelShape
+from enginekit.spec.quant import KVQuant
 
 SCALE_SOURCES = ("auto", "checkpoint", "calibrate")
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from enginekit.config import QuantizerConfig
 from enginekit.interfaces import Quantizer
-from enginekit.kv.quant import KVQuant
-from enginekit.models.shapes import ModelShape
+from enginekit.spec.model import ModelShape
+from enginekit.spec.quant import KVQuant
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""The published claims enginekit checks itself against (``python -m enginekit.claims``)."""

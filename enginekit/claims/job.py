@@ -1,0 +1,191 @@
+"""The literature's claims about the KV cache, replayed on enginekit and set against what it
+measures.
+
+``python -m enginekit +experiment=claims`` (or ``python -m enginekit.claims [--quick]
+[--out DIR]``) runs every scenario, prints one table "claim | enginekit measured |
+holds?" followed by the tables and notes behind each verdict, and writes the same as
+``claims.md`` and ``claims.json`` into the run folder. The scenarios are fixed (Llama-3-8B
+on a simulated H200 unless a row says otherwise), so overrides of the engine's keys do
+not change them; ``--quick`` runs the simulated workloads with fewer requests (the exact
+figures are the same, the load-dependent ones noisier).
+
+Verdicts: ``yes`` (the figure is within the claim), ``partly`` (part of it holds, or it
+holds only under conditions the row names) and ``no``. Every figure behind a row is in
+its ``figures`` (claims.json), by name.
+
+The scenarios live in ``enginekit.claims.prefix`` (prefix-cache hit and TTFT),
+``enginekit.claims.memory`` (paging, GQA and quantized bytes, per-token bytes) and
+``enginekit.claims.swap`` (swap against recompute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from enginekit.engine import Engine
+
+VERDICTS = ("yes", "partly", "no")
+JSON_NAME = "claims.json"
+MARKDOWN_NAME = "claims.md"
+
+
+@dataclass(frozen=True)
+class ClaimRow:
+    """One claim. ``key`` names it in claims.json; ``claim`` is the claim as users know it;
+    ``measured`` says what enginekit measured, figures included; ``verdict`` is one of
+    ``VERDICTS``; ``figures`` holds every number behind ``measured``."""
+
+    key: str
+    claim: str
+    measured: str
+    verdict: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"claim {self.key}: verdict {self.verdict!r} not in {VERDICTS}")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table behind the verdicts: a title, column names and rows of printed cells."""
+
+    title: str
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class Section:
+    """One scenario: its rows of the main table, then its own tables and notes."""
+
+    title: str
+    rows: tuple[ClaimRow, ...]
+    tables: tuple[Table, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def verdict(holds: Iterable[bool]) -> str:
+    """``yes`` if every case holds, ``partly`` if some do, ``no`` if none does."""
+    cases = list(holds)
+    return "yes" if all(cases) else ("partly" if any(cases) else "no")
+
+
+def sim_engine(*settings: str) -> Engine:
+    """An engine over the defaults with dotted ``key=value`` settings (plugins as
+    ``group.name=plugin``, presets as ``model.name=...``), built without Hydra's compose
+    so that it also runs inside a Hydra job. No progress bar. Raises as ``Engine``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from enginekit.config import EngineConfig
+    from enginekit.engine import Engine
+
+    config = OmegaConf.merge(
+        OmegaConf.structured(EngineConfig), OmegaConf.from_dotlist(["progress=false", *settings])
+    )
+    assert isinstance(config, DictConfig)
+    return Engine(config)
+
+
+def sim_summary(*settings: str) -> dict[str, Any]:
+    """The summary of the configured workload run on ``sim_engine(*settings)``."""
+    engine = sim_engine(*settings)
+    engine.add_workload()
+    return engine.run().summary
+
+
+def run_claims(quick: bool = False) -> list[Section]:
+    """Runs every scenario (seconds; ``quick``: fewer simulated requests). Pure apart from
+    the time it takes: nothing is printed or written."""
+    from enginekit.claims.memory import bytes_section, paging_section
+    from enginekit.claims.prefix import prefix_section
+    from enginekit.claims.swap import swap_section
+
+    return [
+        prefix_section(quick),
+        paging_section(quick),
+        bytes_section(),
+        swap_section(quick),
+    ]
+
+
+def rows_by_key(sections: Sequence[Section]) -> dict[str, ClaimRow]:
+    """Every row of ``sections`` by its key."""
+    return {row.key: row for section in sections for row in section.rows}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub markdown table (pipes in cells escaped)."""
+    lines = ["| " + " | ".join(map(_cell, header)) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(sections: Sequence[Section], heading_level: int = 3) -> str:
+    """The main table, then each section's tables and notes, as markdown; each section
+    under a heading of ``heading_level``."""
+    h = "#" * heading_level
+    rows = [(r.claim, r.measured, r.verdict) for s in sections for r in s.rows]
+    parts = [markdown_table(("claim", "enginekit measured", "holds?"), rows)]
+    for section in sections:
+        parts.append(f"{h} {section.title}")
+        for table in section.tables:
+            parts.append(f"**{table.title}**\n\n{markdown_table(table.header, table.rows)}")
+        if section.notes:
+            parts.append("\n".join(f"- {note}" for note in section.notes))
+    return "\n\n".join(parts) + "\n"
+
+
+def to_json(sections: Sequence[Section], quick: bool) -> dict[str, Any]:
+    """claims.json: ``quick``, every row by key (claim, measured, verdict, figures) and the
+    sections with their tables and notes."""
+    return {
+        "quick": quick,
+        "claims": {row.key: asdict(row) for row in rows_by_key(sections).values()},
+        "sections": [asdict(section) for section in sections],
+    }
+
+
+def write_claims(sections: Sequence[Section], folder: Path, quick: bool) -> tuple[Path, Path]:
+    """Writes claims.md and claims.json into ``folder`` (created if missing); returns both
+    paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    md_path, json_path = folder / MARKDOWN_NAME, folder / JSON_NAME
+    md_path.write_text(f"# Claims\n\n{render_markdown(sections, heading_level=2)}")
+    json_path.write_text(json.dumps(to_json(sections, quick), indent=2) + "\n")
+    return md_path, json_path
+
+
+def run_claims_job(folder: Path, quick: bool = False) -> dict[str, Any]:
+    """The ``+experiment=claims`` job: runs the claims, prints them, writes claims.md and
+    claims.json into ``folder``; returns claims.json's content."""
+    sections = run_claims(quick)
+    print(render_markdown(sections), end="")
+    md_path, _ = write_claims(sections, folder, quick)
+    print(f"claims: {md_path}")
+    return to_json(sections, quick)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m enginekit.claims", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer simulated requests")
+    parser.add_argument("--out", type=Path, help="folder for claims.md and claims.json")
+    args = parser.parse_args(argv)
+    sections = run_claims(args.quick)
+    print(render_markdown(sections), end="")
+    if args.out is not None:
+        md_path, _ = write_claims(sections, args.out, args.quick)
+        print(f"claims: {md_path}")
+    return 0

@@ -1,0 +1,1 @@
+"""Experiment and ablation files (``+experiment=``, ``+ablation=``), Hydra launchers."""

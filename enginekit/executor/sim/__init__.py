@@ -1,0 +1,1 @@
+"""The simulator: a roofline cost model of a GPU stepping the same schedule."""

@@ -1,0 +1,1 @@
+"""The torch executor: real tensors, the Llama-family forward over paged KV."""

@@ -1,0 +1,94 @@
+"""Teacher-forced scoring through the paged cache: log-probabilities of every next token
+of a text, with its K/V stored in (and read back from) the cache's storage format.
+
+Quality measurements of a KV format need the model's distribution at every position,
+not only the sampled ones the scheduler asks for. ``teacher_forced_logprobs`` prefills a
+token sequence chunk by chunk into a private pool of the executor's format (so every
+chunk after the first attends keys and values that went through the quantizer, exactly
+as cached prefixes and decodes do) and returns every row's log-probabilities. It does
+not touch the executor's own pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from enginekit.executor.torch.fp8_scales import FP8Scales
+from enginekit.kernels.layout import KVPool, allocate_pool
+from enginekit.kernels.ops import PagedOps
+from enginekit.models.llama import ForwardBatch, LlamaModel
+from enginekit.spec.kv import KVSpec
+
+# Sees each layer's query, key and value [T, heads, head_dim] before the K/V are stored.
+QKVHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def private_pool(
+    model: LlamaModel,
+    kv_spec: KVSpec,
+    num_tokens: int,
+    fp8_scale_source: str = "auto",
+    fp8_margin: float = 2.0,
+) -> tuple[KVPool, FP8Scales | None]:
+    """A pool of ``kv_spec``'s format just large enough for ``num_tokens``, with its fp8
+    scales handled as the executor does (checkpoint or calibration)."""
+    pool = allocate_pool(kv_spec, kv_spec.num_blocks_for(num_tokens), model.dtype, model.device)
+    return pool, FP8Scales.of_pool(pool, fp8_scale_source, fp8_margin, model.weights.kv_scales)
+
+
+def chunk_batch(
+    token_ids: Sequence[int], start: int, end: int, block_size: int, device: torch.device
+) -> ForwardBatch:
+    """The ForwardBatch prefilling ``token_ids[start:end]`` of one sequence whose blocks
+    are 0, 1, 2, ... of the pool, with logits for every row."""
+    num_rows = end - start
+    table = torch.arange(-(-end // block_size), dtype=torch.int32, device=device)[None]
+    positions = torch.arange(start, end, device=device)
+    return ForwardBatch(
+        input_ids=torch.as_tensor(token_ids[start:end], dtype=torch.int64, device=device),
+        positions=positions,
+        slots=positions.clone(),  # block b holds positions b*bs .. b*bs + bs - 1
+        num_prefill_tokens=num_rows,
+        prefill_query_starts=torch.tensor([0, num_rows], dtype=torch.int32, device=device),
+        prefill_context_starts=torch.tensor([start], dtype=torch.int32, device=device),
+        prefill_block_tables=table,
+        prefill_max_query_len=num_rows,
+        decode_block_tables=torch.zeros((0, 1), dtype=torch.int32, device=device),
+        decode_context_lens=torch.zeros(0, dtype=torch.int32, device=device),
+        logits_indices=torch.arange(num_rows, device=device),
+    )
+
+
+def teacher_forced_logprobs(
+    model: LlamaModel,
+    ops: PagedOps,
+    kv_spec: KVSpec,
+    token_ids: Sequence[int],
+    chunk_tokens: int,
+    *,
+    fp8_scale_source: str = "auto",
+    fp8_margin: float = 2.0,
+    on_qkv: QKVHook | None = None,
+) -> torch.Tensor:
+    """float32 [len(token_ids), vocab]: row i is log p(· | token_ids[:i + 1]), computed in
+    prefill chunks of ``chunk_tokens`` over a private pool of ``kv_spec``'s format. An
+    fp8 pool calibrates on the first chunk unless the checkpoint has scales. Pure with
+    respect to everything but ``on_qkv``'s own effects."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    pool, scales = private_pool(model, kv_spec, len(token_ids), fp8_scale_source, fp8_margin)
+
+    def before_write(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if scales is not None:
+            scales.calibrate(layer, k, v)
+        if on_qkv is not None:
+            on_qkv(layer, q, k, v)
+
+    rows = []
+    for start in range(0, len(token_ids), chunk_tokens):
+        end = min(start + chunk_tokens, len(token_ids))
+        batch = chunk_batch(token_ids, start, end, kv_spec.block_size, model.device)
+        rows.append(model.forward(batch, pool, ops, before_write).log_softmax(-1))
+    return torch.cat(rows)

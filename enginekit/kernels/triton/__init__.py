@@ -1,0 +1,1 @@
+"""Triton kernels for paged attention and cache writes (imported only where Triton runs)."""

@@ -1,0 +1,260 @@
+"""Triton kernels that move KV: writing new tokens into their slots (quantizing them), and
+copying whole blocks (copy-on-write). Twins of ``reference.write_kv`` and
+``reference.copy_blocks``; under the interpreter they match the references bit for bit.
+Swaps cross devices and stay torch copies (``reference.swap_blocks``).
+
+Writes by kind: ``none`` stores the tokens as they are; ``fp8`` encodes the few new
+tokens with torch (``quantize_fp8``, elementwise) and stores the bytes with the same
+Triton store kernel; ``int4`` runs one Triton kernel that quantizes each token's values
+and re-quantizes every key group the new tokens fall in (``_write_int4_kernel``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from enginekit.kernels.checks import check_heads, check_index, check_pool, model_dtype
+from enginekit.kernels.layout import KVPool
+from enginekit.kernels.quantize import check_fp8_scales, quantize_fp8
+from enginekit.kernels.triton.quant import int4_codes, int4_dequantize, int4_scale_zero
+
+KEY, VALUE = 0, 1
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, slots_ptr, pool_ptr, layer,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
+    NUM_KV_HEADS: tl.constexpr, H_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """Program i stores token i's K and V (every kv head) at slot slots[i] (< 0: skip)."""
+    i = tl.program_id(0)
+    slot = tl.load(slots_ptr + i)
+    h = tl.arange(0, H_PAD)
+    d = tl.arange(0, D_PAD)
+    slot_2d = tl.zeros([H_PAD, D_PAD], tl.int64) + slot
+    mask = (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM) & (slot_2d >= 0)
+    block_id = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    k = tl.load(k_ptr + i * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
+    v = tl.load(v_ptr + i * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+    dst = (pool_ptr + block_id * stride_pb + layer * stride_pl + h[:, None] * stride_ph
+           + offset * stride_pt + d[None, :])  # fmt: skip
+    tl.store(dst, k, mask=mask)
+    tl.store(dst + stride_pkv, v, mask=mask)
+
+
+@triton.jit
+def _group_stats(x_full, c, c_ok, channels, GROUP: tl.constexpr):
+    """float32 min/max, for each of ``channels``, over the channels of its group of
+    ``GROUP`` consecutive channels in the row ``x_full`` (channels ``c``, valid ``c_ok``)."""
+    member = (c[None, :] // GROUP == (channels // GROUP)[:, None]) & c_ok[None, :]
+    lo = tl.min(tl.where(member, x_full[None, :], float("inf")), axis=1)
+    hi = tl.max(tl.where(member, x_full[None, :], float("-inf")), axis=1)
+    return lo, hi
+
+
+@triton.jit
+def _write_int4_kernel(
+    k_ptr, v_ptr, sorted_slots_ptr, order_ptr, run_start_ptr, is_last_ptr,
+    data_ptr, kmeta_ptr, vmeta_ptr, layer,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
+    stride_kmb, stride_kml, stride_kmh, stride_kmg, stride_kms,
+    stride_vmb, stride_vml, stride_vmh, stride_vmt, stride_vms,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, KEY_GROUP: tl.constexpr, KG_PAD: tl.constexpr,
+    VALUE_GROUP: tl.constexpr,
+):  # fmt: skip
+    """Program (i, kv head h) over the new tokens sorted by slot (token ``order[i]`` at
+    slot ``sorted_slots[i]``, skipped when negative). It quantizes that token's values
+    per group of channels, and, when it is the last new token of its key group (whose new
+    tokens are the sorted run ``run_start[i]..i``, consecutive slots), re-quantizes the
+    group per channel over the tokens before the run (dequantized from the pool) and the
+    run's; codes after the run are 0. Codes are handled as even/odd channel halves, the
+    two nibbles of a byte."""
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(sorted_slots_ptr + i)
+    row = tl.load(order_ptr + i)
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    j = tl.arange(0, HALF_PAD)
+    j_ok = j < HALF
+    even = 2 * j
+    odd = 2 * j + 1
+    c = tl.arange(0, D_PAD)
+    c_ok = c < HEAD_DIM
+    # Scalar conditions enter masks as vectors (the interpreter refuses scalar masks).
+    j_active = j_ok & (j * 0 + slot >= 0)
+    head_base = data_ptr + block * stride_pb + layer * stride_pl + h * stride_ph
+
+    # Values: one (scale, zero) per group of VALUE_GROUP channels of this token.
+    v_row = v_ptr + row * stride_vt + h * stride_vh
+    x_full = tl.load(v_row + c, mask=c_ok & (c * 0 + slot >= 0), other=0.0).to(tl.float32)
+    x_even = tl.load(v_row + even, mask=j_active, other=0.0).to(tl.float32)
+    x_odd = tl.load(v_row + odd, mask=j_active, other=0.0).to(tl.float32)
+    lo, hi = _group_stats(x_full, c, c_ok, even, VALUE_GROUP)
+    scale_even, zero_even = int4_scale_zero(lo, hi)
+    lo, hi = _group_stats(x_full, c, c_ok, odd, VALUE_GROUP)
+    scale_odd, zero_odd = int4_scale_zero(lo, hi)
+    codes = int4_codes(x_even, scale_even, zero_even, j_ok) | (
+        int4_codes(x_odd, scale_odd, zero_odd, j_ok) << 4
+    )
+    v_ok = j_active
+    tl.store(head_base + stride_pkv + offset * stride_pt + j, codes.to(tl.uint8), mask=v_ok)
+    v_meta = (vmeta_ptr + block * stride_vmb + layer * stride_vml + h * stride_vmh
+              + offset * stride_vmt)  # fmt: skip
+    first_even = v_ok & (even % VALUE_GROUP == 0)  # a group's first channel stores its meta
+    first_odd = v_ok & (odd % VALUE_GROUP == 0)
+    tl.store(v_meta + even // VALUE_GROUP, scale_even, mask=first_even)
+    tl.store(v_meta + stride_vms + even // VALUE_GROUP, zero_even, mask=first_even)
+    tl.store(v_meta + odd // VALUE_GROUP, scale_odd, mask=first_odd)
+    tl.store(v_meta + stride_vms + odd // VALUE_GROUP, zero_odd, mask=first_odd)
+
+    # Keys: the last new token of a group re-quantizes the whole group.
+    is_last = tl.load(is_last_ptr + i)
+    run_start = tl.load(run_start_ptr + i)
+    group_first_slot = (slot // KEY_GROUP) * KEY_GROUP
+    last_off = slot - group_first_slot
+    first_off = tl.load(sorted_slots_ptr + run_start) - group_first_slot
+    group_index = offset // KEY_GROUP
+    t = tl.arange(0, KG_PAD)
+    t_ok = t < KEY_GROUP
+    j_key = j_active & (j * 0 + is_last != 0)  # this program re-quantizes the group
+    t_key = (t * 0 + slot >= 0) & (t * 0 + is_last != 0)
+    is_new = (t >= first_off) & (t <= last_off)
+    valid = t_ok & (t <= last_off)
+    k_rows = head_base + (group_index * KEY_GROUP + t)[:, None] * stride_pt + j[None, :]
+    old_mask = (t_key & (t < first_off))[:, None] & j_key[None, :]
+    old_bytes = tl.load(k_rows, mask=old_mask, other=0).to(tl.int32)
+    k_meta = (kmeta_ptr + block * stride_kmb + layer * stride_kml + h * stride_kmh
+              + group_index * stride_kmg)  # fmt: skip
+    meta_ok = j_key
+    new_rows = tl.load(order_ptr + run_start + t - first_off, mask=t_key & is_new, other=0)
+    new_base = k_ptr + new_rows[:, None] * stride_kt + h * stride_kh
+    new_mask = (t_key & is_new)[:, None] & j_key[None, :]
+    all_codes = tl.zeros([KG_PAD, HALF_PAD], tl.int32)
+    for nibble in tl.static_range(2):
+        channels = 2 * j + nibble
+        old = int4_dequantize(
+            (old_bytes >> (4 * nibble)) & 15,
+            tl.load(k_meta + channels, mask=meta_ok, other=0.0)[None, :],
+            tl.load(k_meta + stride_kms + channels, mask=meta_ok, other=0.0)[None, :],
+        )
+        new = tl.load(new_base + channels[None, :], mask=new_mask, other=0.0).to(tl.float32)
+        x = tl.where(is_new[:, None], new, old)
+        lo = tl.min(tl.where(valid[:, None], x, float("inf")), axis=0)
+        hi = tl.max(tl.where(valid[:, None], x, float("-inf")), axis=0)
+        scale, zero = int4_scale_zero(lo, hi)
+        all_codes = all_codes | (
+            int4_codes(x, scale[None, :], zero[None, :], valid[:, None]) << (4 * nibble)
+        )
+        tl.store(k_meta + channels, scale, mask=meta_ok)
+        tl.store(k_meta + stride_kms + channels, zero, mask=meta_ok)
+    tl.store(k_rows, all_codes.to(tl.uint8), mask=(t_key & t_ok)[:, None] & j_key[None, :])
+
+
+@triton.jit
+def _copy_blocks_kernel(pool_ptr, src_ptr, dst_ptr, BLOCK_NUMEL: tl.constexpr,
+                        CHUNK: tl.constexpr):  # fmt: skip
+    """Program (pair, chunk) copies CHUNK elements of block src[pair] to dst[pair]."""
+    pair = tl.program_id(0)
+    offsets = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    mask = offsets < BLOCK_NUMEL
+    src = tl.load(src_ptr + pair)
+    dst = tl.load(dst_ptr + pair)
+    x = tl.load(pool_ptr + src * BLOCK_NUMEL + offsets, mask=mask)
+    tl.store(pool_ptr + dst * BLOCK_NUMEL + offsets, x, mask=mask)
+
+
+def _store(pool_data: torch.Tensor, layer: int, key: torch.Tensor, value: torch.Tensor,
+           slots: torch.Tensor) -> None:  # fmt: skip
+    num_kv_heads, block_size, head_dim = pool_data.shape[3:]
+    _write_kv_kernel[(key.shape[0],)](
+        key, value, slots, pool_data, layer,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *pool_data.stride()[:5],
+        NUM_KV_HEADS=num_kv_heads, H_PAD=triton.next_power_of_2(num_kv_heads),
+        HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
+    )  # fmt: skip
+
+
+def _write_int4(
+    pool: KVPool, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+) -> None:
+    assert pool.key_meta is not None and pool.value_meta is not None
+    num_tokens = slots.shape[0]
+    key_group = pool.quant.key_group_tokens
+    # Sorting by slot makes each key group's new tokens one run; no host sync.
+    sorted_slots, order = torch.sort(slots)
+    groups = torch.div(sorted_slots, key_group, rounding_mode="floor")
+    changes = groups[1:] != groups[:-1]
+    is_last = torch.ones(num_tokens, dtype=torch.int32, device=slots.device)
+    is_last[:-1] = changes.int()
+    is_first = torch.ones(num_tokens, dtype=torch.bool, device=slots.device)
+    is_first[1:] = changes
+    index = torch.arange(num_tokens, device=slots.device)
+    run_start = torch.cummax(torch.where(is_first, index, 0), dim=0).values
+    head_dim = pool.head_dim
+    half = head_dim // 2
+    _write_int4_kernel[(num_tokens, pool.num_kv_heads)](
+        key, value, sorted_slots, order, run_start, is_last,
+        pool.data, pool.key_meta, pool.value_meta, layer,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *pool.data.stride()[:5], *pool.key_meta.stride()[:5], *pool.value_meta.stride()[:5],
+        HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim),
+        HALF=half, HALF_PAD=triton.next_power_of_2(half), BLOCK_SIZE=pool.block_size,
+        KEY_GROUP=key_group, KG_PAD=triton.next_power_of_2(key_group),
+        VALUE_GROUP=pool.quant.value_group_channels,
+    )  # fmt: skip
+
+
+def write_kv(
+    pool: KVPool, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """See ``reference.write_kv`` (same contract, same stored bits). Raises ValueError on a
+    bad shape, dtype, device or stride, and for NaN (unset) fp8 scales. Mutates ``pool``."""
+    check_pool(pool, layer)
+    dtype = model_dtype(pool)
+    check_heads(key, pool, "key", pool.num_kv_heads, dtype)
+    check_heads(value, pool, "value", pool.num_kv_heads, dtype)
+    num_tokens = key.shape[0]
+    if value.shape[0] != num_tokens:
+        raise ValueError("key and value must have the same number of tokens")
+    check_index(slots, "slots", torch.int64, (num_tokens,), pool.data.device)
+    kind = pool.quant.kind
+    fp8_scales = check_fp8_scales(pool, layer) if kind == "fp8" else None
+    if num_tokens == 0:
+        return
+    if kind == "none":
+        _store(pool.data, layer, key, value, slots)
+    elif fp8_scales is not None:
+        stored_key = quantize_fp8(key, fp8_scales[KEY, :, None]).view(torch.uint8)
+        stored_value = quantize_fp8(value, fp8_scales[VALUE, :, None]).view(torch.uint8)
+        _store(pool.data.view(torch.uint8), layer, stored_key, stored_value, slots)
+    else:
+        _write_int4(pool, layer, key, value, slots)
+
+
+def copy_blocks(pool: KVPool, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor) -> None:
+    """See ``reference.copy_blocks``: every block tensor (data, int4 scales/zeros), one
+    Triton copy per tensor; ids int64 [n] on the pool's device. Mutates ``pool``."""
+    check_pool(pool, 0)
+    num_pairs = src_block_ids.shape[0]
+    device = pool.data.device
+    check_index(src_block_ids, "src_block_ids", torch.int64, (num_pairs,), device)
+    check_index(dst_block_ids, "dst_block_ids", torch.int64, (num_pairs,), device)
+    if num_pairs == 0:
+        return
+    for tensor in pool.block_tensors:
+        flat = tensor.view(torch.uint8) if tensor.dtype == torch.float8_e4m3fn else tensor
+        block_numel = flat[0].numel()
+        chunk = min(4096, triton.next_power_of_2(block_numel))
+        grid = (num_pairs, triton.cdiv(block_numel, chunk))
+        _copy_blocks_kernel[grid](flat, src_block_ids, dst_block_ids, BLOCK_NUMEL=block_numel,
+                                  CHUNK=chunk)  # fmt: skip

@@ -1,0 +1,406 @@
+"""Pure-Python twin of ``enginekit._native.RadixTree`` (rust/radix.rs).
+
+A token-granular prefix tree whose nodes reference paged KV blocks. Node 0 is the root and
+holds no tokens; every other node holds a non-empty edge of tokens covering the absolute
+positions [start, end) of the sequences through it and references the blocks
+floor(start / bs) ..= floor((end - 1) / bs). A block straddling a node boundary is referenced by
+both nodes: each reference is one tree reference, mirrored by the caller as one pool reference.
+
+Written for reading: counters and eviction candidates are recomputed from the nodes on demand,
+where the Rust core maintains them incrementally.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from enginekit.errors import KVCacheError
+from enginekit.kv.pyref.args import int_list
+
+__all__ = ["InsertResult", "PyRadixTree", "RadixMatch", "RadixNode"]
+
+ROOT = 0
+_MAX_U64 = (1 << 64) - 1
+_MAX_TOKEN = (1 << 32) - 1
+_MAX_BLOCK_ID = (1 << 31) - 1
+
+
+class RadixMatch(NamedTuple):
+    """The longest stored prefix of a query: its length in tokens, the blocks covering
+    positions [0, num_tokens) (the last possibly partial), and the node holding the last
+    matched token (0, the root, if none)."""
+
+    num_tokens: int
+    block_ids: list[int]
+    node_id: int
+
+
+class InsertResult(NamedTuple):
+    """Tokens newly stored, every tree reference the insert created (the caller increfs each
+    in the pool), and the node holding the last token of the inserted sequence."""
+
+    num_new_tokens: int
+    new_block_refs: list[int]
+    node_id: int
+
+
+class RadixNode(NamedTuple):
+    """One node as ``nodes()`` reports it; parent_id is None for the root."""
+
+    node_id: int
+    parent_id: int | None
+    token_ids: list[int]
+    block_ids: list[int]
+    lock_count: int
+    stamp: int
+
+
+@dataclass
+class _Node:
+    parent: int  # the root's is itself, never read
+    start: int
+    tokens: list[int]
+    blocks: list[int]
+    children: dict[int, int] = field(default_factory=dict)  # first token -> child id
+    lock_count: int = 0  # locks on this node or any descendant
+    own_locks: int = 0  # locks on this node itself
+    stamp: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    k = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        k += 1
+    return k
+
+
+class PyRadixTree:
+    """Token-granular prefix tree over paged blocks (see the module docstring).
+
+    Locks: a node's lock_count counts the locks on it or on any descendant; locked nodes are
+    never evicted. Recency: a logical clock ticks once per insert, lock and unlock, which stamp
+    every node from the root to the node concerned. A call that raises changes nothing.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        """Raises ValueError if block_size is not in [1, 2**64)."""
+        block_size = operator.index(block_size)
+        if not 1 <= block_size <= _MAX_U64:
+            raise ValueError(f"block_size must be in [1, 2**64), got {block_size}")
+        self._block_size = block_size
+        self._nodes: dict[int, _Node] = {ROOT: _Node(ROOT, 0, [], [])}
+        self._next_id = 1
+        self._clock = 0
+
+    # ---- counters -------------------------------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes, the root included."""
+        return len(self._nodes)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens stored over all edges."""
+        return sum(len(n.tokens) for n in self._nodes.values())
+
+    @property
+    def num_block_refs(self) -> int:
+        """Block references held by all nodes."""
+        return sum(len(n.blocks) for n in self._nodes.values())
+
+    def evictable_block_refs(self) -> int:
+        """References evict could release: those of non-root nodes with lock_count 0."""
+        return sum(len(n.blocks) for i, n in self._nodes.items() if i != ROOT and n.lock_count == 0)
+
+    def num_evictable_blocks(self) -> int:
+        """Distinct blocks that nodes with lock_count 0 reference and no other node does:
+        those evicting every unlocked node would take all the tree's references off. A block
+        straddling two nodes counts once."""
+        unlocked: set[int] = set()
+        locked: set[int] = set()
+        for node_id, node in self._nodes.items():
+            if node_id != ROOT:
+                (locked if node.lock_count else unlocked).update(node.blocks)
+        return len(unlocked - locked)
+
+    def has_node(self, node_id: int) -> bool:
+        return operator.index(node_id) in self._nodes
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def _span(self, start: int, end: int) -> range:
+        """Indices of the blocks covering positions [start, end), end > start."""
+        return range(start // self._block_size, (end - 1) // self._block_size + 1)
+
+    def _path_to_root(self, node_id: int) -> list[int]:
+        path = [node_id]
+        while path[-1] != ROOT:
+            path.append(self._nodes[path[-1]].parent)
+        return path
+
+    def _stamp(self, path: list[int]) -> None:
+        self._clock += 1
+        for node_id in path:
+            self._nodes[node_id].stamp = self._clock
+
+    def _known(self, node_id: int) -> int:
+        node_id = operator.index(node_id)
+        if node_id not in self._nodes:
+            raise KVCacheError(f"unknown node {node_id}")
+        return node_id
+
+    # ---- match and insert -----------------------------------------------------------------
+
+    def match_prefix(self, token_ids: Sequence[int]) -> RadixMatch:
+        """The longest prefix of token_ids stored in the tree, at token granularity.
+
+        Pure: changes no stamp. Raises ValueError for a token id not in [0, 2**32).
+        """
+        tokens = _tokens(token_ids)
+        node_id, pos = ROOT, 0
+        block_ids: list[int] = []
+        while pos < len(tokens):
+            child = self._nodes[node_id].children.get(tokens[pos])
+            if child is None:
+                break
+            node = self._nodes[child]
+            k = _common_prefix(node.tokens, tokens[pos:])
+            # A block straddling the boundary: the deeper node's block holds the positions of
+            # both nodes for this sequence, so it wins.
+            for index, block_id in zip(
+                self._span(node.start, node.start + k), node.blocks, strict=False
+            ):
+                if index < len(block_ids):
+                    block_ids[index] = block_id
+                else:
+                    block_ids.append(block_id)
+            pos += k
+            node_id = child
+            if k < len(node.tokens):
+                break
+        return RadixMatch(pos, block_ids, node_id)
+
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> InsertResult:
+        """Stores token_ids; the token at position p lives in block_ids[p // block_size].
+
+        Nodes already on the path keep their own blocks; a node whose edge the sequence leaves
+        midway is split (the upper part becomes a new node, the original id keeps the lower
+        part); the new leaf references the caller's blocks for its range. Stamps the path.
+        Raises ValueError for a token id not in [0, 2**32), a block id not in [0, 2**31), or
+        fewer than ceil(len(token_ids) / block_size) block ids (extra ones are ignored).
+        """
+        tokens = _tokens(token_ids)
+        blocks = int_list(block_ids, "block_ids", _check_block_id)
+        need = -(-len(tokens) // self._block_size)
+        if len(blocks) < need:
+            raise ValueError(
+                f"block_ids holds {len(blocks)} blocks, fewer than the {need} that "
+                f"{len(tokens)} tokens need"
+            )
+        refs: list[int] = []
+        num_new = 0
+        path = [ROOT]
+        node_id, pos = ROOT, 0
+        while pos < len(tokens):
+            child = self._nodes[node_id].children.get(tokens[pos])
+            if child is None:
+                node_id = self._add_leaf(node_id, pos, tokens[pos:], blocks, refs)
+                num_new = len(tokens) - pos
+                path.append(node_id)
+                break
+            edge = self._nodes[child].tokens
+            k = _common_prefix(edge, tokens[pos:])
+            pos += k
+            if k == len(edge) or pos == len(tokens):
+                node_id = child  # whole edge matched, or the sequence ends inside it
+            else:
+                node_id = self._split(child, k, refs)
+            path.append(node_id)
+        self._stamp(path)
+        return InsertResult(num_new, refs, node_id)
+
+    def _add_leaf(
+        self, parent: int, start: int, tokens: list[int], blocks: list[int], refs: list[int]
+    ) -> int:
+        own = [blocks[i] for i in self._span(start, start + len(tokens))]
+        refs.extend(own)
+        node_id = self._next_id
+        self._next_id += 1
+        self._nodes[node_id] = _Node(parent, start, tokens, own, stamp=self._clock)
+        self._nodes[parent].children[tokens[0]] = node_id
+        return node_id
+
+    def _split(self, node_id: int, k: int, refs: list[int]) -> int:
+        node = self._nodes[node_id]
+        mid = node.start + k
+        upper_blocks = node.blocks[: len(self._span(node.start, mid))]
+        lower_skip = mid // self._block_size - node.start // self._block_size
+        if mid % self._block_size:
+            refs.append(upper_blocks[-1])  # the straddling block gains a reference
+        upper_id = self._next_id
+        self._next_id += 1
+        upper = _Node(
+            node.parent,
+            node.start,
+            node.tokens[:k],
+            upper_blocks,
+            {node.tokens[k]: node_id},
+            lock_count=node.lock_count,
+            stamp=node.stamp,
+        )
+        self._nodes[upper_id] = upper
+        self._nodes[node.parent].children[node.tokens[0]] = upper_id
+        node.parent = upper_id
+        node.start = mid
+        node.tokens = node.tokens[k:]
+        node.blocks = node.blocks[lower_skip:]
+        return upper_id
+
+    # ---- locks and eviction ---------------------------------------------------------------
+
+    def lock(self, node_id: int) -> None:
+        """+1 lock on the node, +1 lock_count on it and every ancestor; stamps the path.
+
+        Raises KVCacheError for an unknown node.
+        """
+        node_id = self._known(node_id)
+        path = self._path_to_root(node_id)
+        for i in path:
+            self._nodes[i].lock_count += 1
+        self._nodes[node_id].own_locks += 1
+        self._stamp(path)
+
+    def unlock(self, node_id: int) -> None:
+        """Undoes one lock(node_id) on that same node; stamps the path.
+
+        Raises KVCacheError for an unknown node or one without locks of its own.
+        """
+        node_id = self._known(node_id)
+        if self._nodes[node_id].own_locks == 0:
+            raise KVCacheError(f"node {node_id} is not locked: cannot unlock")
+        path = self._path_to_root(node_id)
+        for i in path:
+            self._nodes[i].lock_count -= 1
+        self._nodes[node_id].own_locks -= 1
+        self._stamp(path)
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Removes unlocked leaves, least recent stamp first (ties: lower id), a parent that
+        becomes an unlocked leaf included, until at least num_blocks references were released
+        or none is left; returns every released reference (the caller decrefs each once).
+
+        Raises ValueError if num_blocks is negative.
+        """
+        num_blocks = operator.index(num_blocks)
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be non-negative, got {num_blocks}")
+        released: list[int] = []
+        while len(released) < num_blocks:
+            candidates = [
+                (n.stamp, i)
+                for i, n in self._nodes.items()
+                if i != ROOT and n.lock_count == 0 and not n.children
+            ]
+            if not candidates:
+                break
+            _, victim = min(candidates)
+            node = self._nodes.pop(victim)
+            del self._nodes[node.parent].children[node.tokens[0]]
+            released.extend(node.blocks)
+        return released
+
+    # ---- whole-state views ----------------------------------------------------------------
+
+    def nodes(self) -> list[RadixNode]:
+        """Every node, sorted by id."""
+        return [
+            RadixNode(
+                i,
+                None if i == ROOT else n.parent,
+                list(n.tokens),
+                list(n.blocks),
+                n.lock_count,
+                n.stamp,
+            )
+            for i, n in sorted(self._nodes.items())
+        ]
+
+    def check_integrity(self) -> None:
+        """Raises KVCacheError naming the first broken invariant: parent and child links
+        agree, children are keyed by their first token, every node is reachable from the root,
+        every non-root node holds tokens, starts at its parent's end and holds exactly the
+        blocks its positions span, lock_count = own locks + the children's lock_counts, and no
+        stamp is newer than the parent's or the clock."""
+
+        def broken(what: str) -> KVCacheError:
+            return KVCacheError(f"RadixTree integrity: {what}")
+
+        root = self._nodes.get(ROOT)
+        if root is None or root.tokens or root.blocks or root.start != 0:
+            raise broken("missing root, or a root holding tokens or blocks")
+        seen: set[int] = set()
+        stack = [ROOT]
+        while stack:
+            node_id = stack.pop()
+            if node_id in seen:
+                raise broken(f"node {node_id} is reached twice")
+            seen.add(node_id)
+            node = self._nodes[node_id]
+            if node_id != ROOT:
+                if not 0 < node_id < self._next_id:
+                    raise broken(f"node {node_id} has an id not yet handed out")
+                if not node.tokens:
+                    raise broken(f"node {node_id} holds no tokens")
+                if len(node.blocks) != len(self._span(node.start, node.end)):
+                    raise broken(f"node {node_id} holds {len(node.blocks)} blocks")
+                if any(not 0 <= b <= _MAX_BLOCK_ID for b in node.blocks):
+                    raise broken(f"node {node_id} holds an invalid block id")
+                if node.stamp > self._nodes[node.parent].stamp:
+                    raise broken(f"node {node_id} is more recent than its parent")
+            if node.stamp > self._clock:
+                raise broken(f"node {node_id} has a stamp from the future")
+            child_locks = 0
+            for first, child_id in node.children.items():
+                child = self._nodes.get(child_id)
+                if child is None or child_id == ROOT or child.parent != node_id:
+                    raise broken(f"child {child_id} of node {node_id} is not linked back")
+                if not child.tokens or child.tokens[0] != first:
+                    raise broken(f"child {child_id} of node {node_id} is keyed by {first}")
+                if child.start != node.end:
+                    raise broken(f"child {child_id} does not start at its parent's end")
+                child_locks += child.lock_count
+                stack.append(child_id)
+            if node.own_locks < 0 or node.lock_count != node.own_locks + child_locks:
+                raise broken(f"node {node_id} has lock_count {node.lock_count}")
+        if len(seen) != len(self._nodes):
+            raise broken(f"{len(self._nodes) - len(seen)} nodes are not reachable")
+
+
+def _check_token(t: int) -> int:
+    if not 0 <= t <= _MAX_TOKEN:
+        raise ValueError(f"token id {t} is not in [0, 2**32)")
+    return t
+
+
+def _check_block_id(b: int) -> int:
+    if not 0 <= b <= _MAX_BLOCK_ID:
+        raise ValueError(f"block id {b} is not in [0, 2**31)")
+    return b
+
+
+def _tokens(token_ids: Sequence[int]) -> list[int]:
+    return int_list(token_ids, "token_ids", _check_token)

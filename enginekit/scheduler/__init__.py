@@ -1,0 +1,1 @@
+"""Continuous batching: admission, chunked prefill, decode, preemption, forks and beams."""

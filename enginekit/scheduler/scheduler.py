@@ -1,0 +1,414 @@
+"""Continuous batching with chunked prefill, prefix-aware admission and preemption.
+
+Each step spends a token budget: first one token for every decoding sequence, then chunks
+of running prefills, then new (or preempted) requests in arrival order while their
+uncached prompt fits the cache with a watermark to spare. A prefill's blocks come with each
+chunk, out of the blocks admission promised it (so a prefill never waits for memory). When
+decodes cannot grow, the preemption plugin frees a victim and the scheduler requeues it at
+the front.
+
+Progress: a step with work queued is never empty. Where promises fall short (a sliding
+window released a block another request still holds) the cache manager tops them up,
+evicting cached blocks, and admission leaves the shortfall alone; where running requests
+still block one another (prefills short of a block each, beams waiting for a sibling that
+cannot come back), victims are preempted until something runs. Admission takes no
+watermark while nothing runs, so a request ``add_request`` accepted (it fits the empty
+pool) is always admitted eventually.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from enginekit.config import SchedulerConfig
+from enginekit.errors import ConfigError, OutOfBlocksError
+from enginekit.interfaces.prefix import NO_MATCH
+from enginekit.request import Request, RequestStatus
+from enginekit.scheduler.forking import ForkingMixin
+from enginekit.step import Fork, ModelOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from enginekit.interfaces import Preemption
+    from enginekit.kv.manager import KVCacheManager
+    from enginekit.metrics import RunMetrics
+
+
+class StepUpdate(NamedTuple):
+    """What changed when a step's tokens were applied."""
+
+    finished: list[Request]
+    first_tokens: list[Request]  # requests that got their first output token
+
+
+def _empty_output(step: int) -> SchedulerOutput:
+    """A step with nothing to run (the step counter does not advance)."""
+    return SchedulerOutput(
+        step=step,
+        prefill_seq_ids=[],
+        prefill_starts=[],
+        prefill_lens=[],
+        decode_seq_ids=[],
+        decode_context_lens=[],
+        sample_seq_ids=[],
+        finished_seq_ids=[],
+        preempted_seq_ids=[],
+        block_copies=[],
+    )
+
+
+@dataclass
+class _StepPlan:
+    """The work one ``schedule`` call has decided so far, and the token budget left."""
+
+    budget: int
+    decodes: list[Request] = field(default_factory=list)
+    prefill_seq_ids: list[int] = field(default_factory=list)
+    prefill_starts: list[int] = field(default_factory=list)
+    prefill_lens: list[int] = field(default_factory=list)
+    prefill_token_ids: list[list[int]] = field(default_factory=list)
+    final_prefill_seq_ids: list[int] = field(default_factory=list)  # sampled this step
+    forks: list[Fork] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefill_seq_ids
+
+
+class Scheduler(ForkingMixin):
+    """Owns the waiting queue and the running list. ``running`` is in priority order
+    (first admitted first); a preempted request goes back to the front of ``waiting``."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        preemption: Preemption,
+        metrics: RunMetrics,
+        eos_token_id: int | None = None,
+        export_block_tables: bool = False,
+        new_seq_id: Callable[[], int] | None = None,
+    ) -> None:
+        if config.max_num_seqs < 1:
+            raise ConfigError(f"scheduler.max_num_seqs must be >= 1, got {config.max_num_seqs}")
+        if config.max_num_batched_tokens < config.max_num_seqs:
+            raise ConfigError(
+                "scheduler.max_num_batched_tokens "
+                f"({config.max_num_batched_tokens}) must be >= scheduler.max_num_seqs "
+                f"({config.max_num_seqs}) so every running sequence can decode each step"
+            )
+        self.config = config
+        self.kv = kv
+        self.preemption = preemption
+        self.metrics = metrics
+        self.eos_token_id = eos_token_id
+        self.export_block_tables = export_block_tables
+        self._new_seq_id = new_seq_id or itertools.count(1 << 62).__next__  # for forks
+        self._pending_forks: list[Fork] = []  # beams forked by update, for the next step
+        # Running requests that will fork samples or beams: seq_id -> how many; admission
+        # keeps room for them under max_num_seqs.
+        self._owed: dict[int, int] = {}
+        self._num_owed = 0
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._by_seq_id: dict[int, Request] = {}
+        self._finished_seq_ids: list[int] = []
+        self._preempted_seq_ids: list[int] = []
+        self._num_steps = 0
+
+    # -- queue -----------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queues an arrived request behind the others."""
+        self.waiting.append(request)
+        self._by_seq_id[request.seq_id] = request
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -- schedule --------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Decides the next step's work and reserves its KV. Mutates the queues, the
+        requests' ``num_computed_tokens`` (advanced by what is scheduled) and the cache.
+
+        Never returns an empty step while a running request is stuck: when nothing could be
+        scheduled (prefills whose promised blocks are held by one another, beams waiting
+        for a sibling that cannot be brought back), the preemption plugin's victims are
+        preempted until something runs. An empty step (nothing arrived yet) hands the
+        executor nothing: its block operations and finished or preempted sequences wait for
+        the next step that runs."""
+        plan = _StepPlan(self.config.max_num_batched_tokens)
+        decodes, prefills = self._reserve_decodes()
+        plan.decodes = decodes
+        plan.budget -= len(decodes)
+        self._schedule_prefills(plan, prefills)
+        self._admit_waiting(plan)
+        num_unblocking = len(self.running)
+        while plan.is_empty and self.running:
+            if num_unblocking == 0:
+                raise RuntimeError(  # a bug: a pool with every running request preempted fits
+                    f"scheduler stuck after preempting every running request: "
+                    f"{len(self.waiting)} waiting, {len(self.running)} running"
+                )
+            num_unblocking -= 1
+            self._preempt(self.preemption.choose_victim(self.running))
+            self._schedule_prefills(plan, self._running_prefills())
+            self._admit_waiting(plan)
+        if plan.is_empty:
+            return _empty_output(self._num_steps)
+        return self._output(plan)
+
+    def _running_prefills(self) -> list[Request]:
+        return [r for r in self.running if r.is_prefilling]
+
+    def _schedule_prefills(self, plan: _StepPlan, prefills: list[Request]) -> None:
+        """A chunk of each of ``prefills`` that its promise and the budget allow, in order."""
+        for request in prefills:
+            if plan.budget <= 0:
+                break
+            self._schedule_chunk(plan, request)
+
+    def _schedule_chunk(self, plan: _StepPlan, request: Request) -> None:
+        start = request.num_computed_tokens
+        num_new = self.kv.reserve_prefill(request, min(request.num_tokens - start, plan.budget))
+        if num_new == 0:
+            return  # its promised blocks fell short (see KVCacheManager.reserve_prefill)
+        plan.budget -= num_new
+        plan.prefill_seq_ids.append(request.seq_id)
+        plan.prefill_starts.append(start)
+        plan.prefill_lens.append(num_new)
+        plan.prefill_token_ids.append(request.token_ids[start : start + num_new])
+        request.num_computed_tokens = start + num_new
+        self.kv.on_computed(request, start + num_new)
+        if start + num_new == request.num_tokens:
+            plan.final_prefill_seq_ids.append(request.seq_id)
+            if request.needs_fork:
+                for k, child in enumerate(self._fork(request), start=1):
+                    plan.forks.append(Fork(request.seq_id, child.seq_id, k))
+                    plan.final_prefill_seq_ids.append(child.seq_id)
+
+    def _admit_waiting(self, plan: _StepPlan) -> None:
+        """Admits waiting requests in order while the budget, ``max_num_seqs`` and the
+        cache allow, and schedules a first chunk of each (a swapped-out decode decodes)."""
+        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if request.is_beam and request.num_preemptions:
+                if not self._beams_fit(request):
+                    break
+                self._queue_siblings_behind(request)
+            owed = self._num_sequences_owed(request)
+            if len(self.running) + self._num_owed + owed + 1 > self.config.max_num_seqs:
+                break  # its samples or beams would not fit among the running sequences
+            is_restore = self.preemption.is_swapped(request)
+            if not self._try_admit(request, is_restore, plan):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            if owed:
+                self._owed[request.seq_id] = owed
+                self._num_owed += owed
+            if not is_restore or request.is_prefilling:
+                self._schedule_chunk(plan, request)
+            elif request.num_tokens_to_compute:
+                plan.decodes.append(request)  # swapped out mid-decode: it decodes on
+                plan.budget -= 1
+            # else: a beam restored with its step done, waiting for its siblings
+
+    def _try_admit(self, request: Request, is_restore: bool, plan: _StepPlan) -> bool:
+        """Admits ``request`` into the cache (restores it, if it is swapped out) if it fits
+        now; returns whether. An admission that falls short of what ``can_admit`` estimated
+        has still evicted cached blocks, so it is matched and tried once more against what
+        is left."""
+        if is_restore:
+            if not self.kv.can_admit(request, NO_MATCH):
+                return False
+            self.metrics.on_swap(0, self.preemption.restore(request))
+            return True
+        for _ in range(2):
+            match = self.kv.match(request)
+            if match.num_deferred_tokens and not plan.is_empty:
+                return False  # its prefix is being computed by this step: admit it next
+            if not self.kv.can_admit(request, match):
+                return False
+            try:
+                self.kv.admit(request, match)
+            except OutOfBlocksError:
+                continue  # the room can_admit estimated was not all reclaimable
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = match.num_tokens
+            self.metrics.on_prefix_query(
+                request.num_tokens, match.num_tokens, is_readmission=request.num_preemptions > 0
+            )
+            return True
+        return False
+
+    def _queue_siblings_behind(self, beam: Request) -> None:
+        """Moves every other waiting beam of ``beam``'s request right behind it (``beam``
+        heads the queue), so the group that ``_beams_fit`` found room for is admitted
+        together rather than split by requests queued between its beams."""
+        root = beam.parent or beam
+        siblings = [r for r in self.waiting if r is not beam and (r.parent or r) is root]
+        if not siblings:
+            return
+        others = [r for r in self.waiting if r is not beam and (r.parent or r) is not root]
+        self.waiting = deque([beam, *siblings, *others])
+
+    def _output(self, plan: _StepPlan) -> SchedulerOutput:
+        """The step's SchedulerOutput: the plan, the decodes' context lengths (the decodes'
+        computed tokens advance to them) and the block operations queued since the last
+        step that ran."""
+        block_size = self.kv.block_size
+        decodes = plan.decodes
+        decode_seq_ids = [r.seq_id for r in decodes]
+        decode_context_lens = [len(r.token_ids) for r in decodes]
+        for request, num_computed in zip(decodes, decode_context_lens, strict=True):
+            request.num_computed_tokens = num_computed
+            if num_computed % block_size == 0:
+                self.kv.on_computed(request, num_computed)
+        forks, self._pending_forks = self._pending_forks + plan.forks, []
+        finished, self._finished_seq_ids = self._finished_seq_ids, []
+        preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
+        copies, swap_outs, swap_ins = self.kv.take_block_ops()
+        self._num_steps += 1
+        prefill_seq_ids = plan.prefill_seq_ids
+        return SchedulerOutput(
+            step=self._num_steps,
+            prefill_seq_ids=prefill_seq_ids,
+            prefill_starts=plan.prefill_starts,
+            prefill_lens=plan.prefill_lens,
+            decode_seq_ids=decode_seq_ids,
+            decode_context_lens=decode_context_lens,
+            sample_seq_ids=decode_seq_ids + plan.final_prefill_seq_ids,
+            finished_seq_ids=finished,
+            preempted_seq_ids=preempted,
+            block_copies=copies,
+            swap_outs=swap_outs,
+            swap_ins=swap_ins,
+            forks=forks,
+            prefill_token_ids=plan.prefill_token_ids,
+            decode_token_ids=[r.token_ids[-1] for r in decodes],
+            block_tables=(
+                self._block_tables(prefill_seq_ids + decode_seq_ids)
+                if self.export_block_tables
+                else None
+            ),
+        )
+
+    def _block_tables(self, seq_ids: list[int]) -> np.ndarray:
+        tables = self.kv.tables
+        width = tables.max_num_blocks(seq_ids)
+        out = np.empty((len(seq_ids), width), dtype=np.int32)
+        tables.export_into(seq_ids, out, width)
+        return out
+
+    def _append(
+        self,
+        request: Request,
+        token_id: int,
+        finished: list[Request],
+        first_tokens: list[Request],
+    ) -> None:
+        """Appends ``token_id`` to ``request`` and finishes it on a stop token, EOS or
+        max_tokens (collected into ``finished``)."""
+        request.token_ids.append(token_id)
+        num_output = len(request.token_ids) - request.num_prompt_tokens
+        if num_output == 1 and request.parent is None:
+            first_tokens.append(request)
+        sampling = request.sampling
+        if token_id in sampling.stop_token_ids or (
+            token_id == self.eos_token_id and not sampling.ignore_eos
+        ):
+            request.status = RequestStatus.FINISHED_STOPPED
+        elif num_output >= sampling.max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH
+        else:
+            return
+        finished.append(request)
+
+    def _reserve_decodes(self) -> tuple[list[Request], list[Request]]:
+        """Reserves one more token slot (and a copy of a block shared with forked samples)
+        for every decoding request (one token left to compute, past its prompt),
+        preempting the preemption plugin's victims until the rest fit. Returns (the decodes
+        that run, the running requests still prefilling), in priority order."""
+        decodes = []
+        prefills = []
+        for request in self.running:
+            num_left = len(request.token_ids) - request.num_computed_tokens
+            if num_left == 1 and request.num_output_tokens > 0:
+                decodes.append(request)
+            elif num_left > 0:
+                prefills.append(request)
+            # else: a beam whose step is done, waiting for a preempted sibling's
+        while decodes:
+            seq_ids = [r.seq_id for r in decodes]
+            num_tokens = [len(r.token_ids) for r in decodes]
+            if self.kv.try_grow(seq_ids, num_tokens) and self.kv.try_copy_on_write(decodes):
+                break
+            self._preempt(self.preemption.choose_victim(self.running))
+            decodes = [r for r in decodes if r.status is RequestStatus.RUNNING]
+            prefills = [r for r in prefills if r.status is RequestStatus.RUNNING]
+        return decodes, prefills
+
+    def _preempt(self, victim: Request) -> None:
+        """Preempts ``victim`` through the plugin and requeues it at the front. A beam is
+        preempted with every running beam of its request: beams advance in lockstep, so
+        one left behind would hold the others' blocks while they wait for it."""
+        group = [victim]
+        if victim.is_beam:
+            root = victim.parent or victim
+            group = [r for r in self.running if (r.parent or r) is root]
+        for request in reversed(group):  # lowest priority first: requeued in order
+            self._settle_owed(request)
+            result = self.preemption.preempt(request)
+            request.num_preemptions += 1
+            self.running.remove(request)
+            self.waiting.appendleft(request)
+            self._preempted_seq_ids.append(request.seq_id)
+            self.metrics.on_preemption(result.kind, result.num_tokens_to_recompute)
+            if result.num_blocks_swapped:
+                self.metrics.on_swap(result.num_blocks_swapped, 0)
+
+    # -- update ----------------------------------------------------------------------------
+
+    def update(self, scheduled: SchedulerOutput, output: ModelOutput) -> StepUpdate:
+        """Appends each sampled token (beams: chooses the best continuations), finishes
+        requests that stop and releases their blocks. Mutates requests, queues and the
+        cache."""
+        self.kv.on_step_executed()
+        self.preemption.on_step_end()
+        by_seq_id = self._by_seq_id
+        finished: list[Request] = []
+        first_tokens: list[Request] = []
+        beam_groups: list[Request] = []
+        candidates = output.candidates
+        for i, (seq_id, token_id) in enumerate(
+            zip(scheduled.sample_seq_ids, output.next_token_ids, strict=True)
+        ):
+            request = by_seq_id[seq_id]
+            if request.is_beam:
+                assert candidates is not None, "the executor returned no beam candidates"
+                request.candidates = candidates[i]
+                root = request.parent or request
+                if root not in beam_groups:
+                    beam_groups.append(root)
+            else:
+                self._append(request, token_id, finished, first_tokens)
+        for root in beam_groups:
+            self._advance_beams(root, finished, first_tokens)
+        if finished:
+            for request in finished:
+                self._settle_owed(request)
+                self.kv.release(request)
+                del by_seq_id[request.seq_id]
+                self._finished_seq_ids.append(request.seq_id)
+            self.running = [r for r in self.running if not r.status.is_finished]
+        self.kv.release_out_of_window(self.running)
+        return StepUpdate(finished, first_tokens)

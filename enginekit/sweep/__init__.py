@@ -1,0 +1,1 @@
+"""A multirun sweep's table and plots (``python -m enginekit.sweep <folder>``)."""
