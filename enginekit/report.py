@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from enginekit.metrics import LATENCY_KEYS
+from enginekit import metric_keys as mk
 
 _Fmt = Callable[[Any], str]
 
@@ -39,79 +39,96 @@ def _unit(unit: str) -> _Fmt:
     return lambda value: _num(value) if value is None else f"{_num(value)} {unit}"
 
 
+def _format(metric: mk.MetricKey) -> _Fmt:
+    """How the report prints a metric of each unit (latencies have their own table)."""
+    unit = metric.unit
+    if unit is mk.Unit.COUNT:
+        return _num
+    if unit is mk.Unit.FRACTION:
+        return _perc
+    if unit is mk.Unit.UNIT_NAME:
+        return lambda value: _num(value) + "s"
+    if unit is mk.Unit.LATENCY:
+        raise ValueError(f"{metric.key}: latencies are printed in their own table")
+    return _unit(unit.value)
+
+
+def _fields(*metrics: mk.MetricKey) -> tuple[tuple[str, str, _Fmt], ...]:
+    return tuple((metric.key, metric.label, _format(metric)) for metric in metrics)
+
+
+# (title, ((key, label, format), ...)) in print order; the summary's other keys but the
+# latencies go under "other".
 _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
     (
         "tokens",
-        (
-            ("num_requests", "requests", _num),
-            ("num_requests_rejected", "requests rejected", _num),
-            ("num_requests_finished", "requests finished", _num),
-            ("prompt_tokens_total", "prompt tokens", _num),
-            ("generation_tokens_total", "generated tokens", _num),
-            ("num_steps", "steps", _num),
-            ("prefill_tokens_computed", "prefill tokens computed", _num),
-            ("decode_tokens_computed", "decode tokens computed", _num),
+        _fields(
+            mk.NUM_REQUESTS,
+            mk.NUM_REQUESTS_REJECTED,
+            mk.NUM_REQUESTS_FINISHED,
+            mk.PROMPT_TOKENS_TOTAL,
+            mk.GENERATION_TOKENS_TOTAL,
+            mk.NUM_STEPS,
+            mk.PREFILL_TOKENS_COMPUTED,
+            mk.DECODE_TOKENS_COMPUTED,
         ),
     ),
     (
         "prefix cache",
-        (
-            ("prefix_cache_queries", "queried", _unit("tokens")),
-            ("prefix_cache_hits", "hit", _unit("tokens")),
-            ("prefix_cache_hit_rate", "hit rate", _perc),
-            ("prefix_cache_first_hit_rate", "hit rate, first admissions", _perc),
-            ("prefix_cache_readmission_queries", "queried again after preemption", _unit("tokens")),
-            ("prefix_cache_readmission_hit_rate", "hit rate, re-admissions", _perc),
-            ("prefix_cache_ideal_granularity", "ideal counted in", lambda v: _num(v) + "s"),
-            ("prefix_cache_hits_ideal", "ideal hit", _unit("tokens")),
-            ("prefix_cache_hit_rate_ideal", "ideal hit rate (of prompt tokens)", _perc),
+        _fields(
+            mk.PREFIX_CACHE_QUERIES,
+            mk.PREFIX_CACHE_HITS,
+            mk.PREFIX_CACHE_HIT_RATE,
+            mk.PREFIX_CACHE_FIRST_HIT_RATE,
+            mk.PREFIX_CACHE_READMISSION_QUERIES,
+            mk.PREFIX_CACHE_READMISSION_HIT_RATE,
+            mk.PREFIX_CACHE_IDEAL_GRANULARITY,
+            mk.PREFIX_CACHE_HITS_IDEAL,
+            mk.PREFIX_CACHE_HIT_RATE_IDEAL,
         ),
     ),
     (
         "KV cache",
-        (
-            ("kv_cache_num_blocks", "pool", _unit("blocks")),
-            ("kv_cache_block_bytes", "block", _unit("bytes")),
-            ("kv_cache_pool_gb", "pool size", _unit("GB")),
-            ("kv_cache_usage_perc_mean", "usage mean (time-weighted)", _perc),
-            ("kv_cache_usage_perc_peak", "usage peak", _perc),
-            ("kv_cache_unused_slots_mean", "unused slots mean", _unit("tokens")),
-            ("kv_cache_unused_slots_peak", "unused slots peak", _unit("tokens")),
-            ("kv_cache_slot_utilization", "slot utilization", _perc),
-            ("kv_cache_sharing_saving", "saved by sharing", _perc),
-            ("kv_cache_unusable_free_blocks_mean", "unusable free blocks mean", _unit("blocks")),
-            ("num_running_mean", "running sequences mean", _num),
-            ("num_running_peak", "running sequences peak", _num),
-            ("num_waiting_peak", "waiting requests peak", _num),
+        _fields(
+            mk.KV_CACHE_NUM_BLOCKS,
+            mk.KV_CACHE_BLOCK_BYTES,
+            mk.KV_CACHE_POOL_GB,
+            mk.KV_CACHE_USAGE_PERC_MEAN,
+            mk.KV_CACHE_USAGE_PERC_PEAK,
+            mk.KV_CACHE_UNUSED_SLOTS_MEAN,
+            mk.KV_CACHE_UNUSED_SLOTS_PEAK,
+            mk.KV_CACHE_SLOT_UTILIZATION,
+            mk.KV_CACHE_SHARING_SAVING,
+            mk.KV_CACHE_UNUSABLE_FREE_BLOCKS_MEAN,
+            mk.NUM_RUNNING_MEAN,
+            mk.NUM_RUNNING_PEAK,
+            mk.NUM_WAITING_PEAK,
         ),
     ),
     (
         "preemption",
-        (
-            ("num_preemptions_total", "preemptions", _num),
-            ("num_preemptions_by_kind", "by kind", _num),
-            ("recomputed_tokens_total", "recomputed", _unit("tokens")),
-            ("swap_out_bytes_total", "swapped out", _unit("bytes")),
-            ("swap_in_bytes_total", "swapped in", _unit("bytes")),
+        _fields(
+            mk.NUM_PREEMPTIONS_TOTAL,
+            mk.NUM_PREEMPTIONS_BY_KIND,
+            mk.RECOMPUTED_TOKENS_TOTAL,
+            mk.SWAP_OUT_BYTES_TOTAL,
+            mk.SWAP_IN_BYTES_TOTAL,
         ),
     ),
     (
         "throughput",
-        (
-            ("duration_s", "duration", _unit("s")),
-            ("busy_time_s", "busy (sum of step times)", _unit("s")),
-            ("output_tokens_per_s", "output", _unit("tok/s")),
-            ("total_tokens_per_s", "prompt + output", _unit("tok/s")),
-            ("output_tokens_per_s_per_kv_gb", "output per GB of KV pool", _unit("tok/s/GB")),
+        _fields(
+            mk.DURATION_S,
+            mk.BUSY_TIME_S,
+            mk.OUTPUT_TOKENS_PER_S,
+            mk.TOTAL_TOKENS_PER_S,
+            mk.OUTPUT_TOKENS_PER_S_PER_KV_GB,
         ),
     ),
 )
 
-_LATENCY_LABELS = {
-    "time_to_first_token_seconds": "TTFT",
-    "time_per_output_token_seconds": "TPOT",
-    "e2e_request_latency_seconds": "e2e",
-}
+_LATENCY_KEYS = tuple(metric.key for metric in mk.LATENCY_KEYS)
+_LATENCY_LABELS = {metric.key: metric.label for metric in mk.LATENCY_KEYS}
 _LATENCY_COLUMNS = ("mean", "p50", "p90", "p99")
 
 
@@ -127,7 +144,7 @@ def _ms(value: Any) -> str:
 
 
 def _latency_lines(summary: Mapping[str, Any]) -> list[str]:
-    present = [key for key in LATENCY_KEYS if key in summary]
+    present = [key for key in _LATENCY_KEYS if key in summary]
     if not present:
         return []
     head = f"  {'':<6}{'n':>8}" + "".join(f"{col:>12}" for col in _LATENCY_COLUMNS)
@@ -145,7 +162,7 @@ def render_report(summary: Mapping[str, Any], header: Mapping[str, Any]) -> str:
     preemption, latency (mean/p50/p90/p99 in ms) and throughput; keys it does not know
     go under "other". Pure."""
     lines = _rows("run", [(str(key), _num(value)) for key, value in header.items()])
-    placed: set[str] = set(LATENCY_KEYS)
+    placed: set[str] = set(_LATENCY_KEYS)
     for title, fields in _SECTIONS:
         rows = [(label, fmt(summary[key])) for key, label, fmt in fields if key in summary]
         placed.update(key for key, _, _ in fields)

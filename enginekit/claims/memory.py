@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from enginekit import metric_keys as mk
 from enginekit.claims.job import ClaimRow, Section, Table, sim_summary, verdict
 from enginekit.spec.kv import KVSpec
 from enginekit.spec.model import MODEL_PRESETS
@@ -52,15 +53,16 @@ def paging_section(quick: bool = False) -> Section:
     stats = {}
     for alloc, s in runs.items():
         stats[alloc] = {
-            "slot_utilization": s["kv_cache_slot_utilization"],
-            "wasted_share": 1.0 - s["kv_cache_slot_utilization"],
-            "unused_slots_per_seq": s["kv_cache_unused_slots_mean"] / s["num_running_mean"],
-            "num_running_mean": s["num_running_mean"],
-            "num_running_peak": s["num_running_peak"],
-            "num_preemptions": s["num_preemptions_total"],
-            "mean_tokens": (s["prompt_tokens_total"] + s["generation_tokens_total"])
-            / s["num_requests"],
-            "output_tokens_per_s": s["output_tokens_per_s"],
+            "slot_utilization": s[mk.KV_CACHE_SLOT_UTILIZATION.key],
+            "wasted_share": 1.0 - s[mk.KV_CACHE_SLOT_UTILIZATION.key],
+            "unused_slots_per_seq": s[mk.KV_CACHE_UNUSED_SLOTS_MEAN.key]
+            / s[mk.NUM_RUNNING_MEAN.key],
+            "num_running_mean": s[mk.NUM_RUNNING_MEAN.key],
+            "num_running_peak": s[mk.NUM_RUNNING_PEAK.key],
+            "num_preemptions": s[mk.NUM_PREEMPTIONS_TOTAL.key],
+            "mean_tokens": (s[mk.PROMPT_TOKENS_TOTAL.key] + s[mk.GENERATION_TOKENS_TOTAL.key])
+            / s[mk.NUM_REQUESTS.key],
+            "output_tokens_per_s": s[mk.OUTPUT_TOKENS_PER_S.key],
         }
     contiguous, paged = stats["contiguous"], stats["paged"]
     block_size = PAGING_BLOCK_SIZE

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from enginekit import metric_keys as mk
 from enginekit.claims.job import ClaimRow, Section, Table, sim_engine, sim_summary
 from enginekit.executor.sim.executor import STEP_OVERHEAD_S, SimExecutor
 
@@ -61,11 +62,11 @@ def _load_ttft(rate: float, prefix: str, num_requests: int) -> dict[str, float]:
         f"workload.num_requests={num_requests}",
         f"workload.arrival_rate={rate}",
     )
-    ttft = s["time_to_first_token_seconds"]
+    ttft = s[mk.TIME_TO_FIRST_TOKEN_SECONDS.key]
     return {
         "p50_ms": ttft["p50"] * 1e3,
         "p90_ms": ttft["p90"] * 1e3,
-        "output_tokens_per_s": s["output_tokens_per_s"],
+        "output_tokens_per_s": s[mk.OUTPUT_TOKENS_PER_S.key],
     }
 
 

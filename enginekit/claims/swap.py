@@ -10,6 +10,7 @@ simulated runs under memory pressure with ``+preemption=recompute`` and
 
 from __future__ import annotations
 
+from enginekit import metric_keys as mk
 from enginekit.claims.job import ClaimRow, Section, Table, sim_summary, verdict
 from enginekit.claims.prefix import SIM
 from enginekit.spec.hardware import hardware_preset
@@ -59,8 +60,8 @@ def _pressure_run(preemption: str, block_size: int, num_requests: int) -> dict:
         f"workload.num_requests={num_requests}",
     )
     return {
-        "by_kind": s["num_preemptions_by_kind"],
-        "output_tokens_per_s": s["output_tokens_per_s"],
+        "by_kind": s[mk.NUM_PREEMPTIONS_BY_KIND.key],
+        "output_tokens_per_s": s[mk.OUTPUT_TOKENS_PER_S.key],
     }
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from enginekit import metric_keys as mk
 from enginekit.sweep.jobs import JobResult, job_label, swept_keys
 from enginekit.sweep.table import pool_tokens, preemptions_per_request
 
@@ -46,8 +47,8 @@ class Panel(NamedTuple):
     is_fraction: bool = False
 
 
-def _summary(key: str) -> Callable[[JobResult], Any]:
-    return lambda job: job.summary.get(key)
+def _summary(metric: mk.MetricKey) -> Callable[[JobResult], Any]:
+    return lambda job: job.summary.get(metric.key)
 
 
 def _value(raw: Any) -> float:
@@ -145,9 +146,9 @@ def bar_figure(
     return fig
 
 
-def _latency_points_ms(job: JobResult, key: str) -> dict[str, float]:
-    """The job's p50 / p90 / p99 of latency ``key`` in ms (those it has)."""
-    stats = job.summary.get(key) or {}
+def _latency_points_ms(job: JobResult, metric: mk.MetricKey) -> dict[str, float]:
+    """The job's p50 / p90 / p99 of latency ``metric`` in ms (those it has)."""
+    stats = job.summary.get(metric.key) or {}
     return {p: 1e3 * float(stats[p]) for p in _MARKERS if stats.get(p) is not None}
 
 
@@ -218,19 +219,19 @@ def latency_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
     fig, axes = _figure(2, len(jobs))
     ys = list(range(len(jobs)))
     metrics = (
-        ("time_to_first_token_seconds", "time to first token (ms)"),
-        ("time_per_output_token_seconds", "time per output token (ms)"),
+        (mk.TIME_TO_FIRST_TOKEN_SECONDS, "time to first token (ms)"),
+        (mk.TIME_PER_OUTPUT_TOKEN_SECONDS, "time per output token (ms)"),
     )
-    for ax, (key, name) in zip(axes, metrics, strict=True):
+    for ax, (metric, name) in zip(axes, metrics, strict=True):
         for y, job, colour in zip(ys, jobs, colours, strict=True):
-            points = _latency_points_ms(job, key)
+            points = _latency_points_ms(job, metric)
             if not points:
                 continue
             xs = list(points.values())
             ax.plot([min(xs), max(xs)], [y, y], color=colour, linewidth=2, alpha=0.6)
             for stat, value in points.items():
                 ax.scatter([value], [y], marker=_MARKERS[stat], color=colour)
-        _log_axis(ax, [x for job in jobs for x in _latency_points_ms(job, key).values()])
+        _log_axis(ax, [x for job in jobs for x in _latency_points_ms(job, metric).values()])
         ax.set_title(name, fontsize="medium")
         ax.grid(axis="x", which="both", alpha=0.3)
     _label_rows(axes[0], jobs, swept)
@@ -260,12 +261,12 @@ def _pool_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
         x_of: Callable[[JobResult], float] = lambda job: _value(job.overrides.get(pool[0]))  # noqa: E731
     else:
         xlabel = "KV pool (GB)"
-        x_of = lambda job: _value(job.summary.get("kv_cache_pool_gb"))  # noqa: E731
+        x_of = lambda job: _value(job.summary.get(mk.KV_CACHE_POOL_GB.key))  # noqa: E731
     try:
         points = [(x_of(job), job) for job in jobs]
     except ValueError:  # a pool value that is not a number (e.g. "null")
         xlabel = "KV pool (GB)"
-        points = [(_value(job.summary.get("kv_cache_pool_gb")), job) for job in jobs]
+        points = [(_value(job.summary.get(mk.KV_CACHE_POOL_GB.key)), job) for job in jobs]
     lines: dict[str, list[tuple[float, JobResult]]] = {}
     for x, job in points:
         if not math.isnan(x):
@@ -276,7 +277,7 @@ def _pool_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
     axes = fig.subplots(1, 2)
     panels: tuple[tuple[str, Callable[[JobResult], Any]], ...] = (
         ("preemptions per request", preemptions_per_request),
-        ("output tok/s", _summary("output_tokens_per_s")),
+        ("output tok/s", _summary(mk.OUTPUT_TOKENS_PER_S)),
     )
     xs_all = sorted({x for line in lines.values() for x, _ in line})
     for index, (ax, (title, read)) in enumerate(zip(axes, panels, strict=True)):
@@ -302,22 +303,22 @@ def _pool_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
 _KV_PANELS = (
     Panel(
         "slot utilisation",
-        (Series("slot utilisation", _summary("kv_cache_slot_utilization")),),
+        (Series("slot utilisation", _summary(mk.KV_CACHE_SLOT_UTILIZATION)),),
         True,
     ),
     Panel(
         "KV cache usage",
         (
-            Series("mean", _summary("kv_cache_usage_perc_mean")),
-            Series("peak", _summary("kv_cache_usage_perc_peak"), True),
+            Series("mean", _summary(mk.KV_CACHE_USAGE_PERC_MEAN)),
+            Series("peak", _summary(mk.KV_CACHE_USAGE_PERC_PEAK), True),
         ),
         True,
     ),
     Panel(
         "running sequences",
         (
-            Series("mean", _summary("num_running_mean")),
-            Series("peak", _summary("num_running_peak"), True),
+            Series("mean", _summary(mk.NUM_RUNNING_MEAN)),
+            Series("peak", _summary(mk.NUM_RUNNING_PEAK), True),
         ),
     ),
 )
@@ -325,8 +326,8 @@ _HIT_PANELS = (
     Panel(
         "prefix cache hit rate",
         (
-            Series("hit rate", _summary("prefix_cache_hit_rate")),
-            Series("ideal", _summary("prefix_cache_hit_rate_ideal"), True),
+            Series("hit rate", _summary(mk.PREFIX_CACHE_HIT_RATE)),
+            Series("ideal", _summary(mk.PREFIX_CACHE_HIT_RATE_IDEAL), True),
         ),
         True,
     ),

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from enginekit import metric_keys as mk
 from enginekit.sweep.jobs import JobResult, fixed_overrides, job_label, swept_keys
 
 
@@ -31,13 +32,18 @@ class Column(NamedTuple):
     is_fraction: bool = False
 
 
-def _summary(key: str) -> Callable[[JobResult], Any]:
-    return lambda job: job.summary.get(key)
+def _summary(metric: mk.MetricKey) -> Callable[[JobResult], Any]:
+    return lambda job: job.summary.get(metric.key)
 
 
-def _latency_ms(key: str, stat: str) -> Callable[[JobResult], Any]:
+def _metric(name: str, metric: mk.MetricKey) -> Column:
+    """The column ``name`` of the summary's ``metric``, a fraction when the metric is one."""
+    return Column(name, _summary(metric), metric.unit is mk.Unit.FRACTION)
+
+
+def _latency_ms(metric: mk.MetricKey, stat: str) -> Callable[[JobResult], Any]:
     def read(job: JobResult) -> Any:
-        value = (job.summary.get(key) or {}).get(stat)
+        value = (job.summary.get(metric.key) or {}).get(stat)
         return None if value is None else 1e3 * value
 
     return read
@@ -45,40 +51,42 @@ def _latency_ms(key: str, stat: str) -> Callable[[JobResult], Any]:
 
 def pool_tokens(job: JobResult) -> int | None:
     """Token slots of the KV pool: blocks × block size (None without both)."""
-    blocks, block_size = job.summary.get("kv_cache_num_blocks"), job.header.get("block_size")
+    blocks = job.summary.get(mk.KV_CACHE_NUM_BLOCKS.key)
+    block_size = job.header.get("block_size")
     return None if blocks is None or block_size is None else int(blocks) * int(block_size)
 
 
 def preemptions_per_request(job: JobResult) -> float | None:
     """Preemptions divided by requests (None without requests)."""
-    num, requests = job.summary.get("num_preemptions_total"), job.summary.get("num_requests")
+    num = job.summary.get(mk.NUM_PREEMPTIONS_TOTAL.key)
+    requests = job.summary.get(mk.NUM_REQUESTS.key)
     return None if num is None or not requests else num / requests
 
 
-_TTFT = "time_to_first_token_seconds"
-_TPOT = "time_per_output_token_seconds"
+_TTFT = mk.TIME_TO_FIRST_TOKEN_SECONDS
+_TPOT = mk.TIME_PER_OUTPUT_TOKEN_SECONDS
 
 METRIC_COLUMNS: tuple[Column, ...] = (
-    Column("requests_finished", _summary("num_requests_finished")),
-    Column("hit_rate", _summary("prefix_cache_hit_rate"), True),
-    Column("hit_rate_ideal", _summary("prefix_cache_hit_rate_ideal"), True),
-    Column("slot_util", _summary("kv_cache_slot_utilization"), True),
-    Column("kv_usage_mean", _summary("kv_cache_usage_perc_mean"), True),
-    Column("kv_usage_peak", _summary("kv_cache_usage_perc_peak"), True),
-    Column("running_mean", _summary("num_running_mean")),
-    Column("running_peak", _summary("num_running_peak")),
-    Column("preemptions", _summary("num_preemptions_total")),
+    _metric("requests_finished", mk.NUM_REQUESTS_FINISHED),
+    _metric("hit_rate", mk.PREFIX_CACHE_HIT_RATE),
+    _metric("hit_rate_ideal", mk.PREFIX_CACHE_HIT_RATE_IDEAL),
+    _metric("slot_util", mk.KV_CACHE_SLOT_UTILIZATION),
+    _metric("kv_usage_mean", mk.KV_CACHE_USAGE_PERC_MEAN),
+    _metric("kv_usage_peak", mk.KV_CACHE_USAGE_PERC_PEAK),
+    _metric("running_mean", mk.NUM_RUNNING_MEAN),
+    _metric("running_peak", mk.NUM_RUNNING_PEAK),
+    _metric("preemptions", mk.NUM_PREEMPTIONS_TOTAL),
     Column("ttft_p50_ms", _latency_ms(_TTFT, "p50")),
     Column("ttft_p90_ms", _latency_ms(_TTFT, "p90")),
     Column("ttft_p99_ms", _latency_ms(_TTFT, "p99")),
     Column("tpot_p50_ms", _latency_ms(_TPOT, "p50")),
     Column("tpot_p90_ms", _latency_ms(_TPOT, "p90")),
     Column("tpot_p99_ms", _latency_ms(_TPOT, "p99")),
-    Column("output_tok_s", _summary("output_tokens_per_s")),
+    _metric("output_tok_s", mk.OUTPUT_TOKENS_PER_S),
     Column("kv_bytes_per_token", lambda job: job.header.get("kv_bytes_per_token")),
-    Column("pool_blocks", _summary("kv_cache_num_blocks")),
+    _metric("pool_blocks", mk.KV_CACHE_NUM_BLOCKS),
     Column("pool_tokens", pool_tokens),
-    Column("pool_gb", _summary("kv_cache_pool_gb")),
+    _metric("pool_gb", mk.KV_CACHE_POOL_GB),
 )
 
 

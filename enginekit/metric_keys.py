@@ -1,0 +1,339 @@
+"""The keys of a run's summary, in one place: for each, its key, a short label, its unit and
+what it means.
+
+``RunMetrics.summary()`` writes these keys (the engine adds
+``PREFIX_CACHE_IDEAL_GRANULARITY``); the text report, the sweep's table and plots and the
+claims read them from here, never from string literals. Each constant is named as its key in
+capitals. ``SUMMARY_KEYS`` lists every entry in the summary's order, ``BY_KEY`` finds one
+by its key, ``LATENCY_KEYS`` are the three latency distributions.
+
+The unit says how a value reads and prints: ``COUNT`` is a bare number whose label names
+what is counted (a mapping of counts by name included), ``FRACTION`` a share in [0, 1]
+shown as a percentage, ``LATENCY`` a ``latency_stats`` dict (count, mean, p50, p90, p99)
+in seconds, ``UNIT_NAME`` the name of a unit ("token", "block"); the others are quantities
+printed with the unit's symbol (its value). A value with no sample is None.
+
+Plain values only (layer 1): this module imports nothing from enginekit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from types import MappingProxyType
+
+
+class Unit(Enum):
+    """How a metric's value reads; a quantity's value is the symbol printed after it."""
+
+    COUNT = "count"
+    FRACTION = "fraction"
+    LATENCY = "latency"
+    UNIT_NAME = "unit name"
+    TOKENS = "tokens"
+    BLOCKS = "blocks"
+    BYTES = "bytes"
+    GB = "GB"  # 10**9 bytes
+    SECONDS = "s"
+    TOKENS_PER_S = "tok/s"
+    TOKENS_PER_S_PER_GB = "tok/s/GB"
+
+
+@dataclass(frozen=True)
+class MetricKey:
+    """One summary key: ``key`` as the summary (and report.json) spells it, ``label`` as
+    the text report shows it, ``unit`` (see ``Unit``) and ``meaning`` in one line."""
+
+    key: str
+    label: str
+    unit: Unit
+    meaning: str
+
+
+# ---- tokens -------------------------------------------------------------------------------
+
+NUM_REQUESTS = MetricKey(
+    "num_requests", "requests", Unit.COUNT, "requests the engine accepted (rejected ones apart)"
+)
+NUM_REQUESTS_REJECTED = MetricKey(
+    "num_requests_rejected",
+    "requests rejected",
+    Unit.COUNT,
+    "requests refused at admission because they could never be served",
+)
+NUM_REQUESTS_FINISHED = MetricKey(
+    "num_requests_finished", "requests finished", Unit.COUNT, "accepted requests that finished"
+)
+PROMPT_TOKENS_TOTAL = MetricKey(
+    "prompt_tokens_total", "prompt tokens", Unit.COUNT, "prompt tokens of the accepted requests"
+)
+GENERATION_TOKENS_TOTAL = MetricKey(
+    "generation_tokens_total",
+    "generated tokens",
+    Unit.COUNT,
+    "output tokens of the finished requests",
+)
+NUM_STEPS = MetricKey("num_steps", "steps", Unit.COUNT, "engine steps executed")
+PREFILL_TOKENS_COMPUTED = MetricKey(
+    "prefill_tokens_computed",
+    "prefill tokens computed",
+    Unit.COUNT,
+    "prompt tokens the executor computed (prefix hits skipped, recomputations included)",
+)
+DECODE_TOKENS_COMPUTED = MetricKey(
+    "decode_tokens_computed",
+    "decode tokens computed",
+    Unit.COUNT,
+    "tokens the executor decoded, one per running sequence per step",
+)
+
+# ---- prefix cache -------------------------------------------------------------------------
+
+PREFIX_CACHE_QUERIES = MetricKey(
+    "prefix_cache_queries",
+    "queried",
+    Unit.TOKENS,
+    "prompt tokens looked up in the prefix cache, every admission counted",
+)
+PREFIX_CACHE_HITS = MetricKey(
+    "prefix_cache_hits", "hit", Unit.TOKENS, "queried tokens found in the prefix cache"
+)
+PREFIX_CACHE_HIT_RATE = MetricKey(
+    "prefix_cache_hit_rate", "hit rate", Unit.FRACTION, "hits / queries over every admission"
+)
+PREFIX_CACHE_FIRST_QUERIES = MetricKey(
+    "prefix_cache_first_queries",
+    "queried, first admissions",
+    Unit.TOKENS,
+    "tokens queried at requests' first admission",
+)
+PREFIX_CACHE_FIRST_HITS = MetricKey(
+    "prefix_cache_first_hits",
+    "hit, first admissions",
+    Unit.TOKENS,
+    "tokens hit at requests' first admission",
+)
+PREFIX_CACHE_FIRST_HIT_RATE = MetricKey(
+    "prefix_cache_first_hit_rate",
+    "hit rate, first admissions",
+    Unit.FRACTION,
+    "hits / queries at first admissions (comparable to the ideal rate)",
+)
+PREFIX_CACHE_READMISSION_QUERIES = MetricKey(
+    "prefix_cache_readmission_queries",
+    "queried again after preemption",
+    Unit.TOKENS,
+    "tokens queried when a preempted request is admitted again",
+)
+PREFIX_CACHE_READMISSION_HITS = MetricKey(
+    "prefix_cache_readmission_hits",
+    "hit again after preemption",
+    Unit.TOKENS,
+    "tokens hit when a preempted request is admitted again",
+)
+PREFIX_CACHE_READMISSION_HIT_RATE = MetricKey(
+    "prefix_cache_readmission_hit_rate",
+    "hit rate, re-admissions",
+    Unit.FRACTION,
+    "hits / queries at re-admissions, where eviction policies differ most",
+)
+PREFIX_CACHE_HITS_IDEAL = MetricKey(
+    "prefix_cache_hits_ideal",
+    "ideal hit",
+    Unit.TOKENS,
+    "tokens an unbounded prefix cache would hit on the workload (None when not computed)",
+)
+PREFIX_CACHE_HIT_RATE_IDEAL = MetricKey(
+    "prefix_cache_hit_rate_ideal",
+    "ideal hit rate (of prompt tokens)",
+    Unit.FRACTION,
+    "ideal hits / prompt tokens",
+)
+PREFIX_CACHE_IDEAL_GRANULARITY = MetricKey(
+    "prefix_cache_ideal_granularity",
+    "ideal counted in",
+    Unit.UNIT_NAME,
+    "whether the ideal counts matched tokens or whole blocks (set by the engine)",
+)
+
+# ---- KV cache -----------------------------------------------------------------------------
+
+KV_CACHE_NUM_BLOCKS = MetricKey("kv_cache_num_blocks", "pool", Unit.BLOCKS, "blocks in the KV pool")
+KV_CACHE_BLOCK_BYTES = MetricKey(
+    "kv_cache_block_bytes", "block", Unit.BYTES, "bytes of one block, every layer's K and V"
+)
+KV_CACHE_POOL_GB = MetricKey(
+    "kv_cache_pool_gb", "pool size", Unit.GB, "the KV pool's size: blocks × block bytes"
+)
+KV_CACHE_USAGE_PERC_MEAN = MetricKey(
+    "kv_cache_usage_perc_mean",
+    "usage mean (time-weighted)",
+    Unit.FRACTION,
+    "used / total blocks after each step, weighted by the step's duration",
+)
+KV_CACHE_USAGE_PERC_PEAK = MetricKey(
+    "kv_cache_usage_perc_peak", "usage peak", Unit.FRACTION, "the highest used / total blocks"
+)
+KV_CACHE_UNUSED_SLOTS_MEAN = MetricKey(
+    "kv_cache_unused_slots_mean",
+    "unused slots mean",
+    Unit.TOKENS,
+    "token slots allocated to running sequences but holding no token, mean over steps",
+)
+KV_CACHE_UNUSED_SLOTS_PEAK = MetricKey(
+    "kv_cache_unused_slots_peak",
+    "unused slots peak",
+    Unit.TOKENS,
+    "the most allocated but unused token slots after a step",
+)
+KV_CACHE_SLOT_UTILIZATION = MetricKey(
+    "kv_cache_slot_utilization",
+    "slot utilization",
+    Unit.FRACTION,
+    "share of the slots running sequences hold that hold a token (paging: about 1)",
+)
+KV_CACHE_SHARING_SAVING = MetricKey(
+    "kv_cache_sharing_saving",
+    "saved by sharing",
+    Unit.FRACTION,
+    "1 - blocks used / blocks the tables list: what prefix hits and forks save",
+)
+KV_CACHE_UNUSABLE_FREE_BLOCKS_MEAN = MetricKey(
+    "kv_cache_unusable_free_blocks_mean",
+    "unusable free blocks mean",
+    Unit.BLOCKS,
+    "free blocks no allocation can use (external fragmentation), mean over samples",
+)
+NUM_RUNNING_MEAN = MetricKey(
+    "num_running_mean", "running sequences mean", Unit.COUNT, "running sequences, mean over steps"
+)
+NUM_RUNNING_PEAK = MetricKey(
+    "num_running_peak", "running sequences peak", Unit.COUNT, "the most running sequences"
+)
+NUM_WAITING_PEAK = MetricKey(
+    "num_waiting_peak", "waiting requests peak", Unit.COUNT, "the most requests waiting"
+)
+
+# ---- preemption ---------------------------------------------------------------------------
+
+NUM_PREEMPTIONS_TOTAL = MetricKey(
+    "num_preemptions_total", "preemptions", Unit.COUNT, "preemptions of every kind"
+)
+NUM_PREEMPTIONS_BY_KIND = MetricKey(
+    "num_preemptions_by_kind",
+    "by kind",
+    Unit.COUNT,
+    "preemptions by kind (recompute, swap), kinds in name order",
+)
+RECOMPUTED_TOKENS_TOTAL = MetricKey(
+    "recomputed_tokens_total",
+    "recomputed",
+    Unit.TOKENS,
+    "KV tokens preemptions threw away to compute again",
+)
+SWAP_OUT_BYTES_TOTAL = MetricKey(
+    "swap_out_bytes_total", "swapped out", Unit.BYTES, "KV bytes copied to the host pool"
+)
+SWAP_IN_BYTES_TOTAL = MetricKey(
+    "swap_in_bytes_total", "swapped in", Unit.BYTES, "KV bytes copied back from the host pool"
+)
+
+# ---- latency ------------------------------------------------------------------------------
+
+TIME_TO_FIRST_TOKEN_SECONDS = MetricKey(
+    "time_to_first_token_seconds", "TTFT", Unit.LATENCY, "first output token's time - arrival"
+)
+TIME_PER_OUTPUT_TOKEN_SECONDS = MetricKey(
+    "time_per_output_token_seconds",
+    "TPOT",
+    Unit.LATENCY,
+    "(e2e - TTFT) / (outputs - 1), for requests with at least 2 outputs",
+)
+E2E_REQUEST_LATENCY_SECONDS = MetricKey(
+    "e2e_request_latency_seconds", "e2e", Unit.LATENCY, "finish time - arrival"
+)
+
+# ---- throughput ---------------------------------------------------------------------------
+
+DURATION_S = MetricKey(
+    "duration_s",
+    "duration",
+    Unit.SECONDS,
+    "from the first arrival (or step) to the last finish (or step end)",
+)
+BUSY_TIME_S = MetricKey(
+    "busy_time_s", "busy (sum of step times)", Unit.SECONDS, "the sum of the steps' times"
+)
+OUTPUT_TOKENS_PER_S = MetricKey(
+    "output_tokens_per_s", "output", Unit.TOKENS_PER_S, "generated tokens / duration"
+)
+TOTAL_TOKENS_PER_S = MetricKey(
+    "total_tokens_per_s",
+    "prompt + output",
+    Unit.TOKENS_PER_S,
+    "(prompt + generated tokens) / duration",
+)
+OUTPUT_TOKENS_PER_S_PER_KV_GB = MetricKey(
+    "output_tokens_per_s_per_kv_gb",
+    "output per GB of KV pool",
+    Unit.TOKENS_PER_S_PER_GB,
+    "output tokens per second / the KV pool's GB",
+)
+
+SUMMARY_KEYS: tuple[MetricKey, ...] = (
+    NUM_REQUESTS,
+    NUM_REQUESTS_REJECTED,
+    NUM_REQUESTS_FINISHED,
+    PROMPT_TOKENS_TOTAL,
+    GENERATION_TOKENS_TOTAL,
+    NUM_STEPS,
+    PREFILL_TOKENS_COMPUTED,
+    DECODE_TOKENS_COMPUTED,
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_HIT_RATE,
+    PREFIX_CACHE_FIRST_QUERIES,
+    PREFIX_CACHE_FIRST_HITS,
+    PREFIX_CACHE_FIRST_HIT_RATE,
+    PREFIX_CACHE_READMISSION_QUERIES,
+    PREFIX_CACHE_READMISSION_HITS,
+    PREFIX_CACHE_READMISSION_HIT_RATE,
+    PREFIX_CACHE_HITS_IDEAL,
+    PREFIX_CACHE_HIT_RATE_IDEAL,
+    PREFIX_CACHE_IDEAL_GRANULARITY,
+    KV_CACHE_NUM_BLOCKS,
+    KV_CACHE_BLOCK_BYTES,
+    KV_CACHE_POOL_GB,
+    KV_CACHE_USAGE_PERC_MEAN,
+    KV_CACHE_USAGE_PERC_PEAK,
+    KV_CACHE_UNUSED_SLOTS_MEAN,
+    KV_CACHE_UNUSED_SLOTS_PEAK,
+    KV_CACHE_SLOT_UTILIZATION,
+    KV_CACHE_SHARING_SAVING,
+    KV_CACHE_UNUSABLE_FREE_BLOCKS_MEAN,
+    NUM_RUNNING_MEAN,
+    NUM_RUNNING_PEAK,
+    NUM_WAITING_PEAK,
+    NUM_PREEMPTIONS_TOTAL,
+    NUM_PREEMPTIONS_BY_KIND,
+    RECOMPUTED_TOKENS_TOTAL,
+    SWAP_OUT_BYTES_TOTAL,
+    SWAP_IN_BYTES_TOTAL,
+    TIME_TO_FIRST_TOKEN_SECONDS,
+    TIME_PER_OUTPUT_TOKEN_SECONDS,
+    E2E_REQUEST_LATENCY_SECONDS,
+    DURATION_S,
+    BUSY_TIME_S,
+    OUTPUT_TOKENS_PER_S,
+    TOTAL_TOKENS_PER_S,
+    OUTPUT_TOKENS_PER_S_PER_KV_GB,
+)
+
+LATENCY_KEYS: tuple[MetricKey, ...] = (
+    TIME_TO_FIRST_TOKEN_SECONDS,
+    TIME_PER_OUTPUT_TOKEN_SECONDS,
+    E2E_REQUEST_LATENCY_SECONDS,
+)
+
+BY_KEY: Mapping[str, MetricKey] = MappingProxyType({m.key: m for m in SUMMARY_KEYS})
