@@ -203,6 +203,8 @@ class RunMetrics:
         step) to the last finish (or step end). TTFT and e2e count from arrival; TPOT is
         (e2e − TTFT) / (outputs − 1) for requests with at least 2 outputs.
         """
+        from enginekit import metric_keys as mk
+
         records = list(self._requests.values())
         ttft = [
             r.first_token_time - r.arrival_time for r in records if r.first_token_time is not None
@@ -239,70 +241,70 @@ class RunMetrics:
         output_tps = _ratio(generation_tokens, duration)
         total_tps = _ratio(prompt_tokens + generation_tokens, duration)
         summary: dict = {
-            "num_requests": len(records),
-            "num_requests_rejected": self.num_requests_rejected,
-            "num_requests_finished": len(e2e),
-            "prompt_tokens_total": prompt_tokens,
-            "generation_tokens_total": generation_tokens,
-            "num_steps": steps,
-            "prefill_tokens_computed": self.num_prefill_tokens_computed,
-            "decode_tokens_computed": self.num_decode_tokens_computed,
-            "prefix_cache_queries": self.prefix_cache_queries,
-            "prefix_cache_hits": self.prefix_cache_hits,
-            "prefix_cache_hit_rate": _ratio(self.prefix_cache_hits, self.prefix_cache_queries),
-            "prefix_cache_first_queries": first_queries,
-            "prefix_cache_first_hits": first_hits,
-            "prefix_cache_first_hit_rate": _ratio(first_hits, first_queries),
-            "prefix_cache_readmission_queries": self.prefix_cache_readmission_queries,
-            "prefix_cache_readmission_hits": self.prefix_cache_readmission_hits,
-            "prefix_cache_readmission_hit_rate": _ratio(
+            mk.NUM_REQUESTS.key: len(records),
+            mk.NUM_REQUESTS_REJECTED.key: self.num_requests_rejected,
+            mk.NUM_REQUESTS_FINISHED.key: len(e2e),
+            mk.PROMPT_TOKENS_TOTAL.key: prompt_tokens,
+            mk.GENERATION_TOKENS_TOTAL.key: generation_tokens,
+            mk.NUM_STEPS.key: steps,
+            mk.PREFILL_TOKENS_COMPUTED.key: self.num_prefill_tokens_computed,
+            mk.DECODE_TOKENS_COMPUTED.key: self.num_decode_tokens_computed,
+            mk.PREFIX_CACHE_QUERIES.key: self.prefix_cache_queries,
+            mk.PREFIX_CACHE_HITS.key: self.prefix_cache_hits,
+            mk.PREFIX_CACHE_HIT_RATE.key: _ratio(self.prefix_cache_hits, self.prefix_cache_queries),
+            mk.PREFIX_CACHE_FIRST_QUERIES.key: first_queries,
+            mk.PREFIX_CACHE_FIRST_HITS.key: first_hits,
+            mk.PREFIX_CACHE_FIRST_HIT_RATE.key: _ratio(first_hits, first_queries),
+            mk.PREFIX_CACHE_READMISSION_QUERIES.key: self.prefix_cache_readmission_queries,
+            mk.PREFIX_CACHE_READMISSION_HITS.key: self.prefix_cache_readmission_hits,
+            mk.PREFIX_CACHE_READMISSION_HIT_RATE.key: _ratio(
                 self.prefix_cache_readmission_hits, self.prefix_cache_readmission_queries
             ),
-            "prefix_cache_hits_ideal": ideal_hit_tokens,
-            "prefix_cache_hit_rate_ideal": (
+            mk.PREFIX_CACHE_HITS_IDEAL.key: ideal_hit_tokens,
+            mk.PREFIX_CACHE_HIT_RATE_IDEAL.key: (
                 None if ideal_hit_tokens is None else _ratio(ideal_hit_tokens, prompt_tokens)
             ),
-            "kv_cache_num_blocks": self.num_total_blocks,
-            "kv_cache_block_bytes": kv_bytes_per_block,
-            "kv_cache_pool_gb": pool_bytes / 1e9,
-            "kv_cache_usage_perc_mean": usage_mean,
-            "kv_cache_usage_perc_peak": self.kv_cache_usage_peak,
-            "kv_cache_unused_slots_mean": _ratio(self._unused_slots_sum, steps),
-            "kv_cache_unused_slots_peak": self.num_unused_slots_peak,
+            mk.KV_CACHE_NUM_BLOCKS.key: self.num_total_blocks,
+            mk.KV_CACHE_BLOCK_BYTES.key: kv_bytes_per_block,
+            mk.KV_CACHE_POOL_GB.key: pool_bytes / 1e9,
+            mk.KV_CACHE_USAGE_PERC_MEAN.key: usage_mean,
+            mk.KV_CACHE_USAGE_PERC_PEAK.key: self.kv_cache_usage_peak,
+            mk.KV_CACHE_UNUSED_SLOTS_MEAN.key: _ratio(self._unused_slots_sum, steps),
+            mk.KV_CACHE_UNUSED_SLOTS_PEAK.key: self.num_unused_slots_peak,
             # share of the slots running sequences hold that hold a token (paging: ~1)
-            "kv_cache_slot_utilization": (
+            mk.KV_CACHE_SLOT_UTILIZATION.key: (
                 None
                 if not self._reserved_slots_sum
                 else 1.0 - self._unused_slots_sum / self._reserved_slots_sum
             ),
             # share of the running sequences' blocks that sharing (prefix hits, forked
             # samples) saves: 1 - blocks used / blocks the tables list
-            "kv_cache_sharing_saving": (
+            mk.KV_CACHE_SHARING_SAVING.key: (
                 None
                 if not self._table_blocks_sum
                 else 1.0 - self._used_blocks_sum / self._table_blocks_sum
             ),
-            "kv_cache_unusable_free_blocks_mean": (
+            mk.KV_CACHE_UNUSABLE_FREE_BLOCKS_MEAN.key: (
                 None
                 if not self._num_fragmentation_samples
                 else self._unusable_free_blocks_sum / self._num_fragmentation_samples
             ),
-            "num_running_mean": _ratio(self._running_sum, steps),
-            "num_running_peak": self.num_running_peak,
-            "num_waiting_peak": self.num_waiting_peak,
-            "num_preemptions_total": sum(self.num_preemptions_by_kind.values()),
-            "num_preemptions_by_kind": dict(sorted(self.num_preemptions_by_kind.items())),
-            "recomputed_tokens_total": self.recomputed_tokens_total,
-            "swap_out_bytes_total": self.num_swapped_out_blocks * kv_bytes_per_block,
-            "swap_in_bytes_total": self.num_swapped_in_blocks * kv_bytes_per_block,
-            "time_to_first_token_seconds": latency_stats(ttft),
-            "time_per_output_token_seconds": latency_stats(tpot),
-            "e2e_request_latency_seconds": latency_stats(e2e),
-            "duration_s": duration,
-            "busy_time_s": self.busy_time_s,
-            "output_tokens_per_s": output_tps,
-            "total_tokens_per_s": total_tps,
-            "output_tokens_per_s_per_kv_gb": (
+            mk.NUM_RUNNING_MEAN.key: _ratio(self._running_sum, steps),
+            mk.NUM_RUNNING_PEAK.key: self.num_running_peak,
+            mk.NUM_WAITING_PEAK.key: self.num_waiting_peak,
+            mk.NUM_PREEMPTIONS_TOTAL.key: sum(self.num_preemptions_by_kind.values()),
+            mk.NUM_PREEMPTIONS_BY_KIND.key: dict(sorted(self.num_preemptions_by_kind.items())),
+            mk.RECOMPUTED_TOKENS_TOTAL.key: self.recomputed_tokens_total,
+            mk.SWAP_OUT_BYTES_TOTAL.key: self.num_swapped_out_blocks * kv_bytes_per_block,
+            mk.SWAP_IN_BYTES_TOTAL.key: self.num_swapped_in_blocks * kv_bytes_per_block,
+            mk.TIME_TO_FIRST_TOKEN_SECONDS.key: latency_stats(ttft),
+            mk.TIME_PER_OUTPUT_TOKEN_SECONDS.key: latency_stats(tpot),
+            mk.E2E_REQUEST_LATENCY_SECONDS.key: latency_stats(e2e),
+            mk.DURATION_S.key: duration,
+            mk.BUSY_TIME_S.key: self.busy_time_s,
+            mk.OUTPUT_TOKENS_PER_S.key: output_tps,
+            mk.TOTAL_TOKENS_PER_S.key: total_tps,
+            mk.OUTPUT_TOKENS_PER_S_PER_KV_GB.key: (
                 None if output_tps is None else _ratio(output_tps, pool_bytes / 1e9)
             ),
         }
