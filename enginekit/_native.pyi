@@ -4,6 +4,11 @@ Every class here has a pure-Python twin in ``enginekit.kv.pyref`` with the same 
 behaviour; tests drive both with the same operation sequences and compare whole states.
 Errors are the classes of ``enginekit.errors``; a call that raises changes nothing.
 
+The classes implement the Protocols of ``enginekit.interfaces.structures``, whose docstrings
+state the contract of each method the engine and the plugins call (mypy checks the classes
+against them); the radix tree returns the NamedTuples defined there. This stub documents the
+rest: constructors, limits, functions, and the methods only tests and benchmarks call.
+
 Argument types, the same in both: a list of ids, counts, hashes or tokens (``IntList``) is a
 ``list`` or ``tuple`` of ints; anything else (bytes, str, dict, set, a generator, a numpy
 array, None) raises TypeError, as does an ``extra_key`` that is not ``bytes`` or None and None
@@ -16,10 +21,9 @@ many blocks gives each about 2.1 KB, less than one token's KV in any production 
 2**26 tokens at block size 1). Larger sizes raise ValueError before anything is allocated.
 """
 
-from typing import Any, NamedTuple
+from typing import Any
 
-IntList = list[int] | tuple[int, ...]
-"""A list of ids, counts, hashes or tokens: a list or a tuple of ints, nothing else."""
+from enginekit.interfaces.structures import InsertResult, IntList, RadixMatch, RadixNode
 
 ROOT_HASH: int
 """Parent hash of a sequence's first block."""
@@ -270,44 +274,6 @@ class BlockTables:
         """Raises KVCacheError if a table holds an id outside the pool or a block with
         ref_count 0; without a pool, checks only that ids are valid entries. Holes may sit
         anywhere, but each table's hole count must equal its holes."""
-
-class RadixMatch(NamedTuple):
-    """Result of RadixTree.match_prefix."""
-
-    num_tokens: int
-    """Length of the longest stored prefix of the query, in tokens."""
-    block_ids: list[int]
-    """The ceil(num_tokens / block_size) blocks covering positions [0, num_tokens) along the
-    path; the last may be partially matched. Where a block straddles a node boundary, the
-    deeper node's block is given (it holds the sequence's positions of both nodes)."""
-    node_id: int
-    """The node holding the last matched token; 0 (the root) if none matched."""
-
-class InsertResult(NamedTuple):
-    """Result of RadixTree.insert."""
-
-    num_new_tokens: int
-    """Tokens of the sequence that were not stored before (0 if it was a stored prefix)."""
-    new_block_refs: list[int]
-    """Every tree reference this call created, in creation order, duplicates included: the
-    caller increfs each once in the pool."""
-    node_id: int
-    """The node holding the last token of the inserted sequence (0 for an empty one)."""
-
-class RadixNode(NamedTuple):
-    """One node as RadixTree.nodes() reports it."""
-
-    node_id: int
-    parent_id: int | None
-    """None for the root."""
-    token_ids: list[int]
-    """The node's edge: positions [start, start + len) where start is the parent's end."""
-    block_ids: list[int]
-    """Blocks floor(start / block_size) ..= floor((end - 1) / block_size)."""
-    lock_count: int
-    """Locks taken on this node or on any of its descendants."""
-    stamp: int
-    """Logical time of the last insert, lock or unlock whose path went through the node."""
 
 class RadixTree:
     """A token-granular prefix tree whose nodes reference paged KV blocks (one tree per extra

@@ -1,7 +1,7 @@
 //! Errors of the bookkeeping core and the limits every structure enforces.
 //!
 //! The Python wrapper maps each [`KvError`] kind to one exception class; the pure-Python twins
-//! (`enginekit/kv/pyref_*.py`) enforce the same limits with the same classes.
+//! (`enginekit/kv/pyref/`) enforce the same limits with the same classes.
 
 use std::collections::TryReserveError;
 use std::fmt;

@@ -2,9 +2,8 @@
 //! token-granular radix tree over blocks.
 //!
 //! The modules `error` (errors and limits), `hash`, `block_pool`, `block_table` and `radix` are
-//! pure Rust; `py` and the
-//! `py_*` modules (feature `python`) wrap them for Python as `enginekit._native`, converting
-//! types and errors only.
+//! pure Rust, free of pyo3 types; `py` (feature `python`) wraps them for Python as
+//! `enginekit._native`, converting types and errors only.
 
 pub mod block_pool;
 pub mod block_table;
@@ -14,12 +13,6 @@ pub mod radix;
 
 #[cfg(feature = "python")]
 mod py;
-#[cfg(feature = "python")]
-mod py_pool;
-#[cfg(feature = "python")]
-mod py_radix;
-#[cfg(feature = "python")]
-mod py_tables;
 
 #[cfg(feature = "python")]
 #[pyo3::pymodule]

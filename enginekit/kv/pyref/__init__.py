@@ -3,7 +3,9 @@
 Same methods, properties, orderings and exception classes as the Rust core (see
 ``enginekit/_native.pyi``), written for reading rather than speed: these modules are the
 executable specification the Rust classes are tested against, operation by operation. The
-classes live in ``pool``, ``tables`` and ``radix``; import them from here.
+classes live in ``pool``, ``tables`` and ``radix``; import them from here. Both they and the
+Rust classes satisfy the Protocols of ``enginekit.interfaces.structures`` (checked below), and
+the radix tree's results are the NamedTuples defined there.
 
 Conventions shared by all classes:
 
@@ -21,17 +23,32 @@ Conventions shared by all classes:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from enginekit.kv.pyref.pool import MAX_BLOCKS, PyBlockPool
-from enginekit.kv.pyref.radix import InsertResult, PyRadixTree, RadixMatch, RadixNode
+from enginekit.kv.pyref.radix import PyRadixTree
 from enginekit.kv.pyref.tables import MAX_TABLE_LEN, PyBlockTables
 
 __all__ = [
     "MAX_BLOCKS",
     "MAX_TABLE_LEN",
-    "InsertResult",
     "PyBlockPool",
     "PyBlockTables",
     "PyRadixTree",
-    "RadixMatch",
-    "RadixNode",
 ]
+
+if TYPE_CHECKING:
+    # Both implementations against the structure Protocols the engine and the plugins use:
+    # a signature that drifts from its Protocol fails `mypy enginekit` here.
+    # Each constructor takes one int (num_blocks or block_size) and builds a conforming object.
+    from collections.abc import Callable
+
+    from enginekit import _native
+    from enginekit.interfaces import structures
+
+    _pool: Callable[[int], structures.BlockPool] = PyBlockPool
+    _tables: Callable[[int], structures.BlockTables[PyBlockPool]] = PyBlockTables
+    _tree: Callable[[int], structures.RadixTree] = PyRadixTree
+    _native_pool: Callable[[int], structures.BlockPool] = _native.BlockPool
+    _native_tables: Callable[[int], structures.BlockTables[_native.BlockPool]] = _native.BlockTables
+    _native_tree: Callable[[int], structures.RadixTree] = _native.RadixTree

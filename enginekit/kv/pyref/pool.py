@@ -1,4 +1,4 @@
-"""Pure-Python twin of ``enginekit._native.BlockPool`` (rust/block_pool.rs).
+"""Pure-Python twin of ``enginekit._native.BlockPool`` (rust/block_pool/).
 
 Written for reading rather than speed: the executable specification the Rust class is tested
 against, operation by operation (see ``enginekit.kv.pyref`` for the conventions).

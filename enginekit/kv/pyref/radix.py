@@ -1,10 +1,12 @@
-"""Pure-Python twin of ``enginekit._native.RadixTree`` (rust/radix.rs).
+"""Pure-Python twin of ``enginekit._native.RadixTree`` (rust/radix/).
 
 A token-granular prefix tree whose nodes reference paged KV blocks. Node 0 is the root and
 holds no tokens; every other node holds a non-empty edge of tokens covering the absolute
 positions [start, end) of the sequences through it and references the blocks
 floor(start / bs) ..= floor((end - 1) / bs). A block straddling a node boundary is referenced by
 both nodes: each reference is one tree reference, mirrored by the caller as one pool reference.
+Results are the NamedTuples of ``enginekit.interfaces.structures``, which the Rust tree returns
+too.
 
 Written for reading: counters and eviction candidates are recomputed from the nodes on demand,
 where the Rust core maintains them incrementally.
@@ -15,47 +17,17 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from enginekit.errors import KVCacheError
+from enginekit.interfaces.structures import InsertResult, RadixMatch, RadixNode
 from enginekit.kv.pyref.args import int_list
 
-__all__ = ["InsertResult", "PyRadixTree", "RadixMatch", "RadixNode"]
+__all__ = ["PyRadixTree"]
 
 ROOT = 0
 _MAX_U64 = (1 << 64) - 1
 _MAX_TOKEN = (1 << 32) - 1
 _MAX_BLOCK_ID = (1 << 31) - 1
-
-
-class RadixMatch(NamedTuple):
-    """The longest stored prefix of a query: its length in tokens, the blocks covering
-    positions [0, num_tokens) (the last possibly partial), and the node holding the last
-    matched token (0, the root, if none)."""
-
-    num_tokens: int
-    block_ids: list[int]
-    node_id: int
-
-
-class InsertResult(NamedTuple):
-    """Tokens newly stored, every tree reference the insert created (the caller increfs each
-    in the pool), and the node holding the last token of the inserted sequence."""
-
-    num_new_tokens: int
-    new_block_refs: list[int]
-    node_id: int
-
-
-class RadixNode(NamedTuple):
-    """One node as ``nodes()`` reports it; parent_id is None for the root."""
-
-    node_id: int
-    parent_id: int | None
-    token_ids: list[int]
-    block_ids: list[int]
-    lock_count: int
-    stamp: int
 
 
 @dataclass

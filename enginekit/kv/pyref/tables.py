@@ -1,4 +1,4 @@
-"""Pure-Python twin of ``enginekit._native.BlockTables`` (rust/block_table.rs).
+"""Pure-Python twin of ``enginekit._native.BlockTables`` (rust/block_table/).
 
 Written for reading rather than speed: the executable specification the Rust class is tested
 against, operation by operation (see ``enginekit.kv.pyref`` for the conventions).

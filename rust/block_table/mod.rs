@@ -13,8 +13,7 @@
 
 use std::collections::HashMap;
 
-use crate::error::{cache_err, memory_err, KvError, KvResult};
-pub use crate::error::{MAX_BLOCK_ID, MAX_TABLE_LEN};
+use crate::error::{cache_err, memory_err, KvError, KvResult, MAX_BLOCK_ID, MAX_TABLE_LEN};
 use crate::hash::FastBuild;
 
 /// A released entry: outside the valid ids, shown to Python as -1.
@@ -276,12 +275,9 @@ impl BlockTables {
     }
 }
 
-#[path = "block_table_batch.rs"]
 mod batch;
 
-#[path = "block_table_check.rs"]
 mod check;
 
 #[cfg(test)]
-#[path = "block_table_tests.rs"]
 mod tests;

@@ -3,11 +3,12 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::block_pool::{BlockPool, MAX_BLOCKS};
-use crate::py::{
+use super::convert::{
     as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, hash_arg, to_py,
     OutOfBlocksError,
 };
+use crate::block_pool::BlockPool;
+use crate::error::MAX_BLOCKS;
 
 /// A number of blocks to allocate or evict: an int past u64 can never be met, so it is
 /// an [`OutOfBlocksError`] against the `available` blocks of that `kind`.
@@ -22,7 +23,7 @@ fn request(num_blocks: &Bound<'_, PyAny>, verb: &str, available: u32, kind: &str
 }
 
 #[pyclass(name = "BlockPool", module = "enginekit._native")]
-pub struct PyBlockPool {
+pub(super) struct PyBlockPool {
     pub(crate) inner: BlockPool,
     /// Scratch for `free`, reused across calls.
     ids: Vec<u32>,

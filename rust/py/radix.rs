@@ -1,37 +1,21 @@
 //! Python wrapper of [`RadixTree`]: argument conversion and error mapping only.
 //!
-//! Results are named tuples (`RadixMatch`, `InsertResult`, `RadixNode`), created once in
-//! [`register`] and added to the module, so they compare equal to plain tuples and to the
-//! pure-Python twin's NamedTuples.
+//! Results are instances of the NamedTuples of `enginekit.interfaces.structures`
+//! (`RadixMatch`, `InsertResult`, `RadixNode`), the one definition the pure-Python twin
+//! returns too; a tree looks them up when it is created.
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
-use crate::py::{
+use super::convert::{
     as_u64, cache_err, count, guard, table_block_ids, to_py, token_ids_arg, value_err,
 };
 use crate::radix::RadixTree;
 
-const RESULT_TYPES: [(&str, [&str; 3]); 2] = [
-    ("RadixMatch", ["num_tokens", "block_ids", "node_id"]),
-    (
-        "InsertResult",
-        ["num_new_tokens", "new_block_refs", "node_id"],
-    ),
-];
-const NODE_FIELDS: [&str; 6] = [
-    "node_id",
-    "parent_id",
-    "token_ids",
-    "block_ids",
-    "lock_count",
-    "stamp",
-];
-
 #[pyclass(name = "RadixTree", module = "enginekit._native")]
-pub struct PyRadixTree {
+pub(super) struct PyRadixTree {
     inner: RadixTree,
-    /// The named tuple types of the module: RadixMatch, InsertResult, RadixNode.
+    /// The result types of `enginekit.interfaces.structures`: RadixMatch, InsertResult,
+    /// RadixNode.
     match_type: Py<PyAny>,
     insert_type: Py<PyAny>,
     node_type: Py<PyAny>,
@@ -53,12 +37,12 @@ impl PyRadixTree {
                 ))
             })?;
             let inner = RadixTree::new(bs).map_err(to_py)?;
-            let module = py.import("enginekit._native")?;
+            let types = py.import("enginekit.interfaces.structures")?;
             Ok(PyRadixTree {
                 inner,
-                match_type: module.getattr("RadixMatch")?.unbind(),
-                insert_type: module.getattr("InsertResult")?.unbind(),
-                node_type: module.getattr("RadixNode")?.unbind(),
+                match_type: types.getattr("RadixMatch")?.unbind(),
+                insert_type: types.getattr("InsertResult")?.unbind(),
+                node_type: types.getattr("RadixNode")?.unbind(),
             })
         })
     }
@@ -170,23 +154,4 @@ impl PyRadixTree {
     fn check_integrity(&self) -> PyResult<()> {
         guard(|| self.inner.check_integrity().map_err(to_py))
     }
-}
-
-/// Adds the result types and `RadixTree` to the module.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
-    let namedtuple = py.import("collections")?.getattr("namedtuple")?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("module", "enginekit._native")?;
-    for (name, fields) in RESULT_TYPES {
-        m.add(
-            name,
-            namedtuple.call((name, fields.to_vec()), Some(&kwargs))?,
-        )?;
-    }
-    m.add(
-        "RadixNode",
-        namedtuple.call(("RadixNode", NODE_FIELDS.to_vec()), Some(&kwargs))?,
-    )?;
-    m.add_class::<PyRadixTree>()
 }

@@ -575,9 +575,7 @@ impl RadixTree {
     }
 }
 
-#[path = "radix_check.rs"]
 mod check;
 
 #[cfg(test)]
-#[path = "radix_tests.rs"]
 mod tests;

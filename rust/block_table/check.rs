@@ -1,8 +1,8 @@
 //! `BlockTables::check_integrity`: every invariant re-derived from the tables.
 
-use super::{BlockTables, HOLE, MAX_BLOCK_ID};
+use super::{BlockTables, HOLE};
 use crate::block_pool::BlockPool;
-use crate::error::{cache_err, KvResult};
+use crate::error::{cache_err, KvResult, MAX_BLOCK_ID};
 
 impl BlockTables {
     /// Every held id is inside the pool with ref_count > 0; without a pool, only that ids are

@@ -3,13 +3,14 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 
-use crate::block_table::{BlockTables, HOLE, MAX_BLOCK_ID};
-use crate::py::{
+use super::convert::{
     as_i32, as_u64, bad_table_block, block_hashes_arg, cache_err, count, empty_tuple,
     for_each_item, guard, int_default, new_seq_arg, seq_arg, seq_ids_into, table_block_ids, to_py,
     value_err,
 };
-use crate::py_pool::PyBlockPool;
+use super::pool::PyBlockPool;
+use crate::block_table::{BlockTables, HOLE};
+use crate::error::MAX_BLOCK_ID;
 
 /// A table entry as Python sees it: a block id, or -1 for a hole.
 fn entry(b: u32) -> i32 {
@@ -22,7 +23,7 @@ fn entry(b: u32) -> i32 {
 }
 
 #[pyclass(name = "BlockTables", module = "enginekit._native")]
-pub struct PyBlockTables {
+pub(super) struct PyBlockTables {
     inner: BlockTables,
     /// Scratch for batch calls, reused across calls.
     seqs: Vec<u64>,

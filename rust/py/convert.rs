@@ -1,9 +1,10 @@
-//! Python wrappers (`enginekit._native`): argument conversion, error mapping, panic fencing.
+//! Conversions between Python objects and the core's types: arguments in, errors out, and
+//! the panic fence every wrapper method runs inside.
 //!
-//! No logic lives here. Every method body runs inside [`guard`], so a Rust panic reaches
-//! Python as `KVCacheError("internal error: ...")`, never as a `PanicException`. Python ints
-//! outside the Rust integer ranges become the error the stub documents (an unknown id is a
-//! `KVCacheError`, a bad value a `ValueError`), never an `OverflowError`.
+//! Every method body runs inside [`guard`], so a Rust panic reaches Python as
+//! `KVCacheError("internal error: ...")`, never as a `PanicException`. Python ints outside the
+//! Rust integer ranges become the error the stub documents (an unknown id is a `KVCacheError`,
+//! a bad value a `ValueError`), never an `OverflowError`.
 //!
 //! Argument types, as the twins check them: a list of ids, counts, hashes or tokens is a
 //! `list` or `tuple` of ints; anything else (bytes, str, dict, set, a generator, None) is a
@@ -17,16 +18,12 @@ use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyValueError
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use crate::error::{KvError, MAX_BLOCKS, MAX_BLOCK_ID, MAX_TABLE_LEN};
-use crate::hash::{self, ROOT_HASH};
-use crate::py_pool::PyBlockPool;
-use crate::py_radix;
-use crate::py_tables::PyBlockTables;
+use crate::error::{KvError, MAX_BLOCK_ID};
 
 pyo3::import_exception!(enginekit.errors, KVCacheError);
 pyo3::import_exception!(enginekit.errors, OutOfBlocksError);
 
-pub(crate) fn to_py(e: KvError) -> PyErr {
+pub(super) fn to_py(e: KvError) -> PyErr {
     match e {
         KvError::Value(m) => PyValueError::new_err(m),
         KvError::Cache(m) => KVCacheError::new_err(m),
@@ -46,7 +43,7 @@ fn panic_message(payload: &(dyn Any + Send)) -> &str {
 }
 
 /// Runs a method body; a panic becomes `KVCacheError("internal error: ...")`.
-pub(crate) fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+pub(super) fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(payload) => Err(KVCacheError::new_err(format!(
@@ -56,16 +53,16 @@ pub(crate) fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     }
 }
 
-pub(crate) fn value_err(msg: String) -> PyErr {
+pub(super) fn value_err(msg: String) -> PyErr {
     PyValueError::new_err(msg)
 }
 
-pub(crate) fn cache_err(msg: String) -> PyErr {
+pub(super) fn cache_err(msg: String) -> PyErr {
     KVCacheError::new_err(msg)
 }
 
 /// `Some(v)` for an int in [0, 2**64), `None` for an int outside it; a non-int is a TypeError.
-pub(crate) fn as_u64(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+pub(super) fn as_u64(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
     match obj.extract::<u64>() {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Ok(None),
@@ -74,7 +71,7 @@ pub(crate) fn as_u64(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
 }
 
 /// `Some(v)` for an int in the int32 range, `None` for an int outside it.
-pub(crate) fn as_i32(obj: &Bound<'_, PyAny>) -> PyResult<Option<i32>> {
+pub(super) fn as_i32(obj: &Bound<'_, PyAny>) -> PyResult<Option<i32>> {
     match obj.extract::<i32>() {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Ok(None),
@@ -83,7 +80,7 @@ pub(crate) fn as_i32(obj: &Bound<'_, PyAny>) -> PyResult<Option<i32>> {
 }
 
 /// A non-negative count: `Err(ValueError)` if negative, saturated at u64::MAX if huge.
-pub(crate) fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+pub(super) fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     match as_u64(obj)? {
         Some(v) => Ok(v),
         None if obj.lt(0)? => Err(value_err(format!("{what} must be non-negative, got {obj}"))),
@@ -92,7 +89,7 @@ pub(crate) fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 }
 
 /// The TypeError of an argument `what` of the wrong type (the twins' message).
-pub(crate) fn type_err(what: &str, expected: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+pub(super) fn type_err(what: &str, expected: &str, obj: &Bound<'_, PyAny>) -> PyErr {
     let got = obj
         .get_type()
         .name()
@@ -102,7 +99,7 @@ pub(crate) fn type_err(what: &str, expected: &str, obj: &Bound<'_, PyAny>) -> Py
 
 /// Calls `f` on every item of the list or tuple `obj` (argument `what`); any other type is a
 /// TypeError, so bytes, str, dicts, sets and generators are refused rather than iterated.
-pub(crate) fn for_each_item(
+pub(super) fn for_each_item(
     obj: &Bound<'_, PyAny>,
     what: &str,
     mut f: impl FnMut(&Bound<'_, PyAny>) -> PyResult<()>,
@@ -123,7 +120,7 @@ pub(crate) fn for_each_item(
 
 /// Fills `out` (cleared first) with the ints of the list or tuple `obj` (argument `what`),
 /// each at most `max`; `bad` builds the error for an int outside [0, max].
-pub(crate) fn collect_ints<T>(
+pub(super) fn collect_ints<T>(
     obj: &Bound<'_, PyAny>,
     what: &str,
     out: &mut Vec<T>,
@@ -144,13 +141,13 @@ where
     })
 }
 
-pub(crate) fn seq_ids_into(obj: &Bound<'_, PyAny>, out: &mut Vec<u64>) -> PyResult<()> {
+pub(super) fn seq_ids_into(obj: &Bound<'_, PyAny>, out: &mut Vec<u64>) -> PyResult<()> {
     collect_ints(obj, "seq_ids", out, u64::MAX, |x| {
         cache_err(format!("unknown sequence {x}"))
     })
 }
 
-pub(crate) fn table_block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+pub(super) fn table_block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     let mut v = Vec::new();
     collect_ints(
         obj,
@@ -162,22 +159,22 @@ pub(crate) fn table_block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     Ok(v)
 }
 
-pub(crate) fn bad_table_block(x: &Bound<'_, PyAny>) -> PyErr {
+pub(super) fn bad_table_block(x: &Bound<'_, PyAny>) -> PyErr {
     value_err(format!("block id {x} is not in [0, 2**31)"))
 }
 
 /// An existing sequence's id: an int outside u64 is an unknown sequence.
-pub(crate) fn seq_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+pub(super) fn seq_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     as_u64(obj)?.ok_or_else(|| cache_err(format!("unknown sequence {obj}")))
 }
 
 /// A new sequence's id, which must fit in u64.
-pub(crate) fn new_seq_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+pub(super) fn new_seq_arg(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     as_u64(obj)?.ok_or_else(|| value_err(format!("sequence id {obj} is not in [0, 2**64)")))
 }
 
 /// A list or tuple of block hashes, each in [0, 2**64) (else ValueError).
-pub(crate) fn block_hashes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+pub(super) fn block_hashes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let mut v = Vec::new();
     collect_ints(obj, "block_hashes", &mut v, u64::MAX, |x| {
         value_err(format!("block_hash {x} is not in [0, 2**64)"))
@@ -185,12 +182,14 @@ pub(crate) fn block_hashes_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     Ok(v)
 }
 
-pub(crate) fn hash_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+pub(super) fn hash_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     as_u64(obj)?.ok_or_else(|| value_err(format!("{what} {obj} is not in [0, 2**64)")))
 }
 
 /// An extra key: `bytes` (a subclass included) or None; any other type is a TypeError.
-fn extra_key_arg<'a>(extra_key: &'a Option<Bound<'_, PyAny>>) -> PyResult<Option<&'a [u8]>> {
+pub(super) fn extra_key_arg<'a>(
+    extra_key: &'a Option<Bound<'_, PyAny>>,
+) -> PyResult<Option<&'a [u8]>> {
     let Some(obj) = extra_key else {
         return Ok(None);
     };
@@ -208,14 +207,14 @@ fn extra_key_arg<'a>(extra_key: &'a Option<Bound<'_, PyAny>>) -> PyResult<Option
 }
 
 /// A Python int, for a default argument value (so that an explicit None is refused).
-pub(crate) fn int_default(v: i64) -> Py<PyAny> {
+pub(super) fn int_default(v: i64) -> Py<PyAny> {
     Python::with_gil(|py| {
         v.into_pyobject(py)
             .map_or_else(|e| match e {}, |o| o.into_any().unbind())
     })
 }
 
-pub(crate) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+pub(super) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     let mut v = Vec::new();
     collect_ints(obj, "token_ids", &mut v, u64::from(u32::MAX), |x| {
         value_err(format!("token id {x} is not in [0, 2**32)"))
@@ -223,79 +222,7 @@ pub(crate) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     Ok(v)
 }
 
-/// Chained 64-bit hash of one block (spec in rust/hash.rs).
-#[pyfunction]
-#[pyo3(signature = (parent_hash, token_ids, extra_key = None))]
-fn hash_block(
-    parent_hash: &Bound<'_, PyAny>,
-    token_ids: &Bound<'_, PyAny>,
-    extra_key: Option<Bound<'_, PyAny>>,
-) -> PyResult<u64> {
-    guard(|| {
-        let parent = hash_arg(parent_hash, "parent_hash")?;
-        let tokens = token_ids_arg(token_ids)?;
-        let extra = extra_key_arg(&extra_key)?;
-        Ok(hash::hash_block(parent, &tokens, extra))
-    })
-}
-
-/// Chained hashes of every full block of token_ids; a trailing partial block is ignored.
-#[pyfunction]
-#[pyo3(
-    signature = (token_ids, block_size, extra_key = None, parent_hash = root_hash_default()),
-    text_signature = "(token_ids, block_size, extra_key=None, parent_hash=ROOT_HASH)"
-)]
-fn hash_blocks(
-    py: Python<'_>,
-    token_ids: &Bound<'_, PyAny>,
-    block_size: &Bound<'_, PyAny>,
-    extra_key: Option<Bound<'_, PyAny>>,
-    parent_hash: Py<PyAny>,
-) -> PyResult<Vec<u64>> {
-    guard(|| {
-        let tokens = token_ids_arg(token_ids)?;
-        let bs = match as_u64(block_size)? {
-            Some(0) => None,
-            Some(v) => Some(v),
-            None if block_size.lt(1)? => None,
-            None => Some(u64::MAX),
-        }
-        .ok_or_else(|| value_err(format!("block_size must be >= 1, got {block_size}")))?;
-        let extra = extra_key_arg(&extra_key)?;
-        let parent = hash_arg(parent_hash.bind(py), "parent_hash")?;
-        let bs = usize::try_from(bs).unwrap_or(usize::MAX);
-        Ok(hash::hash_blocks(&tokens, bs, extra, parent))
-    })
-}
-
 /// An empty tuple, for a default argument value.
-pub(crate) fn empty_tuple() -> Py<PyAny> {
+pub(super) fn empty_tuple() -> Py<PyAny> {
     Python::with_gil(|py| PyTuple::empty(py).into_any().unbind())
-}
-
-fn root_hash_default() -> Py<PyAny> {
-    Python::with_gil(|py| {
-        ROOT_HASH
-            .into_pyobject(py)
-            .map_or_else(|e| match e {}, |o| o.into_any().unbind())
-    })
-}
-
-/// Test hook: panics inside the guard, proving a panic reaches Python as KVCacheError.
-#[pyfunction]
-fn _panic_for_test() -> PyResult<()> {
-    guard(|| panic!("forced panic for test"))
-}
-
-/// Fills the `enginekit._native` module.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("ROOT_HASH", ROOT_HASH)?;
-    m.add("MAX_BLOCKS", MAX_BLOCKS)?;
-    m.add("MAX_TABLE_LEN", MAX_TABLE_LEN)?;
-    m.add_function(wrap_pyfunction!(hash_block, m)?)?;
-    m.add_function(wrap_pyfunction!(hash_blocks, m)?)?;
-    m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
-    m.add_class::<PyBlockPool>()?;
-    m.add_class::<PyBlockTables>()?;
-    py_radix::register(m)
 }

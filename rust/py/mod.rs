@@ -1,0 +1,28 @@
+//! Python wrappers (`enginekit._native`): registration of the module's contents.
+//!
+//! No logic lives here or below: `convert` turns Python arguments into the core's types and
+//! the core's errors into exceptions; `pool`, `tables` and `radix` wrap one structure each;
+//! `functions` holds the module-level functions. The wrappers depend on `convert`, never on
+//! this module.
+
+use pyo3::prelude::*;
+
+use crate::error::{MAX_BLOCKS, MAX_TABLE_LEN};
+use crate::hash::ROOT_HASH;
+
+mod convert;
+mod functions;
+mod pool;
+mod radix;
+mod tables;
+
+/// Fills the `enginekit._native` module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("ROOT_HASH", ROOT_HASH)?;
+    m.add("MAX_BLOCKS", MAX_BLOCKS)?;
+    m.add("MAX_TABLE_LEN", MAX_TABLE_LEN)?;
+    functions::register(m)?;
+    m.add_class::<pool::PyBlockPool>()?;
+    m.add_class::<tables::PyBlockTables>()?;
+    m.add_class::<radix::PyRadixTree>()
+}
