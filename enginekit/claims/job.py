@@ -22,82 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from enginekit.engine import Engine
+# VERDICTS belongs to this module's interface too: the verdicts claims.json holds.
+from enginekit.claims.scenario import VERDICTS as VERDICTS
+from enginekit.claims.scenario import ClaimRow, Section
 
-VERDICTS = ("yes", "partly", "no")
 JSON_NAME = "claims.json"
 MARKDOWN_NAME = "claims.md"
-
-
-@dataclass(frozen=True)
-class ClaimRow:
-    """One claim. ``key`` names it in claims.json; ``claim`` is the claim as users know it;
-    ``measured`` says what enginekit measured, figures included; ``verdict`` is one of
-    ``VERDICTS``; ``figures`` holds every number behind ``measured``."""
-
-    key: str
-    claim: str
-    measured: str
-    verdict: str
-    figures: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"claim {self.key}: verdict {self.verdict!r} not in {VERDICTS}")
-
-
-@dataclass(frozen=True)
-class Table:
-    """A table behind the verdicts: a title, column names and rows of printed cells."""
-
-    title: str
-    header: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-
-
-@dataclass(frozen=True)
-class Section:
-    """One scenario: its rows of the main table, then its own tables and notes."""
-
-    title: str
-    rows: tuple[ClaimRow, ...]
-    tables: tuple[Table, ...] = ()
-    notes: tuple[str, ...] = ()
-
-
-def verdict(holds: Iterable[bool]) -> str:
-    """``yes`` if every case holds, ``partly`` if some do, ``no`` if none does."""
-    cases = list(holds)
-    return "yes" if all(cases) else ("partly" if any(cases) else "no")
-
-
-def sim_engine(*settings: str) -> Engine:
-    """An engine over the defaults with dotted ``key=value`` settings (plugins as
-    ``group.name=plugin``, presets as ``model.name=...``), built without Hydra's compose
-    so that it also runs inside a Hydra job. No progress bar. Raises as ``Engine``."""
-    from omegaconf import DictConfig, OmegaConf
-
-    from enginekit.config import EngineConfig
-    from enginekit.engine import Engine
-
-    config = OmegaConf.merge(
-        OmegaConf.structured(EngineConfig), OmegaConf.from_dotlist(["progress=false", *settings])
-    )
-    assert isinstance(config, DictConfig)
-    return Engine(config)
-
-
-def sim_summary(*settings: str) -> dict[str, Any]:
-    """The summary of the configured workload run on ``sim_engine(*settings)``."""
-    engine = sim_engine(*settings)
-    engine.add_workload()
-    return engine.run().summary
 
 
 def run_claims(quick: bool = False) -> list[Section]:

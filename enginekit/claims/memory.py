@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from enginekit import metric_keys as mk
-from enginekit.claims.job import ClaimRow, Section, Table, sim_summary, verdict
+from enginekit.claims.scenario import ClaimRow, Section, Table, sim_summary, verdict
 from enginekit.spec.kv import KVSpec
 from enginekit.spec.model import MODEL_PRESETS
 from enginekit.spec.quant import KVQuant

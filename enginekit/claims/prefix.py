@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from enginekit import metric_keys as mk
-from enginekit.claims.job import ClaimRow, Section, Table, sim_engine, sim_summary
+from enginekit.claims.scenario import ClaimRow, Section, Table, sim_engine, sim_summary
 from enginekit.executor.sim.executor import STEP_OVERHEAD_S, SimExecutor
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ simulated runs under memory pressure with ``+preemption=recompute`` and
 from __future__ import annotations
 
 from enginekit import metric_keys as mk
-from enginekit.claims.job import ClaimRow, Section, Table, sim_summary, verdict
 from enginekit.claims.prefix import SIM
+from enginekit.claims.scenario import ClaimRow, Section, Table, sim_summary, verdict
 from enginekit.spec.hardware import hardware_preset
 from enginekit.spec.kv import KVSpec
 from enginekit.spec.model import MODEL_PRESETS
