@@ -22,6 +22,7 @@ import argparse
 import time
 
 from enginekit import Engine
+from enginekit.driver import WorkloadDriver
 
 QUANTIZERS = ("none", "fp8", "int4")
 GIB = 1 << 30
@@ -56,9 +57,10 @@ def run(executor: str, quantizer: str, block_size: int) -> dict:
             *setup["overrides"],
         ]
     )
-    engine.add_workload()
+    driver = WorkloadDriver(engine)
+    driver.add_workload()
     start = time.perf_counter()
-    summary = engine.run().summary
+    summary = driver.run().summary
     wall = time.perf_counter() - start
     spec = engine.kv_spec
     tokens = summary["kv_cache_num_blocks"] * spec.block_size

@@ -25,6 +25,7 @@ import time
 from typing import NamedTuple
 
 from enginekit import Engine
+from enginekit.driver import WorkloadDriver
 
 DEFAULT_COUNTS = "1000,10000,100000"
 
@@ -63,10 +64,11 @@ def measure(num_requests: int, *overrides: str) -> Row:
     )
     cpu_start = time.process_time()
     start = time.perf_counter()
-    engine.add_workload()
+    driver = WorkloadDriver(engine)
+    driver.add_workload()
     setup = time.perf_counter() - start
     start = time.perf_counter()
-    summary = engine.run().summary
+    summary = driver.run().summary
     run_s = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
     del engine

@@ -4,9 +4,16 @@ The public API::
 
     from enginekit import Engine, SamplingParams
 
-    engine = Engine.from_overrides(["+prefix=block_hash", "workload.num_requests=100"])
-    engine.add_workload()  # or engine.add_request(token_ids, SamplingParams(...))
+    engine = Engine.from_overrides(["+prefix=block_hash", "cache.num_blocks=4096"])
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
     result = engine.run()  # result.outputs, result.summary
+
+    # a configured workload (workload.*), multi-turn sessions included:
+    from enginekit.driver import WorkloadDriver
+
+    driver = WorkloadDriver(Engine.from_overrides(["workload.num_requests=100"]))
+    driver.add_workload()
+    result = driver.run()
 """
 
 from typing import TYPE_CHECKING, Any

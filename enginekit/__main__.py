@@ -50,6 +50,7 @@ def run_job(cfg: Any) -> dict[str, Any]:
     and write it as ``report.json`` in the job's folder; returns the summary. Raises
     when the run served nothing (``_check_served``). On any exception writes a failed
     report.json (status, error, the config's plugins) and re-raises."""
+    from enginekit.driver import WorkloadDriver
     from enginekit.engine import Engine
     from enginekit.report import STATUS_FAILED, render_report, write_json
 
@@ -57,8 +58,9 @@ def run_job(cfg: Any) -> dict[str, Any]:
     try:
         engine = Engine(cfg)
         with _Rejections() as rejections:
-            engine.add_workload()
-            result = engine.run(progress=show_progress(engine.config.progress))
+            driver = WorkloadDriver(engine)
+            driver.add_workload()
+            result = driver.run(progress=show_progress(engine.config.progress))
         summary, header = result.summary, engine.describe()
         _check_served(summary, rejections.first)
     except Exception as exc:

@@ -3,6 +3,9 @@
 engine = Engine.from_overrides(["+prefix=block_hash", "cache.num_blocks=4096"])
 engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
 result = engine.run()
+
+(A configured workload runs through ``enginekit.driver.WorkloadDriver``, which uses this
+public API only.)
 """
 
 from __future__ import annotations
@@ -18,27 +21,32 @@ from typing import Any, NamedTuple
 from omegaconf import DictConfig, OmegaConf
 
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
-from enginekit.engine_workloads import WorkloadMixin
 from enginekit.errors import ConfigError, InvalidRequestError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
 from enginekit.interfaces.context import KVContext
-from enginekit.kv.manager import KVCacheManager, make_structures
+from enginekit.interfaces.eviction import AttentionSpan
+from enginekit.kv.backend import make_backend
+from enginekit.kv.manager import KVCacheManager
 from enginekit.metrics import RunMetrics
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
 from enginekit.request import (
     Request,
     RequestOutput,
+    RequestStatus,
     SamplingParams,
     as_arrival_time,
     as_extra_key,
     as_token_ids,
 )
-from enginekit.scheduler.scheduler import Scheduler
-from enginekit.spec.kv import KVSpec
+from enginekit.scheduler.admission import ServingLimits, check_servable
+from enginekit.scheduler.scheduler import Scheduler, StepUpdate
+from enginekit.spec.hardware import hardware_preset
+from enginekit.spec.kv import KVSpec, swap_space_num_blocks
 from enginekit.spec.model import ModelShape, resolve_dtype
 from enginekit.spec.restore_cost import RestoreCost
+from enginekit.step import SchedulerOutput
 from enginekit.tokenizer import Tokenizer
-from enginekit.workloads.request import WorkloadRequest
+from enginekit.workloads.ideal import ideal_prefix_hit_tokens
 
 FRAGMENTATION_SAMPLE_STEPS = 16  # external fragmentation is sampled (it scans the pool)
 DTYPE_BITS = {"bfloat16": 16, "float16": 16, "float32": 32}
@@ -62,7 +70,7 @@ def _as_engine_config(config: EngineConfig | DictConfig | None) -> DictConfig:
     return merged
 
 
-class Engine(WorkloadMixin):
+class Engine:
     """Serves requests step by step over the configured plugins and executor.
 
     Time is the executor's: simulated seconds for ``sim``. A request arrives at its
@@ -73,65 +81,79 @@ class Engine(WorkloadMixin):
         cfg = _as_engine_config(config)
         self.config = cfg
         plugins = {group: complete_plugin_config(group, cfg[group]) for group in PLUGIN_GROUPS}
-        selected = {group: plugin_cfg.name for group, (_, plugin_cfg) in plugins.items()}
-        for plugin_cls, _ in plugins.values():
+        selected = {group: plugin_cls for group, (plugin_cls, _) in plugins.items()}
+        for plugin_cls in selected.values():
             plugin_cls.check_compatible(selected)
         self.plugin_configs = {group: plugin_cfg for group, (_, plugin_cfg) in plugins.items()}
         self.plugin_infos: dict[str, PluginInfo] = {
             group: find_plugin(group, plugin_cfg.name)
             for group, plugin_cfg in self.plugin_configs.items()
         }
+        allocator_cls, allocator_cfg = plugins["allocator"]
+        prefix_cls, prefix_cfg = plugins["prefix"]
+        quantizer_cls, quantizer_cfg = plugins["quantizer"]
+        eviction_cls, eviction_cfg = plugins["eviction"]
+        preemption_cls, preemption_cfg = plugins["preemption"]
 
-        self.shape = _with_attention_window(model_shape(cfg.model), *plugins["eviction"])
+        shape = model_shape(cfg.model)
+        self.shape = _attending(shape, eviction_cls.attention(eviction_cfg, shape.sliding_window))
         self.max_model_len = self.shape.max_model_len
         model_bits = _dtype_bits(resolve_dtype(cfg.model.dtype, self.shape))
-        quantizer_cls, quantizer_cfg = plugins["quantizer"]
-        self.quantizer = quantizer_cls(quantizer_cfg)
         self.kv_spec = KVSpec.of(
             self.shape,
             bits_per_element=model_bits,
             block_size=cfg.cache.block_size,
-            quant=self.quantizer.kv_quant(self.shape, cfg.cache.block_size),
+            quant=quantizer_cls(quantizer_cfg).kv_quant(self.shape, cfg.cache.block_size),
         )
         if not 0.0 <= cfg.cache.watermark < 1.0:
             raise ConfigError(f"cache.watermark must be in [0, 1), got {cfg.cache.watermark}")
 
+        swap_space_gib = preemption_cls.swap_space_gib(preemption_cfg)
         self.executor, num_blocks = build_executor(
-            cfg, self.shape, self.kv_spec, model_bits, self.quantizer, plugins["preemption"][1]
+            cfg, self.shape, self.kv_spec, model_bits, swap_space_gib
         )
-        pool, tables = make_structures(num_blocks, cfg.cache.block_size, cfg.cache.native)
-        kv = KVContext(pool, tables, self.kv_spec, self.max_model_len, self.shape.sliding_window)
-        allocator_cls, allocator_cfg = plugins["allocator"]
-        prefix_cls, prefix_cfg = plugins["prefix"]
-        eviction_cls, eviction_cfg = plugins["eviction"]
-        preemption_cls, preemption_cfg = plugins["preemption"]
-        self.kv = KVCacheManager(
-            kv,
-            allocator_cls(allocator_cfg, kv),
-            prefix_cls(prefix_cfg, kv),
-            eviction_cls(eviction_cfg, kv),
+        backend = make_backend(cfg.cache.native)
+        context = KVContext(
+            backend.new_block_pool(num_blocks),
+            backend.new_block_tables(cfg.cache.block_size),
+            self.kv_spec,
+            self.max_model_len,
+            backend,
+            self.shape.sliding_window,
+            self.shape.attention_sinks,
+        )
+        self.cache = KVCacheManager(
+            context,
+            allocator_cls(allocator_cfg, context),
+            prefix_cls(prefix_cfg, context),
+            eviction_cls(eviction_cfg, context),
             watermark=cfg.cache.watermark,
+            num_swap_blocks=swap_space_num_blocks(
+                swap_space_gib, self.kv_spec.bytes_per_block, num_blocks
+            ),
         )
-        self.metrics = RunMetrics()
+        costs = RestoreCost.of(hardware_preset(cfg.hardware.name), self.shape, self.kv_spec)
         self.scheduler = Scheduler(
             cfg.scheduler,
-            self.kv,
-            preemption_cls(preemption_cfg, self._restore_cost(cfg), self.kv),
-            self.metrics,
+            self.cache,
+            preemption_cls(preemption_cfg, costs, self.cache),
             eos_token_id=executor_eos_token_id(self.executor),
             export_block_tables=self.executor.needs_block_tables,
             new_seq_id=lambda: next(self._seq_ids),
         )
+        self.limits = ServingLimits(
+            self.max_model_len,
+            self.shape.vocab_size,
+            cfg.scheduler.max_num_seqs,
+            cfg.executor,
+            self.executor.supports_forks,
+            self.executor.supports_beam_search,
+        )
+        self.metrics = RunMetrics()
         self.clock = 0.0
         self._pending: list[tuple[float, int, Request]] = []  # heap by arrival time
         self._requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
-        self._followers: dict[str, list[WorkloadRequest]] = {}  # turns waiting on a turn
-
-    def _restore_cost(self, cfg: DictConfig) -> RestoreCost:
-        from enginekit.spec.hardware import hardware_preset
-
-        return RestoreCost.of(hardware_preset(cfg.hardware.name), self.shape, self.kv_spec)
 
     @classmethod
     def from_overrides(cls, overrides: Sequence[str] = ()) -> Engine:
@@ -178,7 +200,9 @@ class Engine(WorkloadMixin):
             args = self._checked_arguments(
                 request_id, prompt_token_ids, sampling, arrival_time, extra_key, scripted_output_ids
             )
-            self._check_servable(request_id, args.prompt_token_ids, args.sampling)
+            check_servable(
+                request_id, args.prompt_token_ids, args.sampling, self.limits, self.cache
+            )
         except RequestRejectedError:
             self.metrics.on_request_rejected()
             raise
@@ -232,66 +256,45 @@ class Engine(WorkloadMixin):
             token_ids, sampling, None if arrival is None else max(arrival, 0.0), salt, script_ids
         )
 
-    def _check_servable(
-        self, request_id: str, prompt: Sequence[int], sampling: SamplingParams
-    ) -> None:
-        what = f"request {request_id!r}"
-        if sampling.beam_width > 1 and not self.executor.supports_beam_search:
-            raise RequestRejectedError(
-                f"{what}: beam search needs an executor that returns candidates; "
-                f"{self.config.executor} does not"
-            )
-        if sampling.n > 1 or sampling.beam_width > 1:
-            if not (self.executor.supports_forks and self.kv.allocator.supports_fork):
-                raise RequestRejectedError(
-                    f"{what}: n={sampling.n}, beam_width={sampling.beam_width} needs forked "
-                    "sequences, which this executor "
-                    f"({self.config.executor}) or allocator ({self.kv.allocator.config.name}) "
-                    "cannot run"
-                )
-            if max(sampling.n, sampling.beam_width) > self.config.scheduler.max_num_seqs:
-                raise RequestRejectedError(
-                    f"{what}: n={sampling.n}, beam_width={sampling.beam_width} exceed "
-                    f"scheduler.max_num_seqs={self.config.scheduler.max_num_seqs}"
-                )
-        if not prompt:
-            raise RequestRejectedError(f"{what}: the prompt is empty")
-        vocab = self.shape.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise RequestRejectedError(f"{what}: token ids must be in [0, {vocab})")
-        total = len(prompt) + sampling.max_tokens
-        if total > self.max_model_len:
-            raise RequestRejectedError(
-                f"{what}: prompt ({len(prompt)} tokens) + max_tokens ({sampling.max_tokens}) "
-                f"= {total} exceeds the model's context of {self.max_model_len} tokens"
-            )
-        num_blocks = self.kv.num_blocks
-        num_longest = self.kv.max_blocks_held(total)
-        num_prompt_blocks = min(self.kv_spec.num_blocks_for(len(prompt)), num_longest)
-        if num_longest > num_blocks:
-            raise RequestRejectedError(
-                f"{what}: needs {num_longest} KV blocks at its longest, "
-                f"but the whole cache has {num_blocks}"
-            )
-        # Beams are preempted and brought back together, each with all its blocks.
-        num_beam_blocks = sampling.beam_width * num_longest + self.kv.num_watermark_blocks
-        if sampling.beam_width > 1 and num_beam_blocks > num_blocks:
-            raise RequestRejectedError(
-                f"{what}: its {sampling.beam_width} beams need up to {num_beam_blocks} KV "
-                f"blocks when brought back after a preemption, but the whole cache has "
-                f"{num_blocks}"
-            )
-        if num_prompt_blocks + self.kv.num_watermark_blocks > num_blocks:
-            raise RequestRejectedError(
-                f"{what}: its prompt needs {num_prompt_blocks} blocks "
-                f"plus the watermark of {self.kv.num_watermark_blocks}, more than the "
-                f"{num_blocks} the cache has"
-            )
-
     # -- running ---------------------------------------------------------------------------
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._pending) or self.scheduler.num_unfinished > 0
+
+    def abort_request(self, request_id: str) -> bool:
+        """Ends the request now, with all its samples or beams, wherever it is: not yet
+        arrived, waiting, swapped out or running (its blocks are released at once; the
+        executor forgets it at the next step). Its output keeps the tokens it has, with
+        finish reason ``abort``. Returns False, changing nothing, for a request that has
+        already finished. Raises KeyError for an unknown id."""
+        root = self._requests[request_id]
+        if root.is_group_finished:
+            return False
+        if any(entry[2] is root for entry in self._pending):
+            self._pending = [entry for entry in self._pending if entry[2] is not root]
+            heapq.heapify(self._pending)
+            root.status = RequestStatus.ABORTED
+        else:
+            self.scheduler.abort(root)
+            self.metrics.on_request_aborted(request_id, self.clock)
+        root.finish_time = self.clock
+        return True
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one step: the requests that have arrived join the queue, the scheduler
+        plans the step, the executor runs it, the scheduler applies its tokens, and the
+        metrics record it. Returns the requests whose every sample finished in it."""
+        self._admit_arrivals()
+        scheduled = self.scheduler.schedule()
+        if scheduled.is_empty:
+            self._wait_for_arrivals()
+            return []
+        output = self.executor.execute(scheduled)
+        self.clock += output.step_time_s
+        update = self.scheduler.update(scheduled, output)
+        finished = self._finish(update)
+        self._record(scheduled, output.step_time_s, update)
+        return [RequestOutput.of(root) for root in finished]
 
     def _admit_arrivals(self) -> None:
         if not self.scheduler.num_unfinished and self._pending:
@@ -309,57 +312,51 @@ class Engine(WorkloadMixin):
             )
             self.scheduler.add_request(request)
 
-    def step(self) -> list[RequestOutput]:
-        """Runs one step; returns the requests that finished in it."""
-        self._admit_arrivals()
-        scheduled = self.scheduler.schedule()
-        if scheduled.is_empty:
-            if self._pending:
-                self.clock = max(self.clock, self._pending[0][0])
-                return []
-            if self.scheduler.num_unfinished:
-                raise RuntimeError(  # a bug, not bad input: admission checks rule this out
-                    "scheduler made no progress with requests waiting and nothing running"
-                )
-            return []
-        output = self.executor.execute(scheduled)
-        self.clock += output.step_time_s
-        update = self.scheduler.update(scheduled, output)
+    def _wait_for_arrivals(self) -> None:
+        """After an empty step: the clock moves to the next arrival. Raises RuntimeError (a
+        bug, not bad input: admission checks rule it out) if nothing will ever arrive
+        while requests wait."""
+        if self._pending:
+            self.clock = max(self.clock, self._pending[0][0])
+        elif self.scheduler.num_unfinished:
+            raise RuntimeError(
+                "scheduler made no progress with requests waiting and nothing running"
+            )
+
+    def _finish(self, update: StepUpdate) -> list[Request]:
+        """Stamps the step's first tokens and finished sequences with the clock; returns the
+        requests (roots) whose every sample has now finished."""
         for request in update.first_tokens:
             request.first_token_time = self.clock
             if request.parent is None:
                 self.metrics.on_first_token(request.request_id, self.clock)
-        finished_groups = []
+        roots: list[Request] = []
         for request in update.finished:
             request.finish_time = self.clock
             root = request.parent or request
-            if root.is_group_finished and root not in finished_groups:
-                finished_groups.append(root)
-        for root in finished_groups:
-            num_outputs = sum(map(len, RequestOutput.of(root).samples))
-            self.metrics.on_request_finished(root.request_id, self.clock, num_outputs)
-            self._add_followers(root)
-        usage = self.kv.usage()
+            if root.is_group_finished and root not in roots:
+                roots.append(root)
+                num_outputs = sum(map(len, RequestOutput.of(root).samples))
+                self.metrics.on_request_finished(root.request_id, self.clock, num_outputs)
+        return roots
+
+    def _record(self, scheduled: SchedulerOutput, step_time_s: float, update: StepUpdate) -> None:
+        """Feeds the step to the metrics: the scheduler's stats and the cache's usage."""
         running = self.scheduler.running
-        num_table_blocks = self.kv.allocator.num_reserved_blocks()
+        self.metrics.on_scheduler_stats(update.stats)
         self.metrics.on_step(
             self.clock,
-            output.step_time_s,
+            step_time_s,
             sum(scheduled.prefill_lens),
             len(scheduled.decode_seq_ids),
             len(running),
             len(self.scheduler.waiting) + len(self._pending),
-            usage.num_used_blocks,
-            usage.num_total_blocks,
-            self.kv.num_unused_slots(running),
-            num_table_blocks * self.kv_spec.block_size,
-            num_table_blocks,
+            self.cache.usage(running),
         )
         if self.metrics.num_steps % FRAGMENTATION_SAMPLE_STEPS == 1:
-            unusable = self.kv.allocator.num_unusable_free_blocks()
+            unusable = self.cache.allocator.num_unusable_free_blocks()
             if unusable is not None:
                 self.metrics.on_fragmentation(unusable)
-        return [RequestOutput.of(r) for r in finished_groups]
 
     def run(self, progress: bool = False) -> RunResult:
         """Steps until every request has finished."""
@@ -396,7 +393,7 @@ class Engine(WorkloadMixin):
     def summary(self) -> dict[str, Any]:
         """The run's metrics. The ideal hit count is at the prefix cache's own granularity:
         tokens for a token-granular cache (radix), whole blocks otherwise."""
-        token_granular = self.kv.prefix.token_granular
+        token_granular = self.cache.prefix.token_granular
         summary = self.metrics.summary(
             self.kv_spec.bytes_per_block,
             ideal_hit_tokens=self.ideal_prefix_hit_tokens(1 if token_granular else None),
@@ -422,8 +419,18 @@ class Engine(WorkloadMixin):
 
     def check_integrity(self) -> None:
         """Raises KVCacheError if any cache structure is inconsistent."""
-        self.kv.check_integrity()
+        self.cache.check_integrity()
         self.scheduler.preemption.check_integrity()
+
+    def ideal_prefix_hit_tokens(self, block_size: int | None = None) -> int:
+        """Hits a perfect, unbounded prefix cache of ``block_size`` granularity (default:
+        the cache's) would get on the requests added so far, each seeing the prompts and
+        outputs of every request that arrived before it."""
+        return ideal_prefix_hit_tokens(
+            list(self._requests.values()),
+            block_size or self.kv_spec.block_size,
+            include_outputs=True,
+        )
 
 
 class _Arguments(NamedTuple):
@@ -436,24 +443,15 @@ class _Arguments(NamedTuple):
     scripted_output_ids: list[int] | None
 
 
-def _with_attention_window(shape: ModelShape, eviction_cls: Any, eviction_cfg: Any) -> ModelShape:
-    """The shape the executors run: with the attention window the eviction policy needs
-    (a window on a model without one makes its attention windowed: an approximation) and
-    the attention sinks it keeps in front of that window (``attention_sinks``, a classmethod
-    of the policy like ``attention_window``; none for a policy without it). A policy config
-    with a ``sink_tokens`` key gets the resolved count written into it, so that the policy
-    built from that config later keeps the very sinks the executors attend to. Raises
-    ConfigError for a window or sinks the policy refuses."""
-    window = eviction_cls.attention_window(eviction_cfg, shape.sliding_window)
-    sinks = 0
-    attention_sinks = getattr(eviction_cls, "attention_sinks", None)
-    if attention_sinks is not None:
-        sinks = attention_sinks(eviction_cfg, shape.sliding_window)
-        if hasattr(eviction_cfg, "sink_tokens"):
-            eviction_cfg.sink_tokens = sinks
-    if (window, sinks) == (shape.sliding_window, shape.attention_sinks):
+def _attending(shape: ModelShape, attention: AttentionSpan) -> ModelShape:
+    """The shape the executors run: with the attention window and sinks the eviction policy
+    asked for (``Eviction.attention``; a window on a model without one makes its attention
+    windowed: an approximation)."""
+    if (attention.window, attention.sinks) == (shape.sliding_window, shape.attention_sinks):
         return shape
-    return dataclasses.replace(shape, sliding_window=window, attention_sinks=sinks)
+    return dataclasses.replace(
+        shape, sliding_window=attention.window, attention_sinks=attention.sinks
+    )
 
 
 def _dtype_bits(dtype: str) -> int:

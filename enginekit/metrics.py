@@ -15,17 +15,44 @@ NaN, so the summary is strict JSON.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from enginekit.errors import EngineKitError
+from enginekit.step import KVUsage
 
 LATENCY_KEYS: tuple[str, ...] = (
     "time_to_first_token_seconds",
     "time_per_output_token_seconds",
     "e2e_request_latency_seconds",
 )
+
+
+class PrefixQuery(NamedTuple):
+    """One admission's prefix-cache lookup."""
+
+    num_query_tokens: int
+    num_hit_tokens: int
+    is_readmission: bool  # the request was admitted before and preempted
+
+
+class PreemptionEvent(NamedTuple):
+    kind: str  # "recompute", "swap", or "recompute_fallback" (swap wanted, no host room)
+    num_recomputed_tokens: int  # KV thrown away to compute again (0 for a swap)
+
+
+@dataclass
+class SchedulerStats:
+    """What the scheduler did between two updates: admissions' prefix lookups,
+    preemptions and blocks swapped. The scheduler fills one and hands it over with each
+    update (``StepUpdate.stats``); ``RunMetrics.on_scheduler_stats`` counts it."""
+
+    prefix_queries: list[PrefixQuery] = field(default_factory=list)
+    preemptions: list[PreemptionEvent] = field(default_factory=list)
+    num_blocks_swapped_out: int = 0
+    num_blocks_swapped_in: int = 0
 
 
 @dataclass
@@ -84,6 +111,7 @@ class RunMetrics:
         self.num_running_peak = 0
         self.num_waiting_peak = 0
         self.num_requests_rejected = 0
+        self.num_requests_aborted = 0  # arrived, then aborted by their callers
         self.num_swapped_out_blocks = 0
         self.num_swapped_in_blocks = 0
 
@@ -106,6 +134,12 @@ class RunMetrics:
         record = self._requests[request_id]
         if record.first_token_time is None:
             record.first_token_time = time
+
+    def on_request_aborted(self, request_id: str, time: float) -> None:
+        """The request (which had arrived) was aborted at ``time``; it counts in no
+        latency."""
+        self.num_requests_aborted += 1
+        self._requests.pop(request_id, None)
 
     def on_request_finished(self, request_id: str, time: float, num_output_tokens: int) -> None:
         record = self._requests[request_id]
@@ -143,6 +177,14 @@ class RunMetrics:
         self.num_swapped_out_blocks += num_blocks_out
         self.num_swapped_in_blocks += num_blocks_in
 
+    def on_scheduler_stats(self, stats: SchedulerStats) -> None:
+        """Everything the scheduler reports for one step."""
+        for query in stats.prefix_queries:
+            self.on_prefix_query(*query)
+        for preemption in stats.preemptions:
+            self.on_preemption(*preemption)
+        self.on_swap(stats.num_blocks_swapped_out, stats.num_blocks_swapped_in)
+
     def on_step(
         self,
         time: float,
@@ -151,18 +193,16 @@ class RunMetrics:
         num_decode_tokens: int,
         num_running: int,
         num_waiting: int,
-        num_used_blocks: int,
-        num_total_blocks: int,
-        num_unused_slots: int,
-        num_reserved_slots: int = 0,
-        num_table_blocks: int = 0,
+        usage: KVUsage,
     ) -> None:
         """One executed step that ended at ``time`` (the clock already advanced by
-        ``step_time_s``). Block counts are the pool's state after the step;
-        ``num_unused_slots`` is allocated but unused token slots in running sequences'
-        blocks, of ``num_reserved_slots`` they hold in all; ``num_table_blocks`` counts the
-        blocks of every table, a shared block once per table (so ``num_used_blocks`` /
-        ``num_table_blocks`` is what sharing leaves of the memory)."""
+        ``step_time_s``), with the cache's state after it. ``usage.num_table_blocks``
+        counts the blocks of every table, a shared block once per table (so
+        ``num_used_blocks / num_table_blocks`` is what sharing leaves of the memory)."""
+        num_used_blocks, num_total_blocks = usage.num_used_blocks, usage.num_total_blocks
+        num_unused_slots = usage.num_unused_slots
+        num_table_blocks = usage.num_table_blocks
+        num_reserved_slots = usage.num_table_slots
         self.num_steps += 1
         if self.first_step_time is None:
             self.first_step_time = time - step_time_s
@@ -170,11 +210,11 @@ class RunMetrics:
         self.busy_time_s += step_time_s
         self.num_prefill_tokens_computed += num_prefill_tokens
         self.num_decode_tokens_computed += num_decode_tokens
-        usage = num_used_blocks / num_total_blocks if num_total_blocks else 0.0
-        self._usage_step_sum += usage
-        self._usage_time_sum += usage * step_time_s
-        if usage > self.kv_cache_usage_peak:
-            self.kv_cache_usage_peak = usage
+        used = num_used_blocks / num_total_blocks if num_total_blocks else 0.0
+        self._usage_step_sum += used
+        self._usage_time_sum += used * step_time_s
+        if used > self.kv_cache_usage_peak:
+            self.kv_cache_usage_peak = used
         self.num_total_blocks = num_total_blocks
         self._unused_slots_sum += num_unused_slots
         self._reserved_slots_sum += num_reserved_slots

@@ -172,6 +172,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"  # hit a stop token or EOS
     FINISHED_LENGTH = "length"  # reached max_tokens
     PRUNED = "pruned"  # a beam that fell out of the best beam_width
+    ABORTED = "abort"  # aborted by its caller (Engine.abort_request)
 
     @property
     def is_finished(self) -> bool:
@@ -179,6 +180,7 @@ class RequestStatus(enum.Enum):
             RequestStatus.FINISHED_STOPPED,
             RequestStatus.FINISHED_LENGTH,
             RequestStatus.PRUNED,
+            RequestStatus.ABORTED,
         )
 
 

@@ -97,3 +97,15 @@ class ModelOutput(NamedTuple):
     next_token_ids: list[int]
     step_time_s: float
     candidates: Sequence[Sequence[tuple[int, float]]] | None = None
+
+
+class KVUsage(NamedTuple):
+    """The cache's state after a step, for the metrics."""
+
+    num_total_blocks: int
+    num_used_blocks: int  # referenced by a running sequence
+    num_evictable_blocks: int  # cached, unreferenced: reclaimable
+    num_free_blocks: int
+    num_table_blocks: int  # held by block tables, a shared block once per table
+    num_table_slots: int  # token slots of those blocks
+    num_unused_slots: int  # of those slots, the ones no computed token fills

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from enginekit import Engine, SamplingParams
 from enginekit.app import compose_config
+from enginekit.driver import WorkloadDriver
 from enginekit.errors import ConfigError, PluginError, RequestRejectedError
 
 
@@ -47,7 +48,7 @@ def run_checked(engine: Engine) -> None:
     # No request holds a block: each block is free, or cached by the pool's hash map
     # (evictable), or held by a prefix cache's own references only (check_integrity above
     # verified every reference count against its holders).
-    kv = engine.kv
+    kv = engine.cache
     assert kv.tables.num_sequences == 0
     assert kv.pool.num_used_blocks == len(set(kv.prefix.held_block_ids()))
     assert kv.pool.num_free_blocks + kv.pool.num_evictable_blocks + kv.pool.num_used_blocks == (
@@ -62,7 +63,7 @@ def test_paged_blocks_grow_one_per_block_size_tokens():
     while engine.has_unfinished_requests():
         engine.step()
         engine.check_integrity()
-        counts.append(engine.kv.usage().num_used_blocks)
+        counts.append(engine.cache.usage(engine.scheduler.running).num_used_blocks)
     # step 1 prefills 40 tokens (3 blocks); step k >= 2 decodes token 40 + k - 2, so the
     # table holds ceil((40 + k - 1) / 16) blocks; the 10th token finishes and frees them.
     assert counts == [3, 3, 3, 3, 3, 3, 3, 3, 3, 0]
@@ -71,9 +72,9 @@ def test_paged_blocks_grow_one_per_block_size_tokens():
     counts = []
     while engine2.has_unfinished_requests():
         engine2.step()
-        counts.append(engine2.kv.usage().num_used_blocks)
+        counts.append(engine2.cache.usage(engine2.scheduler.running).num_used_blocks)
     assert counts == [3, 3, 4, 0]  # token 48 fits block 3; token 49 needs block 4
-    assert engine2.kv.usage().num_free_blocks == 64
+    assert engine2.cache.usage(engine2.scheduler.running).num_free_blocks == 64
 
 
 @pytest.mark.parametrize(
@@ -113,7 +114,7 @@ def test_requests_admitted_in_one_step_share_what_that_step_computes():
     assert engine.output("a").num_cached_tokens == 0
     assert engine.output("b").num_cached_tokens == 96
     # a holds 7 blocks; b shares a's 6 full ones and owns a copy of the partial last block
-    assert engine.kv.usage().num_used_blocks == 8
+    assert engine.cache.usage(engine.scheduler.running).num_used_blocks == 8
     run_checked(engine)
 
 
@@ -301,8 +302,9 @@ def test_native_and_reference_structures_give_identical_runs():
     for native in (True, False):
         engine = make_engine("workload.num_requests=30", "cache.num_blocks=600",
                              f"cache.native={native}")  # fmt: skip
-        engine.add_workload()
-        runs.append(engine.run())
+        driver = WorkloadDriver(engine)
+        driver.add_workload()
+        runs.append(driver.run())
     (native_run, python_run) = runs
     assert [o.output_token_ids for o in native_run.outputs] == [
         o.output_token_ids for o in python_run.outputs
@@ -312,16 +314,18 @@ def test_native_and_reference_structures_give_identical_runs():
 
 def test_shared_prefix_hit_rate_matches_the_ideal_at_block_granularity():
     engine = make_engine("workload.num_requests=200")
-    engine.add_workload()
-    summary = engine.run().summary
+    driver = WorkloadDriver(engine)
+    driver.add_workload()
+    summary = driver.run().summary
     assert summary["prefix_cache_hits"] == engine.ideal_prefix_hit_tokens()
     assert summary["prefix_cache_hits"] >= 199 * 1200
 
 
 def test_workload_requests_that_can_never_fit_are_counted_and_the_rest_run(caplog):
     engine = make_engine("workload=unique", "workload.num_requests=200", "cache.num_blocks=40")
-    accepted = engine.add_workload()
-    summary = engine.run().summary
+    driver = WorkloadDriver(engine)
+    accepted = driver.add_workload()
+    summary = driver.run().summary
     assert 0 < accepted < 200
     assert summary["num_requests_rejected"] == 200 - accepted
     assert summary["num_requests_finished"] == accepted
@@ -345,7 +349,7 @@ def test_swap_preemption_restores_kv_without_recompute():
     while engine.has_unfinished_requests():
         engine.step()
         engine.check_integrity()
-        swaps.append(engine.scheduler.preemption.host.num_used_blocks)
+        swaps.append(engine.cache.swap_space.num_used_blocks)
     summary = engine.summary()
     assert summary["num_preemptions_by_kind"] == {"swap": summary["num_preemptions_total"]}
     assert summary["num_preemptions_total"] > 0
@@ -387,8 +391,9 @@ def test_swap_prefers_recompute_where_it_is_cheaper():
 def test_multiturn_prefills_only_each_new_message(prefix):
     engine = make_engine(f"+prefix={prefix}", "workload=multiturn", "workload.num_requests=30",
                          "workload.max_output_len=300")  # fmt: skip
-    engine.add_workload()
-    run_checked_engine = engine.run()
+    driver = WorkloadDriver(engine)
+    driver.add_workload()
+    run_checked_engine = driver.run()
     outputs = {o.request_id: o for o in run_checked_engine.outputs}
     summary = run_checked_engine.summary
     assert summary["num_requests_finished"] == 30
@@ -413,8 +418,9 @@ def test_odd_lengths_radix_reaches_the_token_ideal_and_block_hash_the_block_idea
     for prefix in ("block_hash", "radix"):
         engine = make_engine(f"+prefix={prefix}", "workload=odd_lengths",
                              "workload.num_requests=40", "workload.max_output_len=300")  # fmt: skip
-        engine.add_workload()
-        summary = engine.run().summary
+        driver = WorkloadDriver(engine)
+        driver.add_workload()
+        summary = driver.run().summary
         hits[prefix] = summary["prefix_cache_hits"]
         assert summary["prefix_cache_hits"] == summary["prefix_cache_hits_ideal"]
     assert hits["block_hash"] == engine.ideal_prefix_hit_tokens(block_size=16)
@@ -427,14 +433,15 @@ def test_contiguous_reserves_max_length_slabs_and_wastes_what_paging_saves():
     summaries = {}
     for allocator in ("paged", "contiguous"):
         engine = make_engine(f"+allocator={allocator}", *common)
-        engine.add_workload()
+        driver = WorkloadDriver(engine)
+        driver.add_workload()
         while engine.has_unfinished_requests():
             engine.step()
             engine.check_integrity()
             if allocator == "contiguous":
                 # every running request holds exactly one 128-block slab of consecutive ids
                 for request in engine.scheduler.running:
-                    blocks = engine.kv.tables.block_ids(request.seq_id)
+                    blocks = engine.cache.tables.block_ids(request.seq_id)
                     assert blocks == list(range(blocks[0], blocks[0] + 128))
         summaries[allocator] = engine.summary()
     paged, contiguous = summaries["paged"], summaries["contiguous"]
@@ -452,7 +459,7 @@ def test_contiguous_with_a_prefix_cache_is_refused_at_config_time():
 
 def _longest_table(engine: Engine) -> int:
     """Blocks held by the longest table of a running request (holes excluded)."""
-    tables = engine.kv.tables
+    tables = engine.cache.tables
     seq_ids = [r.seq_id for r in engine.scheduler.running]
     return max((tables.num_blocks(s) - tables.num_holes(s) for s in seq_ids), default=0)
 
@@ -475,9 +482,10 @@ def test_sliding_window_holds_at_most_the_sinks_the_window_and_one_block(
         engine.add_request(
             tokens(window + 700, 90 + i), SamplingParams(max_tokens=600, ignore_eos=True)
         )
-    engine.add_workload()
+    driver = WorkloadDriver(engine)
+    driver.add_workload()
     bound = -(-sinks // 16) + -(-window // 16) + 1
-    assert engine.kv.eviction.max_blocks_per_sequence == bound
+    assert engine.cache.eviction.max_blocks_per_sequence == bound
     longest = 0
     while engine.has_unfinished_requests():
         engine.step()
@@ -494,7 +502,7 @@ def test_sliding_window_holds_at_most_the_sinks_the_window_and_one_block(
     ("overrides", "message"),
     [
         (["+prefix=radix"], "cannot be combined with \\+prefix=radix"),
-        (["+allocator=contiguous", "+prefix=none"], "needs \\+allocator=paged"),
+        (["+allocator=contiguous", "+prefix=none"], "needs an allocator that can leave holes"),
         (["model=llama-3-8b"], "eviction.window is not set and the model has no sliding window"),
     ],
 )
@@ -512,7 +520,7 @@ def test_parallel_samples_share_the_prompt_and_copy_the_partial_block_on_write()
     while engine.has_unfinished_requests():
         engine.step()
         engine.check_integrity()
-        used.append(engine.kv.usage().num_used_blocks)
+        used.append(engine.cache.usage(engine.scheduler.running).num_used_blocks)
     # step 1: one prefill of 40 tokens (3 blocks, the last holding 8 tokens), shared by the
     # 4 samples; step 2: each writes token 40 into that shared block: 3 of them copy it
     # first, the last writes in place; then they grow one block each at token 48.
@@ -593,8 +601,9 @@ def test_forked_samples_and_beams_share_memory(workload, num_requests, lowest, h
     engine = make_engine(
         f"workload={workload}", f"workload.num_requests={num_requests}", "+prefix=none"
     )
-    engine.add_workload()
-    summary = engine.run().summary
+    driver = WorkloadDriver(engine)
+    driver.add_workload()
+    summary = driver.run().summary
     assert summary["num_requests_finished"] == num_requests
     assert lowest < summary["kv_cache_sharing_saving"] < highest
     outputs = engine.outputs()

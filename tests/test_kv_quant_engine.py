@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch_helpers import hf_config, hf_model, prompts, saved_engine
 
 from enginekit import Engine, SamplingParams
+from enginekit.driver import WorkloadDriver
 from enginekit.errors import ConfigError
 from enginekit.models.tiny import random_state_dict
 from enginekit.spec.kv import KVSpec
@@ -91,8 +92,8 @@ def test_same_budget_holds_the_formulas_multiple_of_tokens(executor):
                 f"cache.memory_gib={budget}",
             ]
         )
-        assert eng.kv.pool.num_blocks * eng.kv_spec.bytes_per_block <= budget * GIB
-        tokens[quantizer] = eng.kv.pool.num_blocks * eng.kv_spec.block_size
+        assert eng.cache.pool.num_blocks * eng.kv_spec.bytes_per_block <= budget * GIB
+        tokens[quantizer] = eng.cache.pool.num_blocks * eng.kv_spec.block_size
         formula = budget * GIB / eng.kv_spec.bytes_per_token
         assert tokens[quantizer] == pytest.approx(formula, rel=0.01)
     bits = 32 if executor == "torch" else 16  # tiny runs in float32, llama-3-8b in bfloat16
@@ -350,7 +351,8 @@ def test_simulated_quantized_caches_run_with_every_plugin_combination(quantizer)
                 "cache.watermark=0",
             ]
         )
-        eng.add_workload()
+        driver = WorkloadDriver(eng)
+        driver.add_workload()
         while eng.has_unfinished_requests():
             eng.step()
             eng.check_integrity()

@@ -56,9 +56,10 @@ CHOICES = {
 
 
 def _is_valid(combination: dict[str, str]) -> bool:
-    for group in PLUGIN_GROUPS:
+    selected = {group: load_plugin(group, combination[group]) for group in PLUGIN_GROUPS}
+    for plugin_cls in selected.values():
         try:
-            load_plugin(group, combination[group]).check_compatible(combination)
+            plugin_cls.check_compatible(selected)
         except Exception:
             return False
     return True
@@ -198,15 +199,13 @@ def assert_finished_and_nothing_leaked(engine: Engine, accepted: dict[str, int])
         assert output.finish_reason == "length", request_id
         for sample in output.samples:
             assert len(sample) == max_tokens, (request_id, sample)
-    kv = engine.kv
+    kv = engine.cache
     assert list(kv.tables.seq_ids()) == []
     assert kv.num_promised_blocks == 0
-    usage = kv.usage()
+    usage = kv.usage(engine.scheduler.running)
     assert usage.num_used_blocks == 0
     assert usage.num_free_blocks + usage.num_evictable_blocks == usage.num_total_blocks
-    host = getattr(engine.scheduler.preemption, "host", None)
-    if host is not None:
-        assert host.num_used_blocks == 0
+    assert kv.swap_space.num_used_blocks == 0
 
 
 def _examples(num_examples: int) -> settings:
@@ -307,7 +306,7 @@ def test_a_request_whose_slab_is_the_whole_pool_is_admitted_despite_the_watermar
         ["executor=sim", "model=tiny", "progress=false", "+allocator=contiguous", "+prefix=none"]
         + ["cache.num_blocks=128"]
     )
-    assert engine.kv.num_watermark_blocks == 1
+    assert engine.cache.num_watermark_blocks == 1
     _run_checked(engine, [([1, 2, 3], _greedy(2)), ([4, 5], _greedy(2))])
 
 

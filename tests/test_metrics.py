@@ -8,8 +8,14 @@ import pytest
 
 from enginekit.errors import EngineKitError
 from enginekit.metrics import LATENCY_KEYS, RunMetrics, latency_stats
+from enginekit.step import KVUsage
 
 BLOCK_BYTES = 10_000_000  # 100 blocks = exactly 1 GB
+
+
+def step_usage(used: int, total: int, unused: int) -> KVUsage:
+    """The cache's usage after a step, as the engine reports it (no table blocks)."""
+    return KVUsage(total, used, 0, total - used, 0, 0, unused)
 
 
 def hand_made_run() -> RunMetrics:
@@ -20,9 +26,9 @@ def hand_made_run() -> RunMetrics:
     m.on_request_added("r4", 2.0, 40)  # never finishes
     m.on_prefix_query(100, 40)
     m.on_prefix_query(50, 0)
-    m.on_step(0.5, 0.5, 10, 0, 1, 3, 10, 100, 6)  # ran 0.0 .. 0.5
+    m.on_step(0.5, 0.5, 10, 0, 1, 3, step_usage(used=10, total=100, unused=6))  # ran 0.0 .. 0.5
     m.on_first_token("r1", 0.5)
-    m.on_step(2.0, 1.5, 50, 2, 3, 1, 30, 100, 2)  # ran 0.5 .. 2.0
+    m.on_step(2.0, 1.5, 50, 2, 3, 1, step_usage(used=30, total=100, unused=2))  # ran 0.5 .. 2.0
     m.on_first_token("r2", 1.25)
     m.on_first_token("r3", 2.0)
     m.on_preemption("recompute", 30)
@@ -132,8 +138,8 @@ def test_latency_stats_single_sample():
 def test_step_times_bound_the_duration_when_no_request_finished():
     m = RunMetrics()
     m.on_request_added("a", 1.0, 8)
-    m.on_step(1.5, 0.25, 8, 0, 1, 0, 1, 10, 8)  # ran 1.25 .. 1.5
-    m.on_step(2.0, 0.5, 0, 1, 1, 0, 2, 10, 15)  # ran 1.5 .. 2.0
+    m.on_step(1.5, 0.25, 8, 0, 1, 0, step_usage(used=1, total=10, unused=8))  # ran 1.25 .. 1.5
+    m.on_step(2.0, 0.5, 0, 1, 1, 0, step_usage(used=2, total=10, unused=15))  # ran 1.5 .. 2.0
     s = m.summary(BLOCK_BYTES)
     assert s["duration_s"] == 1.0  # arrival 1.0 .. last step end 2.0
     assert s["busy_time_s"] == 0.75

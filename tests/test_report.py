@@ -9,6 +9,7 @@ import pytest
 
 from enginekit.metrics import LATENCY_KEYS, RunMetrics
 from enginekit.report import _SECTIONS, read_json, render_report, write_json
+from enginekit.step import KVUsage
 
 HEADER = {
     "plugins": {
@@ -24,12 +25,17 @@ HEADER = {
 }
 
 
+def step_usage(used: int, total: int, unused: int) -> KVUsage:
+    """The cache's usage after a step, as the engine reports it (no table blocks)."""
+    return KVUsage(total, used, 0, total - used, 0, 0, unused)
+
+
 def summary() -> dict:
     m = RunMetrics()
     m.on_request_added("a", 0.0, 100)
     m.on_request_added("b", 0.5, 50)
     m.on_prefix_query(150, 64)
-    m.on_step(0.25, 0.25, 150, 0, 2, 0, 10, 1000, 7)
+    m.on_step(0.25, 0.25, 150, 0, 2, 0, step_usage(used=10, total=1000, unused=7))
     m.on_first_token("a", 0.25)
     m.on_first_token("b", 0.75)
     m.on_preemption("swap", 0)

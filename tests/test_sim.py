@@ -287,7 +287,7 @@ def test_the_report_says_how_large_the_swap_pool_is():
             ["progress=false", "+preemption=swap", f"cache.num_blocks={num_blocks}"]
         )
         info = engine.describe()
-        assert info["swap_pool_blocks"] == engine.scheduler.preemption.host.num_blocks == expected
+        assert info["swap_pool_blocks"] == engine.cache.swap_space.num_blocks == expected
         assert info["swap_pool_bytes"] == expected * engine.kv_spec.bytes_per_block
 
 

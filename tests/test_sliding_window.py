@@ -38,7 +38,7 @@ def tokens(n: int, seed: int) -> list[int]:
 
 
 def held(engine: Engine, seq_id: int) -> int:
-    tables = engine.kv.tables
+    tables = engine.cache.tables
     return tables.num_blocks(seq_id) - tables.num_holes(seq_id)
 
 
@@ -69,8 +69,8 @@ class Trace:
             engine.step()
             engine.check_integrity()
             self.after.append({r.seq_id: held(engine, r.seq_id) for r in engine.scheduler.running})
-        assert engine.kv.tables.num_sequences == 0
-        assert engine.kv.num_promised_blocks == 0
+        assert engine.cache.tables.num_sequences == 0
+        assert engine.cache.num_promised_blocks == 0
         return self
 
     def max_during(self) -> int:
@@ -85,7 +85,7 @@ def test_strict_bound_holds_one_sink_four_window_one_spare_block_at_every_step(n
     engine = windowed("eviction.strict_bound=true", f"cache.native={native}")
     engine.add_request(tokens(300, 1), SamplingParams(max_tokens=100, ignore_eos=True))
     trace = Trace(engine).run()
-    assert engine.kv.eviction.max_blocks_per_sequence == BOUND == 6
+    assert engine.cache.eviction.max_blocks_per_sequence == BOUND == 6
     during = [d[0] for d in trace.during]
     after = [a.get(0, 0) for a in trace.after]
     # Prefill: the first chunk takes the 6 promised blocks (96 tokens); each later chunk
@@ -122,11 +122,11 @@ def test_the_sink_block_stays_in_front_of_the_holes():
     engine.add_request(tokens(300, 2), SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()
     engine.check_integrity()
-    table = engine.kv.tables.block_ids(0)
+    table = engine.cache.tables.block_ids(0)
     # 19 logical blocks: the sink block, 13 holes, the window's five blocks (236..299).
     assert len(table) == 19
     assert table[0] >= 0 and table[1:14] == [-1] * 13 and min(table[14:]) >= 0
-    assert engine.kv.tables.num_holes(0) == 13
+    assert engine.cache.tables.num_holes(0) == 13
     assert engine.executor.shape.attention_sinks == SINKS
     assert engine.executor.shape.sliding_window == WINDOW
 
@@ -152,9 +152,9 @@ def test_block_hash_never_publishes_a_hole_and_a_repeat_hits_its_released_blocks
     prompt = tokens(300, 3)
     engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True), request_id="a")
     Trace(engine).run()
-    cached = engine.kv.pool.cached_blocks()
+    cached = engine.cache.pool.cached_blocks()
     assert len(cached) == 302 // BLOCK  # 302 tokens computed: 18 full blocks
-    assert all(0 <= b < engine.kv.num_blocks for b in cached.values())
+    assert all(0 <= b < engine.cache.num_blocks for b in cached.values())
     # The repeat matches all 18 full prompt blocks (released ones included: they stayed
     # cached), keeps the sink block and the window's, and releases the rest at admission.
     engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True), request_id="b")
@@ -162,11 +162,11 @@ def test_block_hash_never_publishes_a_hole_and_a_repeat_hits_its_released_blocks
     engine.check_integrity()
     assert engine.output("b").num_cached_tokens == 288
     seq_id = engine.scheduler.running[0].seq_id
-    table = engine.kv.tables.block_ids(seq_id)
+    table = engine.cache.tables.block_ids(seq_id)
     assert table[0] >= 0 and table[1:14] == [-1] * 13 and min(table[14:]) >= 0
     Trace(engine).run()
     assert len(engine.output("b").output_token_ids) == 3
-    assert len(engine.kv.pool.cached_blocks()) == 302 // BLOCK
+    assert len(engine.cache.pool.cached_blocks()) == 302 // BLOCK
 
 
 @pytest.mark.parametrize("strict", [True, False])
@@ -178,14 +178,14 @@ def test_shared_prefixes_in_a_tight_pool_short_a_promise_but_never_stall(strict)
                       "scheduler.max_num_batched_tokens=64", "scheduler.max_num_seqs=6",
                       prefix="block_hash")  # fmt: skip
     waits = []
-    reserve = engine.kv.reserve_prefill
+    reserve = engine.cache.reserve_prefill
 
     def recording_reserve(request: Any, num_tokens: int) -> int:
         got = reserve(request, num_tokens)
         waits.append(got == 0)
         return got
 
-    engine.kv.reserve_prefill = recording_reserve  # type: ignore[method-assign]
+    engine.cache.reserve_prefill = recording_reserve  # type: ignore[method-assign]
     rng = random.Random(0)
     base = tokens(150, 0)
     for i in range(10):
@@ -252,8 +252,8 @@ def test_sinks_default_to_four_in_the_approximation_and_none_on_a_windowed_model
     engine = make_engine("+eviction=sliding_window", *overrides)
     assert (engine.shape.sliding_window, engine.shape.attention_sinks) == (window, sinks)
     assert engine.executor.shape.attention_sinks == sinks
-    assert engine.plugin_configs["eviction"].sink_tokens == sinks
-    assert engine.kv.eviction.max_blocks_per_sequence == bound
+    assert engine.cache.eviction.sinks == sinks  # declared by the policy, not written back
+    assert engine.cache.eviction.max_blocks_per_sequence == bound
 
 
 def test_lru_leaves_the_shape_without_sinks():

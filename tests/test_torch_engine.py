@@ -11,6 +11,7 @@ import torch
 from torch_helpers import hf_config, hf_model, prompts, saved_engine
 
 from enginekit import Engine, SamplingParams
+from enginekit.driver import WorkloadDriver
 from enginekit.errors import ConfigError
 from enginekit.executor.torch.kv_tensors import PagedKVCache
 from enginekit.kernels.ops import REFERENCE_OPS
@@ -106,8 +107,9 @@ def test_tiny_default_path_runs_through_the_engine():
             "cache.num_blocks=512",
         ]
     )
-    eng.add_workload()
-    result = eng.run()
+    driver = WorkloadDriver(eng)
+    driver.add_workload()
+    result = driver.run()
     assert all(len(o.output_token_ids) >= 1 for o in result.outputs)
     assert eng.describe()["dtype"] == "float32"  # tiny's own (model.dtype=auto)
 

@@ -18,8 +18,8 @@ from enginekit.errors import ConfigError, KVCacheError, OutOfBlocksError
 from enginekit.executor.torch import factory as torch_factory
 from enginekit.executor.torch.kv_tensors import PagedKVCache
 from enginekit.kernels.ops import REFERENCE_OPS
-from enginekit.kv.host_pool import HostSwapPool, host_pool_num_blocks
-from enginekit.spec.kv import KVSpec
+from enginekit.kv.swap_space import SwapSpace
+from enginekit.spec.kv import KVSpec, swap_space_num_blocks
 from enginekit.spec.model import model_preset
 from enginekit.step import BlockSwap
 
@@ -45,18 +45,18 @@ def test_a_name_only_swap_config_sizes_both_sides_alike():
         progress=False,
     )
     eng = Engine(OmegaConf.structured(config))
-    host = eng.scheduler.preemption.host
+    host = eng.cache.swap_space
     assert eng.executor.cache.num_host_blocks == host.num_blocks == 24  # capped at the pool
     assert eng.describe()["swap_pool_blocks"] == 24
     assert eng.describe()["swap_pool_bytes"] == 24 * eng.kv_spec.bytes_per_block
 
 
 def test_the_host_pool_holds_at_most_the_device_pool_and_its_key_refuses_negatives():
-    assert host_pool_num_blocks(4.0, 4096, num_device_blocks=100) == 100
-    assert host_pool_num_blocks(1e-6, 1024, num_device_blocks=100) == 1
-    assert host_pool_num_blocks(0.0, 1024, num_device_blocks=100) == 0
+    assert swap_space_num_blocks(4.0, 4096, num_device_blocks=100) == 100
+    assert swap_space_num_blocks(1e-6, 1024, num_device_blocks=100) == 1
+    assert swap_space_num_blocks(0.0, 1024, num_device_blocks=100) == 0
     with pytest.raises(ConfigError, match="preemption.swap_space_gib"):
-        host_pool_num_blocks(-1.0, 1024, num_device_blocks=100)
+        swap_space_num_blocks(-1.0, 1024, num_device_blocks=100)
 
 
 def swapping_engine(*overrides: str) -> Engine:
@@ -79,7 +79,7 @@ def test_swaps_run_to_the_end_within_a_host_pool_of_any_size(swap_space_gib):
     the executor's host tensors grow with the host ids used, never past the pool nor
     past what the bookkeeping handed out, rounded up to a doubling."""
     eng = swapping_engine(f"preemption.swap_space_gib={swap_space_gib}")
-    host = eng.scheduler.preemption.host
+    host = eng.cache.swap_space
     while eng.has_unfinished_requests():
         eng.step()
         eng.check_integrity()
@@ -113,15 +113,15 @@ def test_the_host_pool_tensors_grow_keeping_the_blocks_they_hold():
 def test_host_swap_pool_bookkeeping_grows_with_use_not_with_its_size():
     """A pool of 2**40 blocks costs what its used blocks cost: ids are handed out lowest
     first, freed ones reused before new ones, and the integrity check walks only those."""
-    pool = HostSwapPool(1 << 40)
-    first = pool.allocate(3)
-    assert first == [0, 1, 2] and pool.num_touched_blocks == 3
-    pool.free([1, 0])
+    pool = SwapSpace(1 << 40)
+    assert pool.put(7, [5, -1, 6]) == [0, 1]  # a hole takes no host block
+    assert pool.put(8, [9]) == [2] and pool.num_touched_blocks == 3
+    assert pool.take(7).layout == [(False, 1), (True, 1), (False, 1)]
     pool.check_integrity()
     with pytest.raises(OutOfBlocksError):
-        HostSwapPool(2).allocate(3)
+        SwapSpace(2).put(9, [1, 2, 3])
     pool.release_quarantined()
-    assert pool.allocate(3) == [0, 1, 3]  # the lowest free first
+    assert pool.put(9, [1, 2, 3]) == [0, 1, 3]  # the lowest free first
     assert pool.num_free_blocks == (1 << 40) - 4
     pool.check_integrity()
 
@@ -134,7 +134,7 @@ def test_the_default_cpu_pool_holds_what_the_run_can_use_and_the_report_says_so(
         [*TINY, "scheduler.max_num_seqs=8", "model.max_model_len=250", "cache.block_size=16"]
     )
     described = eng.describe()
-    assert eng.kv.num_blocks == described["kv_pool_blocks"] == 8 * 16  # ceil(250 / 16) each
+    assert eng.cache.num_blocks == described["kv_pool_blocks"] == 8 * 16  # ceil(250 / 16) each
     assert described["kv_pool_bytes"] == 8 * 16 * eng.kv_spec.bytes_per_block
     assert described["kv_pool_sized_by"] == "scheduler.max_num_seqs x max_model_len"
     assert eng.executor.cache.pool.num_blocks == 8 * 16

@@ -40,7 +40,7 @@ def engine(*overrides: str) -> Engine:
 
 def held_blocks(eng: Engine, seq_id: int) -> int:
     """Blocks ``seq_id``'s table holds (holes excluded)."""
-    tables = eng.kv.tables
+    tables = eng.cache.tables
     return tables.num_blocks(seq_id) - tables.num_holes(seq_id)
 
 

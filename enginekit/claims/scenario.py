@@ -77,6 +77,8 @@ def sim_engine(*settings: str) -> Engine:
 
 def sim_summary(*settings: str) -> dict[str, Any]:
     """The summary of the configured workload run on ``sim_engine(*settings)``."""
-    engine = sim_engine(*settings)
-    engine.add_workload()
-    return engine.run().summary
+    from enginekit.driver import WorkloadDriver
+
+    driver = WorkloadDriver(sim_engine(*settings))
+    driver.add_workload()
+    return driver.run().summary

@@ -7,13 +7,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from enginekit.config import PluginConfig
 from enginekit.errors import ConfigError
 from enginekit.executor.base import Executor
-from enginekit.interfaces.quantizer import Quantizer
-from enginekit.kv.host_pool import host_pool_num_blocks
 from enginekit.spec.hardware import HardwareSpec
-from enginekit.spec.kv import KVSpec
+from enginekit.spec.kv import KVSpec, swap_space_num_blocks
 from enginekit.spec.model import ModelShape, model_preset
 
 EXECUTORS = ("sim", "torch")
@@ -45,24 +42,21 @@ def build_executor(
     shape: ModelShape,
     kv_spec: KVSpec,
     model_bits: int,
-    quantizer: Quantizer | None = None,
-    preemption: PluginConfig | None = None,
+    swap_space_gib: float = 0.0,
 ) -> tuple[Executor, int]:
     """The executor ``cfg.executor`` names, and the number of KV blocks of the pool:
     ``cache.num_blocks`` if set, else the blocks ``cache.memory_gib`` holds if set, else
-    what the device's memory holds. ``quantizer``
-    (the plugin behind ``kv_spec.quant``) tells the torch executor where fp8 scales
-    come from; ``preemption`` (the selected plugin's full config) how large its host
-    swap pool is: ``swap_space_gib`` where the plugin has one, else none."""
+    what the device's memory holds. The host swap pool has ``swap_space_gib`` GiB (what
+    the preemption plugin asks for: ``Preemption.swap_space_gib``), sized by the rule
+    the cache manager's swap space follows (``swap_space_num_blocks``)."""
     if cfg.executor not in EXECUTORS:
         raise ConfigError(
             f"executor={cfg.executor!r} is not available; choose: {', '.join(EXECUTORS)}"
         )
-    swap_space_gib = float(getattr(preemption, "swap_space_gib", 0.0) or 0.0)
     if cfg.executor == "torch":
         from enginekit.executor.torch.factory import build_torch_executor
 
-        return build_torch_executor(cfg, shape, kv_spec, quantizer, swap_space_gib)
+        return build_torch_executor(cfg, shape, kv_spec, swap_space_gib)
     from enginekit.executor.sim.executor import SimExecutor
     from enginekit.spec.hardware import hardware_preset, kv_pool_num_blocks
 
@@ -82,7 +76,7 @@ def build_executor(
         kv_spec,
         model_bits // 8,
         num_blocks=num_blocks,
-        num_host_blocks=host_pool_num_blocks(swap_space_gib, kv_spec.bytes_per_block, num_blocks),
+        num_host_blocks=swap_space_num_blocks(swap_space_gib, kv_spec.bytes_per_block, num_blocks),
     )
     return executor, num_blocks
 

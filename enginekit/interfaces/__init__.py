@@ -1,13 +1,28 @@
-"""One abstract base class per plugin group. A plugin subclasses one of them and carries a
-``Config`` dataclass that subclasses the group's base config (enginekit.config)."""
+"""The plugin contract: one abstract base class per plugin group, the KV context they work
+on, the capability protocols other plugins ask for, and the plain values they exchange.
+
+A plugin package imports this package, ``enginekit.config``, ``enginekit.errors`` and
+``enginekit.request``, and nothing else of enginekit. A plugin subclasses one group's base
+class and carries a ``Config`` dataclass that subclasses the group's base config
+(``enginekit.config``).
+"""
 
 from enginekit.interfaces.allocator import Allocator
-from enginekit.interfaces.eviction import Eviction
-from enginekit.interfaces.preemption import Preemption, PreemptionResult
-from enginekit.interfaces.prefix import PrefixCache, PrefixMatch
+from enginekit.interfaces.backend import Backend
+from enginekit.interfaces.base import Plugin, plugin_name
+from enginekit.interfaces.cache_view import CacheView
+from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
+from enginekit.interfaces.context import KVContext
+from enginekit.interfaces.eviction import AttentionSpan, BlockRange, Eviction
+from enginekit.interfaces.preemption import Preemption, PreemptionMode
+from enginekit.interfaces.prefix import NO_MATCH, PrefixCache, PrefixMatch
 from enginekit.interfaces.quantizer import Quantizer
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.model import ModelShape
+from enginekit.spec.quant import FP8_SCALE_SOURCES, KVQuant
+from enginekit.spec.restore_cost import RestoreCost
 
-GROUP_INTERFACES: dict[str, type] = {
+GROUP_INTERFACES: dict[str, type[Plugin]] = {
     "allocator": Allocator,
     "prefix": PrefixCache,
     "quantizer": Quantizer,
@@ -16,12 +31,27 @@ GROUP_INTERFACES: dict[str, type] = {
 }
 
 __all__ = [
+    "FP8_SCALE_SOURCES",
     "GROUP_INTERFACES",
+    "NO_MATCH",
     "Allocator",
+    "AttentionSpan",
+    "Backend",
+    "BlockRange",
+    "CacheView",
     "Eviction",
+    "HoleAllocator",
+    "KVContext",
+    "KVQuant",
+    "KVSpec",
+    "ModelShape",
+    "Plugin",
+    "Preemption",
+    "PreemptionMode",
     "PrefixCache",
     "PrefixMatch",
-    "Preemption",
-    "PreemptionResult",
     "Quantizer",
+    "RestoreCost",
+    "WindowedEviction",
+    "plugin_name",
 ]

@@ -3,8 +3,9 @@
 A policy that gives back the blocks of a running sequence that attention can no longer
 reach (``sliding_window``) leaves holes in its table, in front of the window and behind the
 attention-sink blocks it keeps. The group interfaces do not require these; the cache
-manager checks for them (``isinstance``) where it needs them, and a plugin combination that
-needs one and lacks it is refused at config time (``sliding_window`` needs ``paged``).
+manager checks for them (``isinstance``) where it needs them, and a plugin that needs one
+refuses, at config time, a combination that lacks it (``sliding_window`` checks
+``issubclass(selected["allocator"], HoleAllocator)``).
 """
 
 from __future__ import annotations

@@ -7,22 +7,30 @@ from typing import TYPE_CHECKING, NamedTuple
 from enginekit.spec.kv import KVSpec
 
 if TYPE_CHECKING:
-    from enginekit._native import BlockPool, BlockTables
+    from enginekit.interfaces.backend import Backend
+    from enginekit.interfaces.structures import BlockPool, BlockTables
 
 
 class KVContext(NamedTuple):
-    """What the KVCacheManager hands each memory plugin at construction.
+    """What the cache manager hands each memory plugin at construction.
 
-    ``pool`` is a BlockPool and ``tables`` a BlockTables, native (``enginekit._native``) or
-    their pure-Python twins (``enginekit.kv.pyref``): same API, so plugins never care which.
-    The manager owns them; plugins mutate them only as their contracts say.
+    ``pool`` and ``tables`` are the Rust structures or their pure-Python twins, chosen once
+    by the engine (``cache.native``); ``backend`` makes more of the same kind (a radix
+    tree, block hashes), so a plugin never asks which it has. The manager owns the
+    structures; plugins mutate them only as their group's contract says.
+
+    ``attention_window`` and ``attention_sinks`` are what the executors attend with: the
+    model's own sliding window, or the one the eviction policy asked for
+    (``Eviction.attention``), and the sink tokens kept in front of it.
     """
 
-    pool: BlockPool  # or enginekit.kv.pyref.PyBlockPool: same API
-    tables: BlockTables  # or enginekit.kv.pyref.PyBlockTables
+    pool: BlockPool
+    tables: BlockTables
     spec: KVSpec
     max_model_len: int
+    backend: Backend
     attention_window: int | None = None  # keys a query can reach (None: all before it)
+    attention_sinks: int = 0  # leading tokens every query also attends to
 
     @property
     def block_size(self) -> int:

@@ -1,18 +1,32 @@
-"""Eviction: which cached, unreferenced blocks to reclaim when the free list is short."""
+"""Eviction: which cached, unreferenced blocks to reclaim when the free list is short, and
+(for a windowed policy) which blocks of running sequences attention no longer reaches."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, NamedTuple
 
 from enginekit.config import EvictionConfig
 from enginekit.interfaces.base import Plugin
 from enginekit.interfaces.context import KVContext
 from enginekit.request import Request
 
-if TYPE_CHECKING:
-    from enginekit.kv.manager import KVCacheManager
+
+class AttentionSpan(NamedTuple):
+    """The keys a query attends to under a policy: those within ``window`` tokens of it
+    (None: every earlier key) and the first ``sinks`` tokens of the sequence."""
+
+    window: int | None
+    sinks: int = 0
+
+
+class BlockRange(NamedTuple):
+    """The blocks ``first .. end - 1`` of sequence ``seq_id``'s table."""
+
+    seq_id: int
+    first: int
+    end: int
 
 
 class Eviction(Plugin, ABC):
@@ -23,16 +37,20 @@ class Eviction(Plugin, ABC):
         self.kv = kv
 
     @classmethod
-    def attention_window(cls, config: EvictionConfig, model_window: int | None) -> int | None:
-        """The window attention must be limited to for this policy to be exact, given the
-        model's own (None: unlimited). Default: the model's. Pure."""
-        return model_window
+    def attention(cls, config: EvictionConfig, model_window: int | None) -> AttentionSpan:
+        """What attention must be limited to for this policy to be exact, given the model's
+        own sliding window (None: unlimited). The engine runs the model with it and hands
+        it to every plugin as ``KVContext.attention_window`` / ``attention_sinks``.
+        Default: the model's window, no sinks. Raises ConfigError for a setting the policy
+        refuses. Pure."""
+        return AttentionSpan(model_window, 0)
 
-    def release_out_of_window(self, running: Sequence[Request], kv: KVCacheManager) -> int:
-        """Called after every step: gives back (``kv.release_range``, leaving holes) blocks
-        of running sequences that no future query can attend to; returns how many.
-        Default: none."""
-        return 0
+    def ranges_out_of_window(self, running: Sequence[Request]) -> list[BlockRange]:
+        """Called after every step and at admission: the blocks of ``running`` sequences
+        that no future query can attend to and that the sequence still holds (the cache
+        manager gives them back, leaving holes; it needs an allocator that can:
+        ``HoleAllocator``). Default: none. Pure."""
+        return []
 
     @abstractmethod
     def evict(self, num_blocks: int) -> list[int]:

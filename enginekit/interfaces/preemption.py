@@ -2,63 +2,57 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import ClassVar
 
 from enginekit.config import PreemptionConfig
 from enginekit.interfaces.base import Plugin
+from enginekit.interfaces.cache_view import CacheView
 from enginekit.request import Request
 from enginekit.spec.restore_cost import RestoreCost
 
-if TYPE_CHECKING:
-    from enginekit.kv.manager import KVCacheManager
+
+class PreemptionMode(enum.Enum):
+    """How a victim gives up its blocks."""
+
+    RECOMPUTE = "recompute"  # its blocks are released; it prefills everything again
+    SWAP = "swap"  # its blocks are copied to host memory and back when it resumes
 
 
-class PreemptionResult(NamedTuple):
-    kind: str  # "recompute", "swap", or "recompute_fallback" (swap wanted, no host room)
-    num_blocks_freed: int
-    num_tokens_to_recompute: int
-    num_blocks_swapped: int = 0
+class Preemption(Plugin):
+    """Decides which running request is preempted and how; the scheduler and the cache
+    manager carry the decision out. A victim returns to the front of the waiting queue:
+    swapped out (its KV is brought back as it was, into fresh blocks) or, if recomputed or
+    if the host swap space has no room for it, admitted again like a new request.
 
-
-class Preemption(Plugin, ABC):
-    """Takes blocks from a running request and, for swapped requests, gives them back.
-
-    A preempted request returns to the front of the waiting queue. If ``is_swapped`` says
-    so, the scheduler restores it with ``restore`` (its KV comes back as it was);
-    otherwise it is admitted like a new request and prefills its tokens again.
+    A plugin only reads requests and the cache (``CacheView``); it never changes them.
     """
 
     Config: ClassVar[type[PreemptionConfig]] = PreemptionConfig
 
-    def __init__(self, config: PreemptionConfig, costs: RestoreCost, kv: KVCacheManager) -> None:
+    def __init__(self, config: PreemptionConfig, costs: RestoreCost, cache: CacheView) -> None:
         self.config = config
         self.costs = costs
-        self.kv = kv
+        self.cache = cache
+
+    @classmethod
+    def swap_space_gib(cls, config: PreemptionConfig) -> float:
+        """Host memory, in GiB, this policy swaps into (the cache manager's swap space and
+        the torch executor's host tensors are both sized from it). Default: 0, no
+        swapping. Raises ConfigError for a size it refuses. Pure."""
+        return 0.0
 
     def choose_victim(self, running: Sequence[Request]) -> Request:
         """The request to preempt, from ``running`` in priority order (first = highest).
         Default: the lowest priority, i.e. the most recently admitted. Pure."""
         return running[-1]
 
-    @abstractmethod
-    def preempt(self, request: Request) -> PreemptionResult:
-        """Takes the request's blocks away (through ``self.kv``) and rewinds its state so
-        that it can be restored later. Mutates the request and the cache; the scheduler
-        requeues it."""
-
-    def is_swapped(self, request: Request) -> bool:
-        """True if the request's KV waits in host memory for ``restore``. Pure."""
-        return False
-
-    def restore(self, request: Request) -> int:
-        """Brings a swapped request's KV back into fresh device blocks (the manager makes
-        room first); returns the number of blocks. Mutates cache and plugin state."""
-        raise NotImplementedError(f"{type(self).__name__} swaps nothing out")
-
-    def on_step_end(self) -> None:  # noqa: B027 - optional hook
-        """Called once after each step's operations have been handed to the executor."""
+    def mode(self, request: Request) -> PreemptionMode:
+        """How to preempt ``request`` (chosen by ``choose_victim``). SWAP falls back to
+        RECOMPUTE when the swap space cannot hold the request's blocks. Default:
+        RECOMPUTE. Pure."""
+        return PreemptionMode.RECOMPUTE
 
     def check_integrity(self) -> None:  # noqa: B027 - optional hook
         """Raises KVCacheError if the plugin's own structures are inconsistent."""

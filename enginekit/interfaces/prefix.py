@@ -40,7 +40,14 @@ class PrefixCache(Plugin, ABC):
     """
 
     Config: ClassVar[type[PrefixConfig]] = PrefixConfig
-    token_granular: ClassVar[bool] = False  # matches end anywhere, not only on block edges
+    # Declared capabilities, read by other plugins' ``check_compatible``:
+    # matches end anywhere, not only on block edges
+    token_granular: ClassVar[bool] = False
+    # hands out cached blocks for admission to share (False: a cache that never hits)
+    shares_blocks: ClassVar[bool] = True
+    # works when running sequences give blocks back from the middle of their tables
+    # (a windowed eviction policy's holes)
+    supports_table_holes: ClassVar[bool] = True
 
     def __init__(self, config: PrefixConfig, kv: KVContext) -> None:
         self.config = config

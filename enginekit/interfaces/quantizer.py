@@ -1,4 +1,4 @@
-"""Quantizer: how the cache stores K and V, and where fp8's scales come from."""
+"""Quantizer: how the cache stores K and V."""
 
 from __future__ import annotations
 
@@ -23,17 +23,8 @@ class Quantizer(Plugin, ABC):
 
     @abstractmethod
     def kv_quant(self, shape: ModelShape, block_size: int) -> KVQuant:
-        """The storage format for ``shape`` with blocks of ``block_size`` tokens. Pure.
+        """The storage format for ``shape`` with blocks of ``block_size`` tokens, with
+        every knob of this quantizer that the executors need (fp8: where the scales come
+        from). Pure.
         Raises ConfigError (naming the ``quantizer.*`` key) when the format cannot hold
         this shape."""
-
-    def scale_source(self) -> str:
-        """Where fp8 scales come from: ``checkpoint`` (the model folder's ``k_scale`` /
-        ``v_scale``; an error if absent), ``calibrate`` (max-abs of the first prefill
-        with a margin) or ``auto`` (checkpoint when present, else calibrate). Irrelevant
-        to formats without global scales."""
-        return "auto"
-
-    def calibration_margin(self) -> float:
-        """Factor applied to the calibrated max-abs before it becomes the fp8 range."""
-        return 2.0

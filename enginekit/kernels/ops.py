@@ -69,14 +69,3 @@ REFERENCE_OPS = PagedOps(
     prefill_attention=_reference_prefill_attention,
     copy_blocks=reference.copy_blocks,
 )
-
-
-def make_ops(kind: str) -> PagedOps:
-    """``reference`` or ``triton`` (imports Triton). Raises ValueError for another kind."""
-    if kind == "reference":
-        return REFERENCE_OPS
-    if kind == "triton":
-        from enginekit.kernels.triton.ops import TRITON_OPS
-
-        return TRITON_OPS
-    raise ValueError(f"unknown paged ops {kind!r}; choose reference or triton")

@@ -10,30 +10,18 @@ from typing import TYPE_CHECKING, NamedTuple
 from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
 from enginekit.interfaces.context import KVContext
+from enginekit.interfaces.eviction import BlockRange
 from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
-from enginekit.kv.manager_fork import ForkMixin
-from enginekit.kv.manager_swap import SwapMixin
+from enginekit.kv.block_ops import BlockOps
+from enginekit.kv.forks import SharedTails
 from enginekit.kv.promises import PrefillPromises
+from enginekit.kv.swap_space import SwapSpace
 from enginekit.request import Request
 from enginekit.spec.kv import KVSpec
-from enginekit.step import BlockCopy, BlockSwap
+from enginekit.step import BlockCopy, BlockSwap, KVUsage
 
 if TYPE_CHECKING:
-    from enginekit._native import BlockPool, BlockTables
     from enginekit.interfaces import Allocator, Eviction, PrefixCache
-
-
-def make_structures(
-    num_blocks: int, block_size: int, native: bool
-) -> tuple[BlockPool, BlockTables]:
-    """A BlockPool and BlockTables: the Rust ones, or their pure-Python twins (same API)."""
-    if native:
-        from enginekit import _native
-
-        return _native.BlockPool(num_blocks), _native.BlockTables(block_size)
-    from enginekit.kv import pyref
-
-    return pyref.PyBlockPool(num_blocks), pyref.PyBlockTables(block_size)  # type: ignore[return-value]
 
 
 class _Admission(NamedTuple):
@@ -46,14 +34,7 @@ class _Admission(NamedTuple):
     pinned: list[int]  # matched blocks it keeps referencing past admission
 
 
-class KVUsage(NamedTuple):
-    num_total_blocks: int
-    num_used_blocks: int  # referenced by a running sequence
-    num_evictable_blocks: int  # cached, unreferenced: reclaimable
-    num_free_blocks: int
-
-
-class KVCacheManager(ForkMixin, SwapMixin):
+class KVCacheManager:
     """Admission, growth, forking, swapping and release of sequences' KV blocks.
 
     A prefill gets its blocks chunk by chunk (``reserve_prefill``), out of the free blocks
@@ -61,65 +42,77 @@ class KVCacheManager(ForkMixin, SwapMixin):
     admissions only use the room beyond those promises, and make it by evicting cached
     blocks or preempting.
 
+    Swapping (the preemption plugin decides it; the scheduler asks for it) copies a
+    sequence's blocks to the host swap space and back, with its table's holes where they
+    were. Forked sequences share blocks; a partly filled one is copied before a second
+    writer writes into it.
+
+    Owns: the plugins' shared structures (``context``), the prefill promises, the block
+    operations queued for the next step, the shared tails of forks and the swap space.
+
     Invariants between calls (checked by ``check_integrity``): every block's reference
     count equals the references held on it by block tables, copy-on-write pins and the
-    prefix cache itself; the free blocks cover the prefill promises.
+    prefix cache itself; the free blocks cover the prefill promises; every swapped-out
+    sequence's blocks are in the swap space.
     """
 
     def __init__(
         self,
-        kv: KVContext,
+        context: KVContext,
         allocator: Allocator,
         prefix: PrefixCache,
         eviction: Eviction,
         watermark: float,
+        num_swap_blocks: int = 0,
     ) -> None:
-        self.kv = kv
-        self.pool = kv.pool
-        self.tables = kv.tables
+        self.context = context
+        self.pool = context.pool
+        self.tables = context.tables
         self.allocator = allocator
         self.prefix = prefix
         self.eviction = eviction
-        self.num_watermark_blocks = int(watermark * kv.num_blocks)
-        # Block operations decided this step, handed to the executor by take_block_ops.
-        self._copies: list[BlockCopy] = []
-        self._swap_outs: list[BlockSwap] = []
-        self._swap_ins: list[BlockSwap] = []
-        self._unpin_after_copy: list[int] = []  # copy-on-write sources, held until copied
-        # Partly filled blocks that forked sequences share: block -> the sequences that
-        # will write into it. Each but the last to write gets a copy first.
-        self._shared_tails: dict[int, set[int]] = {}
+        self.num_watermark_blocks = int(watermark * context.num_blocks)
+        self._block_ops = BlockOps()  # handed to the executor by take_block_ops
         self._promises = PrefillPromises()
+        self._shared_tails = SharedTails(self.pool, self.tables, allocator, self._block_ops)
+        self.swap_space = SwapSpace(num_swap_blocks)
         # A policy that bounds the blocks a sequence holds (sliding_window), or None.
         self._window = eviction if isinstance(eviction, WindowedEviction) else None
         # The allocator, if it can leave holes in a table (checked once: a Protocol
         # isinstance walks its attributes).
         self._holes = allocator if isinstance(allocator, HoleAllocator) else None
-        # Swapped-out sequences: their tables' layouts, as runs of (is_hole, length).
-        self._swapped: dict[int, list[tuple[bool, int]]] = {}
 
     @property
     def spec(self) -> KVSpec:
-        return self.kv.spec
+        return self.context.spec
 
     @property
     def block_size(self) -> int:
-        return self.kv.spec.block_size
+        return self.context.spec.block_size
 
     @property
     def num_blocks(self) -> int:
-        return self.kv.num_blocks
+        return self.context.num_blocks
 
-    def usage(self) -> KVUsage:
-        """Block counts by state. Blocks that only a prefix cache holding its own
-        references keeps (radix) count as evictable, not used (an estimate from above)."""
+    def num_held_blocks(self, seq_id: int) -> int:
+        """Blocks the sequence's table holds, holes excluded. Pure."""
+        return self.tables.num_blocks(seq_id) - self.tables.num_holes(seq_id)
+
+    def usage(self, running: Sequence[Request]) -> KVUsage:
+        """Block and slot counts by state (``running``: every request holding a table).
+        Blocks that only a prefix cache holding its own references keeps (radix) count as
+        evictable, not used (an estimate from above). Pure."""
         pool = self.pool
         cache_only = self.prefix.num_evictable_blocks()
+        num_table_blocks = self.allocator.num_reserved_blocks()
         return KVUsage(
             pool.num_blocks,
             max(0, pool.num_used_blocks - cache_only),
             pool.num_evictable_blocks + cache_only,
             pool.num_free_blocks,
+            num_table_blocks,
+            num_table_blocks * self.block_size,
+            self.num_unused_slots(running),
         )
 
     def num_reclaimable_blocks(self) -> int:
@@ -181,7 +174,7 @@ class KVCacheManager(ForkMixin, SwapMixin):
         and beyond what short promises still need. Matched blocks that are
         evictable stop being reclaimable once the request holds them, so they count against
         the room. Pure."""
-        if request.seq_id in self._swapped:
+        if self.is_swapped(request):
             num_needed, pinned = self._num_blocks_to_restore(request), []
         else:
             plan = self._plan(request, match)
@@ -204,7 +197,8 @@ class KVCacheManager(ForkMixin, SwapMixin):
             return 0  # without a window a promise is always peak - held
         promises = self._promises
         return sum(
-            max(0, promises.peak(s) - self._num_held(s) - promises.promised(s)) for s in promises
+            max(0, promises.peak(s) - self.num_held_blocks(s) - promises.promised(s))
+            for s in promises
         )
 
     def admit(self, request: Request, match: PrefixMatch) -> None:
@@ -236,21 +230,20 @@ class KVCacheManager(ForkMixin, SwapMixin):
         if plan.partial is not None:
             num_slots = (len(plan.shared) + 1) * self.block_size
             self.allocator.grow([request.seq_id], [num_slots])
-            self.add_block_copy(
+            # The match's reference to the partial block becomes the copy's pin.
+            self._block_ops.copy(
                 plan.partial, self.tables.block_id_at(request.seq_id, len(plan.shared))
             )
-            self._unpin_after_copy.append(plan.partial)
         request.num_computed_tokens = match.num_tokens
         if self._window is not None:
-            self.eviction.release_out_of_window([request], self)
+            self._release_ranges(self.eviction.ranges_out_of_window([request]))
         self._promise(request, plan.peak)
-
-    def _num_held(self, seq_id: int) -> int:
-        return self.tables.num_blocks(seq_id) - self.tables.num_holes(seq_id)
 
     def _promise(self, request: Request, peak: int) -> None:
         """Promises the prefilling ``request`` the blocks up to ``peak`` it does not hold."""
-        self._promises.set(request.seq_id, peak, max(0, peak - self._num_held(request.seq_id)))
+        self._promises.set(
+            request.seq_id, peak, max(0, peak - self.num_held_blocks(request.seq_id))
+        )
 
     # -- growth --------------------------------------------------------------------------
 
@@ -271,7 +264,7 @@ class KVCacheManager(ForkMixin, SwapMixin):
         promised = self._promises.promised(seq_id)
         num_slots = self.tables.num_blocks(seq_id)
         if self._window is not None and seq_id in self._promises:
-            if promised < self._promises.peak(seq_id) - self._num_held(seq_id):
+            if promised < self._promises.peak(seq_id) - self.num_held_blocks(seq_id):
                 self._repromise()  # short: top it up, evicting cached blocks if need be
                 promised = self._promises.promised(seq_id)
             num_new = promised
@@ -335,8 +328,7 @@ class KVCacheManager(ForkMixin, SwapMixin):
         many blocks its table spans. Published blocks stay resident as evictable cache."""
         num_blocks: int = self.tables.num_blocks(request.seq_id)
         self._promises.drop(request.seq_id)
-        if self._shared_tails:
-            self._leave_shared_tails(request.seq_id)
+        self._shared_tails.forget(request.seq_id)
         self.prefix.on_released(request)  # first: it may still publish the request's blocks
         self.allocator.release(request.seq_id)
         return num_blocks
@@ -349,28 +341,30 @@ class KVCacheManager(ForkMixin, SwapMixin):
         nothing, so a promise may stay short until that sequence lets go (this runs after
         every step, once the step's finished requests are released, so a short promise is
         topped up before anyone else takes the blocks they freed)."""
-        num_released = self.eviction.release_out_of_window(running, self)
+        num_released = self._release_ranges(self.eviction.ranges_out_of_window(running))
         if self._window is not None and len(self._promises):
             self._repromise()
         return num_released
+
+    def _release_ranges(self, ranges: Sequence[BlockRange]) -> int:
+        """Gives back the blocks of ``ranges`` (the eviction policy's decision), leaving
+        holes; returns how many were still held."""
+        if not ranges:
+            return 0
+        holes = self._hole_allocator()
+        return sum(holes.release_range(r.seq_id, r.first, r.end) for r in ranges)
 
     def _repromise(self) -> None:
         """Raises each prefill's promise toward ``peak - held``, in admission order, as far
         as the free blocks (after evicting cached ones) cover all promises."""
         promises = self._promises
-        wanted = {s: max(0, promises.peak(s) - self._num_held(s)) for s in promises}
+        wanted = {s: max(0, promises.peak(s) - self.num_held_blocks(s)) for s in promises}
         self._reclaim(sum(wanted.values()))
         room = self.pool.num_free_blocks - promises.total
         for seq_id, num_wanted in wanted.items():
             num_more = min(room, max(0, num_wanted - promises.promised(seq_id)))
             promises.set(seq_id, promises.peak(seq_id), promises.promised(seq_id) + num_more)
             room -= num_more
-
-    def release_range(self, request: Request, first: int, end: int) -> int:
-        """Gives back the request's blocks ``first .. end - 1`` (holes stay in its table);
-        returns how many were still held. Needs an allocator that can
-        (``enginekit.interfaces.capabilities.HoleAllocator``)."""
-        return self._hole_allocator().release_range(request.seq_id, first, end)
 
     def _hole_allocator(self) -> HoleAllocator:
         if self._holes is None:
@@ -379,22 +373,17 @@ class KVCacheManager(ForkMixin, SwapMixin):
             )
         return self._holes
 
-    def add_block_copy(self, src_block_id: int, dst_block_id: int) -> None:
-        """Queues a copy-on-write copy for the executor to do before the step computes."""
-        self._copies.append(BlockCopy(src_block_id, dst_block_id))
-
     def take_block_ops(self) -> tuple[list[BlockCopy], list[BlockSwap], list[BlockSwap]]:
         """(copies, swap-outs, swap-ins) queued since the last call; clears them."""
-        ops = (self._copies, self._swap_outs, self._swap_ins)
-        self._copies, self._swap_outs, self._swap_ins = [], [], []
-        return ops
+        return self._block_ops.take()
 
     def on_step_executed(self) -> None:
         """The executor has run the step last scheduled: copy-on-write sources are
-        unpinned (a source that nothing else holds becomes evictable or free) and the
-        prefix cache may index what the step computed."""
-        self.pool.free(self._unpin_after_copy)
-        self._unpin_after_copy.clear()
+        unpinned (a source that nothing else holds becomes evictable or free), host blocks
+        swapped in are free for new swap-outs, and the prefix cache may index what the step
+        computed."""
+        self.pool.free(self._block_ops.take_pins())
+        self.swap_space.release_quarantined()
         self.prefix.on_step_executed()
 
     def num_unused_slots(self, running: Sequence[Request]) -> int:
@@ -405,10 +394,105 @@ class KVCacheManager(ForkMixin, SwapMixin):
         num_released = allocator.num_hole_blocks() * self.block_size  # in released blocks
         return num_slots - sum([r.num_computed_tokens for r in running]) + num_released
 
+    # -- forks ---------------------------------------------------------------------------
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Gives ``child`` the parent's blocks, shared, and its computed tokens. If the
+        parent's last block is only partly filled, each writer but the last gets a copy
+        (``try_copy_on_write``) before its write. Mutates pool and tables."""
+        self._shared_tails.fork(parent, child)
+
+    def try_copy_on_write(self, decodes: Sequence[Request]) -> bool:
+        """Before ``decodes`` write their next token: each that would write into a block
+        another sequence still writes into gets a copy of it (queued for the executor).
+        Returns False, copying nothing, if the blocks for the copies are not there
+        (cached blocks it evicted trying stay evicted)."""
+        writes = self._shared_tails.tail_writes(decodes)
+        num_copies = len(writes)  # an upper bound: the last writer of a block copies nothing
+        if num_copies and (
+            num_copies > self.num_reclaimable_blocks() or not self.make_room(num_copies)
+        ):
+            return False
+        self._shared_tails.copy_on_write(writes)
+        return True
+
+    # -- swapping ------------------------------------------------------------------------
+
+    def is_swapped(self, request: Request) -> bool:
+        """True if the request's KV waits in the swap space for ``swap_in``. Pure."""
+        return request.seq_id in self.swap_space.swapped
+
+    def swap_out(self, request: Request) -> int | None:
+        """Queues copies of the request's blocks (in logical order, holes skipped) to host
+        blocks of the swap space, remembers where its table has holes, and releases the
+        blocks; the request keeps its computed tokens. Returns the number of blocks, or
+        None, changing nothing, if the swap space lacks room for them."""
+        entries = self.tables.block_ids(request.seq_id)
+        block_ids = [b for b in entries if b >= 0]
+        if len(block_ids) > self.swap_space.num_free_blocks:
+            return None
+        self._block_ops.swap_out(block_ids, self.swap_space.put(request.seq_id, entries))
+        self.release(request)
+        return len(block_ids)
+
+    def _num_blocks_to_restore(self, request: Request) -> int:
+        """Free blocks swap_in takes for a swapped-out request (promised ones included)."""
+        swapped = self.swap_space.swapped[request.seq_id]
+        if request.is_prefilling:
+            return max(swapped.num_blocks, self._peak_to_restore(request))
+        return self.allocator.num_blocks_to_admit(request, 0) - swapped.num_holes
+
+    def _peak_to_restore(self, request: Request) -> int:
+        peak = self.allocator.num_blocks_to_admit(request, 0)
+        return peak if self._window is None else min(peak, self._window.max_blocks_per_sequence)
+
+    def swap_in(self, request: Request) -> int:
+        """Gives the swapped-out request a fresh block table with the layout it was swapped
+        out with (through the allocator, making room): a block for each host block, in
+        order, and its holes where they were; queues the copies back and returns their
+        number. A request past its prompt gets room for its next token too, one still
+        prefilling its promise. Keeps ``num_computed_tokens``. Raises OutOfBlocksError,
+        changing nothing, if the room is not there (call can_admit(request, NO_MATCH)
+        first)."""
+        seq_id = request.seq_id
+        num_needed = self._num_blocks_to_restore(request)
+        if not self.make_room(num_needed):
+            raise OutOfBlocksError(
+                f"restoring sequence {seq_id} needs {num_needed} free blocks beyond the "
+                "prefill promises"
+            )
+        swapped = self.swap_space.take(seq_id)
+        self.allocator.admit(request, [])
+        num_slots = self.tables.num_blocks(seq_id)  # a reserving allocator's whole slab
+        position = 0
+        for is_hole, length in swapped.layout:
+            position += length
+            if position <= num_slots or length == 0:
+                continue
+            if is_hole:
+                self._hole_allocator().append_holes(
+                    seq_id, position - max(num_slots, position - length)
+                )
+            else:
+                self.allocator.grow([seq_id], [position * self.block_size])
+        entries = self.tables.block_ids(seq_id)[:position]
+        self._block_ops.swap_in([b for b in entries if b >= 0], swapped.host_block_ids)
+        if request.is_prefilling:
+            self._promise(request, self._peak_to_restore(request))
+        else:
+            self.allocator.grow([seq_id], [request.num_tokens])
+        return swapped.num_blocks
+
+    def drop_swapped(self, request: Request) -> None:
+        """Forgets a swapped-out request that will never resume (aborted): its host blocks
+        are freed."""
+        self.swap_space.take(request.seq_id)
+
     # -- checks --------------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """Raises KVCacheError unless the pool, tables and prefix cache are each consistent,
+        """Raises KVCacheError unless the pool, tables, swap space and prefix cache are each
+        consistent,
         the free blocks cover the prefill promises, and every block's reference count equals
         the references held on it: by block tables, by copy-on-write pins, and by the prefix
         cache itself."""
@@ -425,10 +509,13 @@ class KVCacheManager(ForkMixin, SwapMixin):
                 f"the allocator counts {self.allocator.num_reserved_blocks()} reserved blocks "
                 f"but the tables hold {num_table_refs}"
             )
-        held = {s: self._num_held(s) for s in tables.seq_ids()}
+        held = {s: self.num_held_blocks(s) for s in tables.seq_ids()}
         self._promises.check(pool.num_free_blocks, held)
+        self.swap_space.check_integrity()
         holders = (
-            table_refs + Counter(self._unpin_after_copy) + Counter(self.prefix.held_block_ids())
+            table_refs
+            + Counter(self._block_ops.pinned_block_ids)
+            + Counter(self.prefix.held_block_ids())
         )
         for block_id, ref_count in enumerate(pool.ref_counts()):
             if ref_count != holders[block_id]:

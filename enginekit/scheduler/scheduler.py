@@ -28,22 +28,26 @@ import numpy as np
 
 from enginekit.config import SchedulerConfig
 from enginekit.errors import ConfigError, OutOfBlocksError
+from enginekit.interfaces.preemption import PreemptionMode
 from enginekit.interfaces.prefix import NO_MATCH
+from enginekit.kv.manager import KVCacheManager
+from enginekit.metrics import PreemptionEvent, PrefixQuery, SchedulerStats
 from enginekit.request import Request, RequestStatus
-from enginekit.scheduler.forking import ForkingMixin
+from enginekit.scheduler.beams import choose_continuations
+from enginekit.scheduler.forks import Forker, num_sequences_to_fork
 from enginekit.step import Fork, ModelOutput, SchedulerOutput
 
 if TYPE_CHECKING:
     from enginekit.interfaces import Preemption
-    from enginekit.kv.manager import KVCacheManager
-    from enginekit.metrics import RunMetrics
 
 
 class StepUpdate(NamedTuple):
-    """What changed when a step's tokens were applied."""
+    """What changed when a step's tokens were applied, and what the scheduler did since
+    the previous update (``stats``: admissions' prefix lookups, preemptions, swaps)."""
 
     finished: list[Request]
     first_tokens: list[Request]  # requests that got their first output token
+    stats: SchedulerStats
 
 
 def _empty_output(step: int) -> SchedulerOutput:
@@ -80,16 +84,17 @@ class _StepPlan:
         return not self.decodes and not self.prefill_seq_ids
 
 
-class Scheduler(ForkingMixin):
-    """Owns the waiting queue and the running list. ``running`` is in priority order
-    (first admitted first); a preempted request goes back to the front of ``waiting``."""
+class Scheduler:
+    """Owns the waiting queue, the running list and the requests' states (status, computed
+    tokens). ``running`` is in priority order (first admitted first); a preempted request
+    goes back to the front of ``waiting``. Preemption is the plugin's decision (which
+    victim, swap or recompute) and this class's act."""
 
     def __init__(
         self,
         config: SchedulerConfig,
-        kv: KVCacheManager,
+        cache: KVCacheManager,
         preemption: Preemption,
-        metrics: RunMetrics,
         eos_token_id: int | None = None,
         export_block_tables: bool = False,
         new_seq_id: Callable[[], int] | None = None,
@@ -103,17 +108,12 @@ class Scheduler(ForkingMixin):
                 f"({config.max_num_seqs}) so every running sequence can decode each step"
             )
         self.config = config
-        self.kv = kv
+        self.cache = cache
         self.preemption = preemption
-        self.metrics = metrics
         self.eos_token_id = eos_token_id
         self.export_block_tables = export_block_tables
-        self._new_seq_id = new_seq_id or itertools.count(1 << 62).__next__  # for forks
-        self._pending_forks: list[Fork] = []  # beams forked by update, for the next step
-        # Running requests that will fork samples or beams: seq_id -> how many; admission
-        # keeps room for them under max_num_seqs.
-        self._owed: dict[int, int] = {}
-        self._num_owed = 0
+        self._forker = Forker(cache, new_seq_id or itertools.count(1 << 62).__next__)
+        self._stats = SchedulerStats()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._by_seq_id: dict[int, Request] = {}
@@ -131,6 +131,28 @@ class Scheduler(ForkingMixin):
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    def abort(self, root: Request) -> list[Request]:
+        """Ends ``root``'s request now, with every sample or beam it forked: running ones
+        give their blocks back, swapped-out ones their host blocks, waiting ones leave the
+        queue; each is marked ABORTED (the executor forgets it at the next step). Returns
+        the sequences aborted (none if the request had finished)."""
+        group = [r for r in (root, *root.children) if not r.is_finished]
+        if not group:
+            return []
+        members = set(map(id, group))
+        for request in group:
+            self._forker.settle(request)
+            if request.status is RequestStatus.RUNNING:
+                self.cache.release(request)
+            elif self.cache.is_swapped(request):
+                self.cache.drop_swapped(request)
+            request.status = RequestStatus.ABORTED
+            self._by_seq_id.pop(request.seq_id, None)
+            self._finished_seq_ids.append(request.seq_id)
+        self.running = [r for r in self.running if id(r) not in members]
+        self.waiting = deque(r for r in self.waiting if id(r) not in members)
+        return group
 
     # -- schedule --------------------------------------------------------------------------
 
@@ -177,7 +199,7 @@ class Scheduler(ForkingMixin):
 
     def _schedule_chunk(self, plan: _StepPlan, request: Request) -> None:
         start = request.num_computed_tokens
-        num_new = self.kv.reserve_prefill(request, min(request.num_tokens - start, plan.budget))
+        num_new = self.cache.reserve_prefill(request, min(request.num_tokens - start, plan.budget))
         if num_new == 0:
             return  # its promised blocks fell short (see KVCacheManager.reserve_prefill)
         plan.budget -= num_new
@@ -186,11 +208,12 @@ class Scheduler(ForkingMixin):
         plan.prefill_lens.append(num_new)
         plan.prefill_token_ids.append(request.token_ids[start : start + num_new])
         request.num_computed_tokens = start + num_new
-        self.kv.on_computed(request, start + num_new)
+        self.cache.on_computed(request, start + num_new)
         if start + num_new == request.num_tokens:
             plan.final_prefill_seq_ids.append(request.seq_id)
             if request.needs_fork:
-                for k, child in enumerate(self._fork(request), start=1):
+                for k, child in enumerate(self._forker.fork_samples(request), start=1):
+                    self._add_running(child)
                     plan.forks.append(Fork(request.seq_id, child.seq_id, k))
                     plan.final_prefill_seq_ids.append(child.seq_id)
 
@@ -203,18 +226,16 @@ class Scheduler(ForkingMixin):
                 if not self._beams_fit(request):
                     break
                 self._queue_siblings_behind(request)
-            owed = self._num_sequences_owed(request)
-            if len(self.running) + self._num_owed + owed + 1 > self.config.max_num_seqs:
+            owed = num_sequences_to_fork(request)
+            if len(self.running) + self._forker.num_owed + owed + 1 > self.config.max_num_seqs:
                 break  # its samples or beams would not fit among the running sequences
-            is_restore = self.preemption.is_swapped(request)
+            is_restore = self.cache.is_swapped(request)
             if not self._try_admit(request, is_restore, plan):
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            if owed:
-                self._owed[request.seq_id] = owed
-                self._num_owed += owed
+            self._forker.owe(request, owed)
             if not is_restore or request.is_prefilling:
                 self._schedule_chunk(plan, request)
             elif request.num_tokens_to_compute:
@@ -228,24 +249,27 @@ class Scheduler(ForkingMixin):
         has still evicted cached blocks, so it is matched and tried once more against what
         is left."""
         if is_restore:
-            if not self.kv.can_admit(request, NO_MATCH):
-                return False
-            self.metrics.on_swap(0, self.preemption.restore(request))
-            return True
-        for _ in range(2):
-            match = self.kv.match(request)
-            if match.num_deferred_tokens and not plan.is_empty:
-                return False  # its prefix is being computed by this step: admit it next
-            if not self.kv.can_admit(request, match):
+            if not self.cache.can_admit(request, NO_MATCH):
                 return False
             try:
-                self.kv.admit(request, match)
+                self._stats.num_blocks_swapped_in += self.cache.swap_in(request)
+            except OutOfBlocksError:
+                return False  # the room can_admit estimated was not all reclaimable
+            return True
+        for _ in range(2):
+            match = self.cache.match(request)
+            if match.num_deferred_tokens and not plan.is_empty:
+                return False  # its prefix is being computed by this step: admit it next
+            if not self.cache.can_admit(request, match):
+                return False
+            try:
+                self.cache.admit(request, match)
             except OutOfBlocksError:
                 continue  # the room can_admit estimated was not all reclaimable
             if request.num_preemptions == 0:
                 request.num_cached_tokens = match.num_tokens
-            self.metrics.on_prefix_query(
-                request.num_tokens, match.num_tokens, is_readmission=request.num_preemptions > 0
+            self._stats.prefix_queries.append(
+                PrefixQuery(request.num_tokens, match.num_tokens, request.num_preemptions > 0)
             )
             return True
         return False
@@ -265,18 +289,18 @@ class Scheduler(ForkingMixin):
         """The step's SchedulerOutput: the plan, the decodes' context lengths (the decodes'
         computed tokens advance to them) and the block operations queued since the last
         step that ran."""
-        block_size = self.kv.block_size
+        block_size = self.cache.block_size
         decodes = plan.decodes
         decode_seq_ids = [r.seq_id for r in decodes]
         decode_context_lens = [len(r.token_ids) for r in decodes]
         for request, num_computed in zip(decodes, decode_context_lens, strict=True):
             request.num_computed_tokens = num_computed
             if num_computed % block_size == 0:
-                self.kv.on_computed(request, num_computed)
-        forks, self._pending_forks = self._pending_forks + plan.forks, []
+                self.cache.on_computed(request, num_computed)
+        forks = self._forker.take_pending_forks() + plan.forks
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
-        copies, swap_outs, swap_ins = self.kv.take_block_ops()
+        copies, swap_outs, swap_ins = self.cache.take_block_ops()
         self._num_steps += 1
         prefill_seq_ids = plan.prefill_seq_ids
         return SchedulerOutput(
@@ -303,7 +327,7 @@ class Scheduler(ForkingMixin):
         )
 
     def _block_tables(self, seq_ids: list[int]) -> np.ndarray:
-        tables = self.kv.tables
+        tables = self.cache.tables
         width = tables.max_num_blocks(seq_ids)
         out = np.empty((len(seq_ids), width), dtype=np.int32)
         tables.export_into(seq_ids, out, width)
@@ -350,7 +374,7 @@ class Scheduler(ForkingMixin):
         while decodes:
             seq_ids = [r.seq_id for r in decodes]
             num_tokens = [len(r.token_ids) for r in decodes]
-            if self.kv.try_grow(seq_ids, num_tokens) and self.kv.try_copy_on_write(decodes):
+            if self.cache.try_grow(seq_ids, num_tokens) and self.cache.try_copy_on_write(decodes):
                 break
             self._preempt(self.preemption.choose_victim(self.running))
             decodes = [r for r in decodes if r.status is RequestStatus.RUNNING]
@@ -358,7 +382,7 @@ class Scheduler(ForkingMixin):
         return decodes, prefills
 
     def _preempt(self, victim: Request) -> None:
-        """Preempts ``victim`` through the plugin and requeues it at the front. A beam is
+        """Preempts ``victim`` as the plugin decides and requeues it at the front. A beam is
         preempted with every running beam of its request: beams advance in lockstep, so
         one left behind would hold the others' blocks while they wait for it."""
         group = [victim]
@@ -366,15 +390,77 @@ class Scheduler(ForkingMixin):
             root = victim.parent or victim
             group = [r for r in self.running if (r.parent or r) is root]
         for request in reversed(group):  # lowest priority first: requeued in order
-            self._settle_owed(request)
-            result = self.preemption.preempt(request)
+            self._forker.settle(request)
+            self._stats.preemptions.append(self._preempt_one(request))
+            request.status = RequestStatus.WAITING
             request.num_preemptions += 1
             self.running.remove(request)
             self.waiting.appendleft(request)
             self._preempted_seq_ids.append(request.seq_id)
-            self.metrics.on_preemption(result.kind, result.num_tokens_to_recompute)
-            if result.num_blocks_swapped:
-                self.metrics.on_swap(result.num_blocks_swapped, 0)
+
+    def _preempt_one(self, request: Request) -> PreemptionEvent:
+        """Takes the request's blocks: swapped out if the plugin says so and the swap
+        space has room (its computed tokens stay), else released (it computes everything
+        again)."""
+        mode = self.preemption.mode(request)
+        if mode is PreemptionMode.SWAP:
+            num_swapped = self.cache.swap_out(request)
+            if num_swapped is not None:
+                self._stats.num_blocks_swapped_out += num_swapped
+                return PreemptionEvent("swap", 0)
+        num_dropped_tokens = request.num_computed_tokens
+        self.cache.release(request)
+        request.num_computed_tokens = 0
+        kind = "recompute_fallback" if mode is PreemptionMode.SWAP else "recompute"
+        return PreemptionEvent(kind, num_dropped_tokens)
+
+    # -- forks and beams -----------------------------------------------------------------
+
+    def _add_running(self, child: Request) -> None:
+        """A forked sequence joins the running list (behind its elders)."""
+        self._by_seq_id[child.seq_id] = child
+        self.running.append(child)
+
+    def _advance_beams(
+        self, root: Request, finished: list[Request], first_tokens: list[Request]
+    ) -> None:
+        """One beam-search step, once every live beam of ``root``'s request has its
+        candidates: keeps the beam_width best continuations (``choose_continuations``). A
+        beam with none is pruned (its blocks released); a beam with k forks k - 1 new
+        beams that share its blocks, then takes the best one itself."""
+        live = [r for r in (root, *root.unfinished_children()) if not r.is_finished]
+        if any(r.candidates is None for r in live):
+            return  # a beam was preempted before its step: wait for it
+        self._forker.settle(root)  # its first step forks its beams
+        chosen = choose_continuations(live, root.sampling.beam_width)
+        for b, beam in enumerate(live):
+            beam.candidates = None
+            continuations = chosen.get(b)
+            if not continuations:
+                beam.status = RequestStatus.PRUNED
+                finished.append(beam)
+                continue
+            for token, logprob in continuations[1:]:
+                child = self._forker.fork_beam(root, beam)
+                self._add_running(child)
+                child.cumulative_logprob = beam.cumulative_logprob + logprob
+                self._append(child, token, finished, first_tokens)
+            token, logprob = continuations[0]
+            beam.cumulative_logprob += logprob
+            self._append(beam, token, finished, first_tokens)
+
+    def _beams_fit(self, request: Request) -> bool:
+        """For a preempted beam: whether the blocks to bring back every waiting beam of its
+        request fit now (they are admitted together, or a beam admitted alone could hold
+        blocks while it waits for the others). Counted without prefix hits: from above."""
+        root = request.parent or request
+        group = [r for r in self.waiting if (r.parent or r) is root]
+        if len(group) < 2:
+            return True
+        if len(self.running) + len(group) > self.config.max_num_seqs:
+            return False
+        needed = sum(self.cache.num_blocks_to_admit_alone(r) for r in group)
+        return needed + self.cache.admission_watermark() <= self.cache.num_reclaimable_blocks()
 
     # -- update ----------------------------------------------------------------------------
 
@@ -382,8 +468,7 @@ class Scheduler(ForkingMixin):
         """Appends each sampled token (beams: chooses the best continuations), finishes
         requests that stop and releases their blocks. Mutates requests, queues and the
         cache."""
-        self.kv.on_step_executed()
-        self.preemption.on_step_end()
+        self.cache.on_step_executed()
         by_seq_id = self._by_seq_id
         finished: list[Request] = []
         first_tokens: list[Request] = []
@@ -405,10 +490,11 @@ class Scheduler(ForkingMixin):
             self._advance_beams(root, finished, first_tokens)
         if finished:
             for request in finished:
-                self._settle_owed(request)
-                self.kv.release(request)
+                self._forker.settle(request)
+                self.cache.release(request)
                 del by_seq_id[request.seq_id]
                 self._finished_seq_ids.append(request.seq_id)
             self.running = [r for r in self.running if not r.status.is_finished]
-        self.kv.release_out_of_window(self.running)
-        return StepUpdate(finished, first_tokens)
+        self.cache.release_out_of_window(self.running)
+        stats, self._stats = self._stats, SchedulerStats()
+        return StepUpdate(finished, first_tokens, stats)

@@ -83,3 +83,19 @@ class KVSpec:
     def num_blocks_in(self, num_bytes: int) -> int:
         """How many whole blocks fit in num_bytes."""
         return max(0, num_bytes // self.bytes_per_block)
+
+
+_GIB = 1 << 30
+
+
+def swap_space_num_blocks(
+    swap_space_gib: float, bytes_per_block: int, num_device_blocks: int
+) -> int:
+    """Host blocks of a swap space of ``swap_space_gib`` GiB (``Preemption.swap_space_gib``),
+    at most ``num_device_blocks``: one step never swaps out more than the device pool
+    holds, and a victim that finds the swap space full is recomputed instead. The cache
+    manager's bookkeeping and the torch executor's host tensors both follow this rule.
+    Raises ConfigError for a negative size."""
+    if swap_space_gib < 0:
+        raise ConfigError(f"preemption.swap_space_gib must be >= 0, got {swap_space_gib}")
+    return min(int(swap_space_gib * _GIB) // bytes_per_block, num_device_blocks)

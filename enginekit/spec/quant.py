@@ -24,18 +24,34 @@ from dataclasses import dataclass
 from enginekit.errors import ConfigError
 
 KINDS = ("none", "fp8", "int4")
+FP8_SCALE_SOURCES = ("auto", "checkpoint", "calibrate")
 FP16_BYTES = 2
 
 
 @dataclass(frozen=True)
 class KVQuant:
+    """A storage format. Besides the layout, an fp8 format carries where its global scales
+    come from (``fp8_scales``: ``checkpoint``, the model folder's ``k_scale`` / ``v_scale``,
+    an error if absent; ``calibrate``, the max-abs of the first prefill times
+    ``fp8_calibration_margin``; ``auto``, checkpoint when present, else calibrate)."""
+
     kind: str = "none"
     key_group_tokens: int = 0  # int4 only
     value_group_channels: int = 0  # int4 only
+    fp8_scales: str = "auto"  # fp8 only
+    fp8_calibration_margin: float = 2.0  # fp8 only
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"unknown KV storage kind {self.kind!r}; known: {', '.join(KINDS)}")
+        if self.fp8_scales not in FP8_SCALE_SOURCES:
+            raise ConfigError(
+                f"fp8_scales={self.fp8_scales!r}: choose {', '.join(FP8_SCALE_SOURCES)}"
+            )
+        if not self.fp8_calibration_margin >= 1.0:
+            raise ConfigError(
+                f"fp8_calibration_margin must be >= 1, got {self.fp8_calibration_margin}"
+            )
         if self.kind == "int4" and min(self.key_group_tokens, self.value_group_channels) < 1:
             raise ConfigError("int4 needs key_group_tokens and value_group_channels >= 1")
 

@@ -38,15 +38,13 @@ def refusal(selected: Mapping[str, str]) -> str | None:
     """Why a plugin of ``selected`` refuses this combination (the first one to refuse, in
     group order, as the engine would report it), or None when every plugin accepts it or
     one cannot be loaded."""
-    for group in PLUGIN_GROUPS:
-        if group not in selected:
-            continue
+    try:
+        classes = {g: load_plugin(g, selected[g]) for g in PLUGIN_GROUPS if g in selected}
+    except PluginError:
+        return None
+    for plugin_cls in classes.values():
         try:
-            plugin_cls = load_plugin(group, selected[group])
-        except PluginError:
-            return None
-        try:
-            plugin_cls.check_compatible(selected)
+            plugin_cls.check_compatible(classes)
         except ConfigError as exc:
             return str(exc)
     return None

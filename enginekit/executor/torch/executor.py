@@ -45,8 +45,8 @@ class TorchExecutor(Executor):
     """Runs ``model`` on ``device`` with a pool of ``num_blocks`` KV blocks (and
     ``num_host_blocks`` host blocks for swapping), stored in ``kv_spec.quant``'s format.
     An fp8 pool takes its scales from the checkpoint or calibrates them on the first
-    prefill, as ``fp8_scale_source`` (``auto``, ``checkpoint``, ``calibrate``) and
-    ``fp8_margin`` say (see ``FP8Scales``). ``eos_token_id`` is the model's, for the
+    prefill, as ``kv_spec.quant.fp8_scales`` and ``fp8_calibration_margin`` say (see
+    ``FP8Scales``). ``eos_token_id`` is the model's, for the
     scheduler. ``num_steps`` and ``busy_time_s`` accumulate over non-empty steps."""
 
     needs_block_tables = True
@@ -62,8 +62,6 @@ class TorchExecutor(Executor):
         *,
         num_host_blocks: int = 0,
         base_seed: int = 0,
-        fp8_scale_source: str = "auto",
-        fp8_margin: float = 2.0,
     ) -> None:
         self.model = model
         self.kv_spec = kv_spec
@@ -72,11 +70,7 @@ class TorchExecutor(Executor):
         self.cache = PagedKVCache(
             kv_spec, num_blocks, num_host_blocks, model.dtype, model.device, ops
         )
-        self.fp8_scale_source = fp8_scale_source
-        self.fp8_margin = fp8_margin
-        self.fp8_scales = FP8Scales.of_pool(
-            self.cache.pool, fp8_scale_source, fp8_margin, model.weights.kv_scales
-        )
+        self.fp8_scales = FP8Scales.of_pool(self.cache.pool, kv_spec.quant, model.weights.kv_scales)
         self.base_seed = base_seed
         self.eos_token_id = model.arch.eos_token_id
         self._sequences: dict[int, _Sequence] = {}
@@ -157,8 +151,6 @@ class TorchExecutor(Executor):
             self.kv_spec,
             token_ids,
             chunk_tokens,
-            fp8_scale_source=self.fp8_scale_source,
-            fp8_margin=self.fp8_margin,
         )
 
     def describe(self) -> dict[str, object]:

@@ -14,12 +14,10 @@ from omegaconf import DictConfig
 
 from enginekit.errors import ConfigError
 from enginekit.executor.torch.executor import TorchExecutor
-from enginekit.interfaces.quantizer import Quantizer
 from enginekit.kernels.layout import TORCH_DTYPES
-from enginekit.kernels.ops import PagedOps, make_ops
-from enginekit.kv.host_pool import host_pool_num_blocks
+from enginekit.kernels.ops import REFERENCE_OPS, PagedOps
 from enginekit.models.llama import LlamaModel
-from enginekit.spec.kv import KVSpec
+from enginekit.spec.kv import KVSpec, swap_space_num_blocks
 from enginekit.spec.model import ModelShape, resolve_dtype
 
 CPU_POOL_CAP_GIB = 1.0  # a CPU pool sized by default holds at most this
@@ -61,10 +59,13 @@ def _ops(kind: str, device: torch.device) -> PagedOps:
             f"kernels=triton needs a CUDA device (device={device}); on a CPU use "
             "kernels=reference (or auto), or set TRITON_INTERPRET=1 to interpret the kernels"
         )
+    if kind == "reference":
+        return REFERENCE_OPS
     try:
-        return make_ops(kind)
+        from enginekit.kernels.triton.ops import TRITON_OPS
     except ImportError as exc:
         raise ConfigError(f"kernels=triton needs the triton package: {exc}") from None
+    return TRITON_OPS
 
 
 def set_threads(threads: int | str, shape: ModelShape, device: torch.device) -> str:
@@ -215,12 +216,11 @@ def build_torch_executor(
     cfg: DictConfig,
     shape: ModelShape,
     kv_spec: KVSpec,
-    quantizer: Quantizer | None = None,
     swap_space_gib: float = 0.0,
 ) -> tuple[TorchExecutor, int]:
     """The torch executor and its number of device KV blocks, in ``kv_spec.quant``'s
     storage format, with a host swap pool of ``swap_space_gib`` GiB (sized as the swap
-    bookkeeping sizes its own: ``host_pool_num_blocks``). Raises ConfigError for a
+    bookkeeping sizes its own: ``swap_space_num_blocks``). Raises ConfigError for a
     missing device, kernels the device cannot run, missing weights or a pool that does
     not fit."""
     device = _device(cfg.device)
@@ -235,10 +235,8 @@ def build_torch_executor(
             kv_spec,
             size.num_blocks,
             ops,
-            num_host_blocks=host_pool_num_blocks(swap_space_gib, block_bytes, size.num_blocks),
+            num_host_blocks=swap_space_num_blocks(swap_space_gib, block_bytes, size.num_blocks),
             base_seed=cfg.model.seed,
-            fp8_scale_source=quantizer.scale_source() if quantizer else "auto",
-            fp8_margin=quantizer.calibration_margin() if quantizer else 2.0,
         )
     except torch.OutOfMemoryError:
         raise ConfigError(

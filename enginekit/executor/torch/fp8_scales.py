@@ -19,6 +19,7 @@ import torch
 
 from enginekit.errors import ConfigError
 from enginekit.kernels.layout import KVPool
+from enginekit.spec.quant import KVQuant
 
 FP8_E4M3_MAX = 448.0
 MIN_SCALE = 1e-12  # an all-zero calibration batch must not give a zero scale
@@ -32,10 +33,10 @@ def calibrated_scale(x: torch.Tensor, margin: float) -> torch.Tensor:
 
 
 class FP8Scales:
-    """Owns ``pool.fp8_scales`` [layers, 2, kv_heads]. ``source`` is the quantizer's
-    ``scale_source()``: ``checkpoint`` needs ``checkpoint_scales``, ``calibrate`` ignores
-    them, ``auto`` uses them when present. Raises ConfigError for ``checkpoint`` without
-    them."""
+    """Owns ``pool.fp8_scales`` [layers, 2, kv_heads]. ``source`` is the storage format's
+    ``KVQuant.fp8_scales``: ``checkpoint`` needs ``checkpoint_scales``, ``calibrate``
+    ignores them, ``auto`` uses them when present. Raises ConfigError for ``checkpoint``
+    without them."""
 
     def __init__(
         self,
@@ -89,14 +90,14 @@ class FP8Scales:
     def of_pool(
         cls,
         pool: KVPool,
-        source: str,
-        margin: float,
+        quant: KVQuant,
         checkpoint_scales: torch.Tensor | None,
     ) -> FP8Scales | None:
-        """The scales of ``pool`` if it is an fp8 pool, else None (see the constructor)."""
+        """The scales of ``pool`` if it is an fp8 pool, else None, sourced as ``quant``
+        says (``fp8_scales``, ``fp8_calibration_margin``; see the constructor)."""
         if pool.fp8_scales is None:
             return None
-        return cls(pool, source, margin, checkpoint_scales)
+        return cls(pool, quant.fp8_scales, quant.fp8_calibration_margin, checkpoint_scales)
 
     def describe(self) -> str:
         if self.origin == "checkpoint":

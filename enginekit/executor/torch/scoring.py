@@ -29,13 +29,11 @@ def private_pool(
     model: LlamaModel,
     kv_spec: KVSpec,
     num_tokens: int,
-    fp8_scale_source: str = "auto",
-    fp8_margin: float = 2.0,
 ) -> tuple[KVPool, FP8Scales | None]:
     """A pool of ``kv_spec``'s format just large enough for ``num_tokens``, with its fp8
     scales handled as the executor does (checkpoint or calibration)."""
     pool = allocate_pool(kv_spec, kv_spec.num_blocks_for(num_tokens), model.dtype, model.device)
-    return pool, FP8Scales.of_pool(pool, fp8_scale_source, fp8_margin, model.weights.kv_scales)
+    return pool, FP8Scales.of_pool(pool, kv_spec.quant, model.weights.kv_scales)
 
 
 def chunk_batch(
@@ -68,8 +66,6 @@ def teacher_forced_logprobs(
     token_ids: Sequence[int],
     chunk_tokens: int,
     *,
-    fp8_scale_source: str = "auto",
-    fp8_margin: float = 2.0,
     on_qkv: QKVHook | None = None,
 ) -> torch.Tensor:
     """float32 [len(token_ids), vocab]: row i is log p(· | token_ids[:i + 1]), computed in
@@ -78,7 +74,7 @@ def teacher_forced_logprobs(
     respect to everything but ``on_qkv``'s own effects."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    pool, scales = private_pool(model, kv_spec, len(token_ids), fp8_scale_source, fp8_margin)
+    pool, scales = private_pool(model, kv_spec, len(token_ids))
 
     def before_write(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if scales is not None:

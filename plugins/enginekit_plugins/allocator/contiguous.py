@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from enginekit.config import AllocatorConfig
 from enginekit.errors import ConfigError, KVCacheError
-from enginekit.interfaces import Allocator
-from enginekit.interfaces.context import KVContext
+from enginekit.interfaces import Allocator, KVContext, Plugin, PrefixCache, plugin_name
 from enginekit.request import Request
 
 
@@ -41,10 +40,11 @@ class ContiguousAllocator(Allocator):
         self._num_reserved_blocks = 0
 
     @classmethod
-    def check_compatible(cls, selected: Mapping[str, str]) -> None:
-        if selected.get("prefix", "none") != "none":
+    def check_compatible(cls, selected: Mapping[str, type[Plugin]]) -> None:
+        prefix = selected.get("prefix")
+        if prefix is not None and issubclass(prefix, PrefixCache) and prefix.shares_blocks:
             raise ConfigError(
-                f"+allocator=contiguous cannot be combined with +prefix={selected['prefix']}: "
+                f"+allocator=contiguous cannot be combined with +prefix={plugin_name(prefix)}: "
                 "a max-length reservation is private and contiguous, so cached blocks cannot "
                 "be shared into it; use +prefix=none"
             )

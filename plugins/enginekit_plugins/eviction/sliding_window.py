@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from enginekit.config import EvictionConfig
 from enginekit.errors import ConfigError
-from enginekit.interfaces import Eviction
-from enginekit.interfaces.context import KVContext
+from enginekit.interfaces import (
+    AttentionSpan,
+    BlockRange,
+    Eviction,
+    HoleAllocator,
+    KVContext,
+    Plugin,
+    PrefixCache,
+    plugin_name,
+)
 from enginekit.request import Request
-
-if TYPE_CHECKING:
-    from enginekit.kv.manager import KVCacheManager
 
 DEFAULT_SINK_TOKENS = 4
 """Attention sinks of the approximation mode: StreamingLLM (Xiao et al., 2024) finds that
@@ -47,7 +51,8 @@ class SlidingWindowEviction(Eviction):
     (``max_blocks_per_sequence``) between steps, and during every step in which it decodes.
     Blocks come with each prefill chunk, and admission promises a prefill the bound (or its
     whole prompt, if smaller), so it does not wait for memory (unless the blocks it gives
-    back are still held by another sequence: see ``KVCacheManager.release_out_of_window``).
+    back are still held by another sequence: the cache manager then tops the promise up as
+    blocks come free).
     A chunk may also use, for its step only, blocks no sequence is promised (a long prompt
     then prefills at the step's token budget); with ``strict_bound`` it may not, and a
     chunk past the window adds one block per step, so that a prefill step too stays within
@@ -58,15 +63,16 @@ class SlidingWindowEviction(Eviction):
     StreamingLLM's attention sinks: a bounded-memory approximation of full attention.
     Cached prefix blocks are still evicted least recently used first, as by ``lru``.
 
-    Needs an allocator that can leave holes in a table (``paged``); refused with
-    ``radix``, whose tree indexes whole sequences from their first token.
+    Needs an allocator that can leave holes in a table (a ``HoleAllocator``, such as
+    ``paged``) and a prefix cache that works with them (refused with ``radix``, whose tree
+    indexes whole sequences from their first token).
     """
 
     Config = SlidingWindowConfig
 
     def __init__(self, config: SlidingWindowConfig, kv: KVContext) -> None:
-        """``config.sink_tokens`` is taken as resolved by ``attention_sinks`` (the engine
-        writes the resolved count back; None counts as 0 here)."""
+        """Attends as ``kv.attention_window`` / ``attention_sinks`` say: what ``attention``
+        resolved for this config and model."""
         super().__init__(config, kv)
         window = kv.attention_window
         if window is None:
@@ -75,28 +81,26 @@ class SlidingWindowEviction(Eviction):
                 "eviction.window=<tokens> (an approximation for this model) or use +eviction=lru"
             )
         self.window = window
-        self.sinks = config.sink_tokens or 0
+        self.sinks = kv.attention_sinks
         block_size = kv.spec.block_size
         self.num_sink_blocks = -(-self.sinks // block_size)
         self._max_blocks = self.num_sink_blocks + -(-window // block_size) + 1
         self._strict_bound = config.strict_bound
 
     @classmethod
-    def attention_window(cls, config: EvictionConfig, model_window: int | None) -> int | None:
+    def attention(cls, config: EvictionConfig, model_window: int | None) -> AttentionSpan:
+        """The window: ``window`` (capped by the model's own), else the model's. The sinks:
+        ``sink_tokens``, or by default 4 in the approximation mode and 0 for a
+        sliding-window model. Raises ConfigError for a window below 1, a negative sink
+        count, and sinks on a sliding-window model (its window is exact; sinks would
+        change the model)."""
         window = getattr(config, "window", None)
         if window is not None and window < 1:
             raise ConfigError(f"eviction.window must be >= 1, got {window}")
-        if window is None:
-            return model_window
-        return window if model_window is None else min(window, model_window)
-
-    @classmethod
-    def attention_sinks(cls, config: EvictionConfig, model_window: int | None) -> int:
-        """The sinks this policy keeps for a model whose own sliding window is
-        ``model_window``: ``sink_tokens``, or by default 4 in the approximation mode and 0
-        for a sliding-window model. Raises ConfigError for a negative count, and for sinks
-        on a sliding-window model (its window is exact; sinks would change the model).
-        Pure."""
+        if window is not None and model_window is not None:
+            window = min(window, model_window)
+        elif window is None:
+            window = model_window
         sinks = getattr(config, "sink_tokens", None)
         if sinks is not None and sinks < 0:
             raise ConfigError(f"eviction.sink_tokens must be >= 0, got {sinks}")
@@ -108,22 +112,29 @@ class SlidingWindowEviction(Eviction):
                     "attention sinks would change the model; leave eviction.sink_tokens unset "
                     "or 0"
                 )
-            return 0
-        if cls.attention_window(config, model_window) is None:
-            return 0  # no window at all: refused when the policy is built
-        return DEFAULT_SINK_TOKENS if sinks is None else sinks
+            return AttentionSpan(window, 0)
+        if window is None:
+            return AttentionSpan(None, 0)  # no window at all: refused when the policy is built
+        return AttentionSpan(window, DEFAULT_SINK_TOKENS if sinks is None else sinks)
 
     @classmethod
-    def check_compatible(cls, selected: Mapping[str, str]) -> None:
-        if selected.get("allocator") != "paged":
+    def check_compatible(cls, selected: Mapping[str, type[Plugin]]) -> None:
+        allocator = selected.get("allocator")
+        if allocator is not None and not issubclass(allocator, HoleAllocator):
             raise ConfigError(
-                "+eviction=sliding_window needs +allocator=paged (got "
-                f"{selected.get('allocator')}): it releases blocks from the middle of a table"
+                f"+eviction=sliding_window needs an allocator that can leave holes in a block "
+                f"table (such as +allocator=paged); {plugin_name(allocator)} cannot: this "
+                "policy releases blocks from the middle of a table"
             )
-        if selected.get("prefix") == "radix":
+        prefix = selected.get("prefix")
+        if (
+            prefix is not None
+            and issubclass(prefix, PrefixCache)
+            and not prefix.supports_table_holes
+        ):
             raise ConfigError(
-                "+eviction=sliding_window cannot be combined with +prefix=radix: the radix tree "
-                "indexes whole sequences from their first token, which this policy releases"
+                f"+eviction=sliding_window cannot be combined with +prefix={plugin_name(prefix)}: "
+                "it indexes whole sequences from their first token, which this policy releases"
             )
 
     @property
@@ -148,19 +159,19 @@ class SlidingWindowEviction(Eviction):
     def evict(self, num_blocks: int) -> list[int]:
         return self.kv.pool.evict_lru(num_blocks)
 
-    def release_out_of_window(self, running: Sequence[Request], kv: KVCacheManager) -> int:
-        """Releases, for each request, its blocks from the sink blocks up to the first block
-        of its next query's window. The holes this policy makes are exactly the blocks
-        ``num_sink_blocks .. num_sink_blocks + num_holes - 1`` of a table, so only the blocks
-        after them are visited."""
+    def ranges_out_of_window(self, running: Sequence[Request]) -> list[BlockRange]:
+        """For each request, its blocks from the sink blocks up to the first block of its
+        next query's window that it still holds. The holes this policy makes are exactly
+        the blocks ``num_sink_blocks .. num_sink_blocks + num_holes - 1`` of a table, so
+        each range starts after them."""
         tables = self.kv.tables
         num_sink = self.num_sink_blocks
-        num_released = 0
+        ranges = []
         for request in running:
             end = self.first_window_block(request.num_computed_tokens)
             if end <= num_sink:
                 continue
             first = num_sink + tables.num_holes(request.seq_id)
             if first < end:
-                num_released += kv.release_range(request, first, end)
-        return num_released
+                ranges.append(BlockRange(request.seq_id, first, end))
+        return ranges

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from enginekit.config import PrefixConfig
-from enginekit.interfaces import PrefixCache, PrefixMatch
-from enginekit.interfaces.context import KVContext
+from enginekit.interfaces import KVContext, PrefixCache, PrefixMatch
 from enginekit.request import Request
 
 
@@ -29,14 +28,9 @@ class BlockHashPrefixCache(PrefixCache):
 
     def __init__(self, config: BlockHashConfig, kv: KVContext) -> None:
         super().__init__(config, kv)
-        native = type(kv.pool).__module__ == "enginekit._native"
-        if native:
-            from enginekit._native import ROOT_HASH, hash_block, hash_blocks
-        else:
-            from enginekit.kv.pyref.hashing import ROOT_HASH, hash_block, hash_blocks  # type: ignore[assignment]
-        self._root_hash = ROOT_HASH
-        self._hash_block = hash_block
-        self._hash_blocks = hash_blocks
+        self._root_hash = kv.backend.root_hash
+        self._hash_block = kv.backend.hash_block
+        self._hash_blocks = kv.backend.hash_blocks
         self._block_hashes: dict[int, list[int]] = {}
         self._num_published: dict[int, int] = {}
 

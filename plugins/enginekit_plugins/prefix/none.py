@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from enginekit.config import PrefixConfig
-from enginekit.interfaces import PrefixCache, PrefixMatch
-from enginekit.interfaces.prefix import NO_MATCH
+from enginekit.interfaces import NO_MATCH, PrefixCache, PrefixMatch
 from enginekit.request import Request
 
 
@@ -19,6 +18,7 @@ class NoPrefixCache(PrefixCache):
     """Never matches and never publishes, so released blocks go straight to the free list."""
 
     Config = NoPrefixConfig
+    shares_blocks = False
 
     def match(self, request: Request) -> PrefixMatch:
         return NO_MATCH

@@ -4,12 +4,14 @@ copy-on-write reuse of a partially matched last block."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from enginekit.config import PrefixConfig
-from enginekit.interfaces import PrefixCache, PrefixMatch
-from enginekit.interfaces.context import KVContext
-from enginekit.interfaces.prefix import NO_MATCH
+from enginekit.interfaces import NO_MATCH, KVContext, PrefixCache, PrefixMatch
 from enginekit.request import Request
+
+if TYPE_CHECKING:
+    from enginekit.interfaces.structures import RadixTree
 
 
 @dataclass
@@ -42,14 +44,11 @@ class RadixPrefixCache(PrefixCache):
 
     Config = RadixConfig
     token_granular = True
+    supports_table_holes = False  # its tree indexes whole sequences from the first token
 
     def __init__(self, config: RadixConfig, kv: KVContext) -> None:
         super().__init__(config, kv)
-        if type(kv.pool).__module__ == "enginekit._native":
-            from enginekit._native import RadixTree
-        else:
-            from enginekit.kv.pyref import PyRadixTree as RadixTree  # type: ignore[assignment]
-        self._new_tree = lambda: RadixTree(kv.spec.block_size)
+        self._new_tree = lambda: kv.backend.new_radix_tree(kv.spec.block_size)
         self._trees: dict[bytes | None, RadixTree] = {}
         self._num_inserted: dict[int, int] = {}  # seq_id -> tokens in the tree
         # block -> first slot the step being scheduled writes (its KV is not there yet)

@@ -14,11 +14,7 @@ from dataclasses import dataclass
 
 from enginekit.config import QuantizerConfig
 from enginekit.errors import ConfigError
-from enginekit.interfaces import Quantizer
-from enginekit.spec.model import ModelShape
-from enginekit.spec.quant import KVQuant
-
-SCALE_SOURCES = ("auto", "checkpoint", "calibrate")
+from enginekit.interfaces import FP8_SCALE_SOURCES, KVQuant, ModelShape, Quantizer
 
 
 @dataclass
@@ -34,9 +30,9 @@ class FP8Quantizer(Quantizer):
 
     def __init__(self, config: FP8QuantizerConfig) -> None:
         super().__init__(config)
-        if config.scales not in SCALE_SOURCES:
+        if config.scales not in FP8_SCALE_SOURCES:
             raise ConfigError(
-                f"quantizer.scales={config.scales!r}: choose {', '.join(SCALE_SOURCES)}"
+                f"quantizer.scales={config.scales!r}: choose {', '.join(FP8_SCALE_SOURCES)}"
             )
         if not config.calibration_margin >= 1.0:
             raise ConfigError(
@@ -44,10 +40,8 @@ class FP8Quantizer(Quantizer):
             )
 
     def kv_quant(self, shape: ModelShape, block_size: int) -> KVQuant:
-        return KVQuant("fp8")
-
-    def scale_source(self) -> str:
-        return self.config.scales
-
-    def calibration_margin(self) -> float:
-        return self.config.calibration_margin
+        return KVQuant(
+            "fp8",
+            fp8_scales=self.config.scales,
+            fp8_calibration_margin=self.config.calibration_margin,
+        )

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from enginekit.config import QuantizerConfig
-from enginekit.interfaces import Quantizer
-from enginekit.spec.model import ModelShape
-from enginekit.spec.quant import KVQuant
+from enginekit.interfaces import KVQuant, ModelShape, Quantizer
 
 
 @dataclass

@@ -1,47 +1,40 @@
-"""The Engine's workload half: generated requests, turns that follow turns, and the ideal
-prefix-cache hits they allow."""
+"""WorkloadDriver: runs a configured workload (``workload.*``) on an engine.
+
+It uses the engine's public API only: it adds the workload's requests, steps the engine,
+and adds each later turn of a multi-turn session once the turn it follows has finished
+(its think time after that, with the earlier turn's prompt and output in front of its
+own message). ``python -m enginekit``, the claims and the benchmarks run workloads
+through it.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from enginekit.engine import Engine, RunResult
 from enginekit.errors import RequestRejectedError
-from enginekit.request import Request, SamplingParams
-from enginekit.workloads.request import WorkloadRequest
-
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from enginekit.metrics import RunMetrics
-    from enginekit.spec.kv import KVSpec
-    from enginekit.spec.model import ModelShape
+from enginekit.request import RequestOutput, SamplingParams
+from enginekit.workloads import WorkloadRequest, make_workload
 
 _log = logging.getLogger("enginekit")
 
 
-class WorkloadMixin:
-    """Needs the engine's config, shape, KV spec, metrics, requests and add_request."""
+class WorkloadDriver:
+    """Owns the turns that wait on an earlier turn (request id -> the turns after it)."""
 
-    config: DictConfig
-    shape: ModelShape
-    kv_spec: KVSpec
-    metrics: RunMetrics
-    max_model_len: int
-    clock: float
-    _requests: dict[str, Request]
-    _followers: dict[str, list[WorkloadRequest]]
-    add_request: Callable[..., str]
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._followers: dict[str, list[WorkloadRequest]] = {}
 
     def add_workload(self) -> int:
         """Queues the configured workload's requests; returns how many were accepted.
 
         A request that can never be served is counted (``num_requests_rejected``) and
         logged, and the rest run: one oversized request does not void a sweep's job."""
-        from enginekit.workloads import make_workload
-
-        requests = make_workload(self.config.workload, self.shape.vocab_size, self.max_model_len)
+        engine = self.engine
+        requests = make_workload(
+            engine.config.workload, engine.shape.vocab_size, engine.max_model_len
+        )
         num_accepted = 0
         rejections: list[str] = []
         for item in requests:
@@ -49,7 +42,7 @@ class WorkloadMixin:
                 self._followers.setdefault(item.follows, []).append(item)
                 continue
             try:
-                self.add_request(
+                engine.add_request(
                     item.prompt_token_ids,
                     _sampling_of(item),
                     request_id=item.request_id,
@@ -68,16 +61,41 @@ class WorkloadMixin:
             )
         return num_accepted
 
-    def _add_followers(self, finished: Request) -> None:
+    def step(self) -> list[RequestOutput]:
+        """One engine step; the turns that follow the requests it finished are queued."""
+        finished = self.engine.step()
+        for output in finished:
+            self._add_followers(output)
+        return finished
+
+    def run(self, progress: bool = False) -> RunResult:
+        """Steps until every request, later turns included, has finished."""
+        engine = self.engine
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=None, unit="req", desc="enginekit", leave=False)
+        while engine.has_unfinished_requests():
+            finished = self.step()
+            if bar is not None and finished:
+                bar.update(len(finished))
+        if bar is not None:
+            bar.close()
+        return RunResult(engine.outputs(), engine.summary())
+
+    def _add_followers(self, finished: RequestOutput) -> None:
         """Queues the turns that follow ``finished``: each arrives its think time from now,
         with ``finished``'s prompt and output in front of its own message."""
         for item in self._followers.pop(finished.request_id, ()):
             try:
-                self.add_request(
-                    finished.token_ids + list(item.prompt_token_ids),
+                self.engine.add_request(
+                    finished.prompt_token_ids
+                    + finished.output_token_ids
+                    + list(item.prompt_token_ids),
                     _sampling_of(item),
                     request_id=item.request_id,
-                    arrival_time=self.clock + item.think_time_s,
+                    arrival_time=self.engine.clock + item.think_time_s,
                     scripted_output_ids=item.output_token_ids,
                 )
             except RequestRejectedError as exc:
@@ -87,20 +105,8 @@ class WorkloadMixin:
     def _drop_followers(self, request_id: str) -> None:
         """The turns after a rejected turn never come: counted as rejected too."""
         for item in self._followers.pop(request_id, ()):
-            self.metrics.on_request_rejected()
+            self.engine.metrics.on_request_rejected()
             self._drop_followers(item.request_id)
-
-    def ideal_prefix_hit_tokens(self, block_size: int | None = None) -> int:
-        """Hits a perfect, unbounded prefix cache of ``block_size`` granularity (default:
-        the cache's) would get on the requests added so far, each seeing the prompts and
-        outputs of every request that arrived before it."""
-        from enginekit.workloads import ideal_prefix_hit_tokens
-
-        return ideal_prefix_hit_tokens(
-            list(self._requests.values()),
-            block_size or self.kv_spec.block_size,
-            include_outputs=True,
-        )
 
 
 def _sampling_of(item: WorkloadRequest) -> SamplingParams:

@@ -1,0 +1,87 @@
+"""Whether a request can ever be served: checked when it is added, so that whatever is
+accepted never fails later (the scheduler then admits it as the cache allows)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from enginekit.errors import RequestRejectedError
+from enginekit.kv.manager import KVCacheManager
+from enginekit.request import SamplingParams
+
+
+class ServingLimits(NamedTuple):
+    """What the model, the executor and the scheduler allow a request."""
+
+    max_model_len: int
+    vocab_size: int
+    max_num_seqs: int
+    executor: str  # its name, for messages
+    supports_forks: bool  # the executor can run forked sequences (n > 1, beams)
+    supports_beam_search: bool  # the executor returns beam candidates
+
+
+def check_servable(
+    request_id: str,
+    prompt: Sequence[int],
+    sampling: SamplingParams,
+    limits: ServingLimits,
+    cache: KVCacheManager,
+) -> None:
+    """Raises RequestRejectedError, saying why, if the request can never be served: empty,
+    a token outside the vocabulary, prompt plus max_tokens beyond the model's context, more
+    blocks than the whole cache (with the watermark, and with every beam brought back at
+    once after a preemption), or forks this executor or allocator cannot run. Pure."""
+    what = f"request {request_id!r}"
+    if sampling.beam_width > 1 and not limits.supports_beam_search:
+        raise RequestRejectedError(
+            f"{what}: beam search needs an executor that returns candidates; "
+            f"{limits.executor} does not"
+        )
+    if sampling.n > 1 or sampling.beam_width > 1:
+        if not (limits.supports_forks and cache.allocator.supports_fork):
+            raise RequestRejectedError(
+                f"{what}: n={sampling.n}, beam_width={sampling.beam_width} needs forked "
+                f"sequences, which this executor ({limits.executor}) or allocator "
+                f"({cache.allocator.config.name}) cannot run"
+            )
+        if max(sampling.n, sampling.beam_width) > limits.max_num_seqs:
+            raise RequestRejectedError(
+                f"{what}: n={sampling.n}, beam_width={sampling.beam_width} exceed "
+                f"scheduler.max_num_seqs={limits.max_num_seqs}"
+            )
+    if not prompt:
+        raise RequestRejectedError(f"{what}: the prompt is empty")
+    vocab = limits.vocab_size
+    if min(prompt) < 0 or max(prompt) >= vocab:
+        raise RequestRejectedError(f"{what}: token ids must be in [0, {vocab})")
+    total = len(prompt) + sampling.max_tokens
+    if total > limits.max_model_len:
+        raise RequestRejectedError(
+            f"{what}: prompt ({len(prompt)} tokens) + max_tokens ({sampling.max_tokens}) "
+            f"= {total} exceeds the model's context of {limits.max_model_len} tokens"
+        )
+    num_blocks = cache.num_blocks
+    num_watermark = cache.num_watermark_blocks
+    num_longest = cache.max_blocks_held(total)
+    num_prompt_blocks = min(cache.spec.num_blocks_for(len(prompt)), num_longest)
+    if num_longest > num_blocks:
+        raise RequestRejectedError(
+            f"{what}: needs {num_longest} KV blocks at its longest, "
+            f"but the whole cache has {num_blocks}"
+        )
+    # Beams are preempted and brought back together, each with all its blocks.
+    num_beam_blocks = sampling.beam_width * num_longest + num_watermark
+    if sampling.beam_width > 1 and num_beam_blocks > num_blocks:
+        raise RequestRejectedError(
+            f"{what}: its {sampling.beam_width} beams need up to {num_beam_blocks} KV "
+            f"blocks when brought back after a preemption, but the whole cache has "
+            f"{num_blocks}"
+        )
+    if num_prompt_blocks + num_watermark > num_blocks:
+        raise RequestRejectedError(
+            f"{what}: its prompt needs {num_prompt_blocks} blocks "
+            f"plus the watermark of {num_watermark}, more than the "
+            f"{num_blocks} the cache has"
+        )
