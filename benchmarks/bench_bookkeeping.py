@@ -4,7 +4,7 @@ per scheduler step.
 Measured side by side in one run, interleaved round by round (noise hits both alike), on
 the same operations and the same data:
 
-1. operations, one call each: pool allocate + free; table append and batch export; prefix
+1. operations, one call each: pool allocate + free; table growth and batch export; prefix
    match and insert for both prefix caches (``block_hash``: hash the prompt's blocks and
    look the chain up in the pool, publish a sequence's blocks under their hashes;
    ``radix``: match a prompt in the tree, insert a sequence);
@@ -87,15 +87,20 @@ def pool_allocate_free(impl: Impl, num_calls: int) -> Callable[[], None]:
     return call
 
 
-def table_append(impl: Impl, num_calls: int) -> Callable[[], None]:
+def table_grow(impl: Impl, num_calls: int) -> Callable[[], None]:
+    """One sequence of a 256-sequence batch grows into one more block, taken from the pool
+    (the decode step's growth, one sequence at a time)."""
+    per_seq = -(-(num_calls + 1) // NUM_SEQS)  # blocks each sequence gains over the run
+    pool = impl.pool(NUM_SEQS * (64 + per_seq))
     tables = impl.tables(BLOCK_SIZE)
     for seq_id in range(NUM_SEQS):
-        tables.add_sequence(seq_id, list(range(seq_id * 64, seq_id * 64 + 64)))
+        tables.add_sequence(seq_id, pool.allocate(64))
     counter = iter(range(num_calls + 1))
 
     def call() -> None:
         i = next(counter)
-        tables.append_blocks(i % NUM_SEQS, [i])
+        seq_id = i % NUM_SEQS
+        assert tables.grow(pool, [seq_id], [(65 + i // NUM_SEQS) * BLOCK_SIZE]) == 1
 
     return call
 
@@ -178,7 +183,7 @@ def radix_insert(impl: Impl, num_calls: int) -> Callable[[], None]:
 
 OPERATIONS: tuple[tuple[str, Case], ...] = (
     ("pool: allocate 64 blocks + free them", pool_allocate_free),
-    ("tables: append a block to a table", table_append),
+    ("tables: grow a table by one block", table_grow),
     ("tables: export 256 tables of 64 blocks", table_export),
     ("block_hash match: hash + look up 64 blocks", block_hash_match),
     ("block_hash insert: publish 64 blocks", block_hash_insert),

@@ -17,12 +17,27 @@ from native_args import NOT_A_LIST
 from enginekit import _native
 from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.kv import pyref
-from enginekit.kv.pyref import PyBlockPool
+from enginekit.kv.pyref import PyBlockPool, PyBlockTables
 
 
 @pytest.fixture(params=[_native.BlockPool, PyBlockPool], ids=["native", "python"])
 def Pool(request: pytest.FixtureRequest) -> type:
     return request.param
+
+
+def cache_block(pool: Any, block_id: int, block_hash: int) -> bool:
+    """Publishes one block under ``block_hash`` the way the engine does, through
+    BlockTables.cache_blocks over a one-block table of the pool's own implementation; True
+    if it was recorded. The table is dropped afterwards: it holds no references."""
+    native = isinstance(pool, _native.BlockPool)
+    tables = _native.BlockTables(1) if native else PyBlockTables(1)
+    tables.add_sequence(0, [block_id])
+    return bool(tables.cache_blocks(pool, 0, 0, [block_hash]))
+
+
+def hash_of(pool: Any, block_id: int) -> int | None:
+    """The hash block_id carries, read off the pool's hash map (None if uncached)."""
+    return {b: h for h, b in pool.cached_blocks().items()}.get(block_id)
 
 
 def state(pool: Any) -> dict[str, Any]:
@@ -36,7 +51,6 @@ def state(pool: Any) -> dict[str, Any]:
         "evictable_block_ids": pool.evictable_block_ids(),
         "ref_counts": pool.ref_counts(),
         "cached_blocks": pool.cached_blocks(),
-        "block_hashes": [pool.block_hash(b) for b in range(pool.num_blocks)],
         "longest_free_run": pool.longest_free_run(),
     }
 
@@ -114,8 +128,8 @@ def test_allocate_errors(Pool) -> None:
 def test_allocate_run_first_fit(Pool) -> None:
     pool = Pool(6)
     assert pool.allocate(4) == [0, 1, 2, 3]
-    pool.cache_block(0, 100)
-    pool.cache_block(1, 101)
+    cache_block(pool, 0, 100)
+    cache_block(pool, 1, 101)
     pool.free([0, 1])  # 0, 1 evictable (not free); 2, 3 used; 4, 5 free
     assert pool.longest_free_run() == 2
     msg = str(raises_unchanged_msg(pool, OutOfBlocksError, lambda: pool.allocate_run(3)))
@@ -154,7 +168,7 @@ def test_free_is_lifo(Pool) -> None:
     pool.free([0, 2])
     assert pool.free_block_ids() == [2, 0, 3]
     assert pool.allocate(2) == [2, 0]
-    pool.decref(1)
+    pool.free([1])
     assert pool.free_block_ids() == [1, 3]
     pool.check_integrity()
 
@@ -183,64 +197,56 @@ def test_ref_errors(Pool) -> None:
     pool.allocate(1)
     for bad in (3, 100, -1):
         raises_unchanged(pool, KVCacheError, lambda b=bad: pool.incref(b))
-        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.decref(b))
+        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.free([b]))
         raises_unchanged(pool, KVCacheError, lambda b=bad: pool.ref_count(b))
-        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.block_hash(b))
-        raises_unchanged(pool, KVCacheError, lambda b=bad: pool.touch(b))
         raises_unchanged(pool, KVCacheError, lambda b=bad: pool.evict(b))
     raises_unchanged(pool, KVCacheError, lambda: pool.incref(1))  # free block
-    raises_unchanged(pool, KVCacheError, lambda: pool.decref(1))  # ref_count already 0
-    pool.decref(0)
-    raises_unchanged(pool, KVCacheError, lambda: pool.decref(0))
+    raises_unchanged(pool, KVCacheError, lambda: pool.free([1]))  # ref_count already 0
+    pool.free([0])
+    raises_unchanged(pool, KVCacheError, lambda: pool.free([0]))
 
 
 def test_cached_blocks_become_evictable_in_lru_order(Pool) -> None:
     pool = Pool(5)
     assert pool.allocate(4) == [0, 1, 2, 3]
     for b in range(3):
-        assert pool.cache_block(b, 100 + b) is True
-    pool.decref(1)
-    pool.decref(0)
-    pool.decref(3)  # uncached: goes to the free stack
-    pool.decref(2)
+        assert cache_block(pool, b, 100 + b) is True
+    pool.free([1])
+    pool.free([0])
+    pool.free([3])  # uncached: goes to the free stack
+    pool.free([2])
     assert pool.evictable_block_ids() == [1, 0, 2]
     assert pool.free_block_ids() == [3, 4]
     assert (pool.num_used_blocks, pool.num_evictable_blocks, pool.num_free_blocks) == (0, 3, 2)
     assert pool.cached_blocks() == {100: 0, 101: 1, 102: 2}
-    pool.touch(1)
+    # A hit and its release move a block to the most recent end, wherever it was.
+    pool.incref(1)
+    pool.free([1])
     assert pool.evictable_block_ids() == [0, 2, 1]
-    pool.touch(1)
+    pool.incref(1)
+    pool.free([1])
     assert pool.evictable_block_ids() == [0, 2, 1]
     # A prefix-cache hit takes the block off the LRU list; releasing it puts it at the end.
     pool.incref(0)
     assert pool.evictable_block_ids() == [2, 1]
     assert pool.ref_count(0) == 1
-    pool.decref(0)
+    pool.free([0])
     assert pool.evictable_block_ids() == [2, 1, 0]
     # allocate never evicts.
     raises_unchanged(pool, OutOfBlocksError, lambda: pool.allocate(3))
     pool.check_integrity()
 
 
-def test_touch_needs_evictable(Pool) -> None:
-    pool = Pool(3)
-    pool.allocate(2)
-    pool.cache_block(0, 7)
-    raises_unchanged(pool, KVCacheError, lambda: pool.touch(0))  # used and cached
-    raises_unchanged(pool, KVCacheError, lambda: pool.touch(1))  # used
-    raises_unchanged(pool, KVCacheError, lambda: pool.touch(2))  # free
-
-
 def test_evict(Pool) -> None:
     pool = Pool(4)
     pool.allocate(3)
     for b in range(3):
-        pool.cache_block(b, 10 * (b + 1))
+        cache_block(pool, b, 10 * (b + 1))
     pool.free([2, 0, 1])
     assert pool.evictable_block_ids() == [2, 0, 1]
     assert pool.evict(0) == 10
-    assert pool.lookup(10) is None
-    assert pool.block_hash(0) is None
+    assert pool.lookup_prefix([10]) == []
+    assert hash_of(pool, 0) is None
     assert pool.free_block_ids() == [0, 3]
     assert pool.evictable_block_ids() == [2, 1]
     raises_unchanged(pool, KVCacheError, lambda: pool.evict(0))
@@ -257,7 +263,7 @@ def test_evict(Pool) -> None:
 def test_evict_needs_evictable(Pool) -> None:
     pool = Pool(2)
     pool.allocate(1)
-    pool.cache_block(0, 5)
+    cache_block(pool, 0, 5)
     raises_unchanged(pool, KVCacheError, lambda: pool.evict(0))  # used
     raises_unchanged(pool, KVCacheError, lambda: pool.evict(1))  # free
 
@@ -265,40 +271,39 @@ def test_evict_needs_evictable(Pool) -> None:
 def test_cache_block(Pool) -> None:
     pool = Pool(4)
     pool.allocate(3)
-    assert pool.cache_block(0, 2**64 - 1) is True
-    assert pool.block_hash(0) == 2**64 - 1
-    assert pool.cache_block(0, 2**64 - 1) is False  # already carries it
-    assert pool.cache_block(1, 2**64 - 1) is False  # duplicate content
-    assert pool.block_hash(1) is None
-    assert pool.cache_block(1, 0) is True
+    assert cache_block(pool, 0, 2**64 - 1) is True
+    assert hash_of(pool, 0) == 2**64 - 1
+    assert cache_block(pool, 0, 2**64 - 1) is False  # already carries it
+    assert cache_block(pool, 1, 2**64 - 1) is False  # duplicate content
+    assert hash_of(pool, 1) is None
+    assert cache_block(pool, 1, 0) is True
     assert pool.cached_blocks() == {2**64 - 1: 0, 0: 1}
-    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(0, 3))  # different hash
-    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(3, 3))  # ref_count 0
-    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(4, 3))  # unknown
-    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(-1, 3))  # unknown
-    raises_unchanged(pool, ValueError, lambda: pool.cache_block(2, 2**64))
-    raises_unchanged(pool, ValueError, lambda: pool.cache_block(2, -1))
+    raises_unchanged(pool, KVCacheError, lambda: cache_block(pool, 0, 3))  # different hash
+    raises_unchanged(pool, KVCacheError, lambda: cache_block(pool, 3, 3))  # ref_count 0
+    raises_unchanged(pool, KVCacheError, lambda: cache_block(pool, 4, 3))  # unknown
+    raises_unchanged(pool, ValueError, lambda: cache_block(pool, 2, 2**64))
+    raises_unchanged(pool, ValueError, lambda: cache_block(pool, 2, -1))
     # A block carrying a different hash raises even when the new hash names another block.
-    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(0, 0))
+    raises_unchanged(pool, KVCacheError, lambda: cache_block(pool, 0, 0))
     # Caching a used block does not make it evictable; releasing does.
     assert pool.evictable_block_ids() == []
-    pool.decref(1)
+    pool.free([1])
     assert pool.evictable_block_ids() == [1]
-    raises_unchanged(pool, KVCacheError, lambda: pool.cache_block(1, 0))  # ref_count 0
+    raises_unchanged(pool, KVCacheError, lambda: cache_block(pool, 1, 0))  # ref_count 0
     pool.check_integrity()
 
 
-def test_lookup(Pool) -> None:
+def test_lookup_prefix(Pool) -> None:
     pool = Pool(4)
     pool.allocate(3)
-    pool.cache_block(0, 11)
-    pool.cache_block(1, 12)
-    pool.cache_block(2, 14)
-    pool.decref(1)  # evictable blocks are still found
+    cache_block(pool, 0, 11)
+    cache_block(pool, 1, 12)
+    cache_block(pool, 2, 14)
+    pool.free([1])  # evictable blocks are still found
     before = state(pool)
-    assert pool.lookup(11) == 0
-    assert pool.lookup(12) == 1
-    assert pool.lookup(13) is None
+    assert pool.lookup_prefix([11]) == [0]
+    assert pool.lookup_prefix([12]) == [1]
+    assert pool.lookup_prefix([13]) == []
     assert pool.lookup_prefix([]) == []
     assert pool.lookup_prefix([11, 12, 13, 14]) == [0, 1]
     assert pool.lookup_prefix([13, 11]) == []
@@ -310,9 +315,8 @@ def test_lookup(Pool) -> None:
 def test_lookups_refuse_hashes_cache_block_refuses(Pool, block_hash: int) -> None:
     pool = Pool(4)
     pool.allocate(1)
-    pool.cache_block(0, 11)
-    raises_unchanged(pool, ValueError, lambda: pool.cache_block(0, block_hash))
-    raises_unchanged(pool, ValueError, lambda: pool.lookup(block_hash))
+    cache_block(pool, 0, 11)
+    raises_unchanged(pool, ValueError, lambda: cache_block(pool, 0, block_hash))
     raises_unchanged(pool, ValueError, lambda: pool.lookup_prefix([block_hash]))
     # Every hash is checked, also those past the first miss.
     raises_unchanged(pool, ValueError, lambda: pool.lookup_prefix([11, 12, block_hash]))
@@ -323,8 +327,8 @@ def test_lookups_refuse_hashes_cache_block_refuses(Pool, block_hash: int) -> Non
 def test_id_lists_are_lists_or_tuples(Pool, kind: str) -> None:
     pool = Pool(4)
     assert pool.allocate(2) == [0, 1]
-    pool.cache_block(0, 0)
-    pool.cache_block(1, 1)
+    cache_block(pool, 0, 0)
+    cache_block(pool, 1, 1)
     raises_unchanged(pool, TypeError, lambda: pool.free(NOT_A_LIST[kind]()))
     raises_unchanged(pool, TypeError, lambda: pool.lookup_prefix(NOT_A_LIST[kind]()))
     assert pool.ref_counts() == [1, 1, 0, 0]
@@ -333,7 +337,7 @@ def test_id_lists_are_lists_or_tuples(Pool, kind: str) -> None:
 def test_tuples_are_accepted_where_lists_are(Pool) -> None:
     pool = Pool(4)
     assert pool.allocate(2) == [0, 1]
-    pool.cache_block(0, 7)
+    cache_block(pool, 0, 7)
     assert pool.lookup_prefix((7, 8)) == [0]
     pool.free((0, 1))
     assert pool.ref_counts() == [0, 0, 0, 0]
@@ -347,13 +351,13 @@ def test_check_integrity_passes_through_a_lifecycle(Pool) -> None:
     ids = pool.allocate(4)
     for i, b in enumerate(ids):
         pool.check_integrity()
-        pool.cache_block(b, i)
+        cache_block(pool, b, i)
     pool.incref(ids[0])
     pool.free(ids)
     pool.check_integrity()
     pool.evict_lru(2)
     pool.check_integrity()
-    pool.incref(pool.lookup(3))
+    pool.incref(pool.lookup_prefix([3])[0])
     pool.check_integrity()
 
 
@@ -383,16 +387,23 @@ class PoolTwins(RuleBasedStateMachine):
         for block_id in block_ids:
             fate = data.draw(st.sampled_from(["used", "cached", "evictable", "free"]))
             if fate in ("cached", "evictable"):
-                self.both("cache_block", block_id, block_id)
+                self.both(cache_block, block_id, block_id)
             if fate in ("evictable", "free"):
-                self.both("decref", block_id)
+                self.both("free", [block_id])
 
-    def both(self, method: str, *args: Any) -> tuple[str, Any]:
+    def both(self, method: str | Callable[..., Any], *args: Any) -> tuple[str, Any]:
+        """A pool method (by name), or a helper taking the pool first, on both pools."""
+
+        def on(pool: Any) -> Callable[..., Any]:
+            if callable(method):
+                return lambda *a: method(pool, *a)
+            return getattr(pool, method)
+
         before = state(self.python)
-        expected = outcome(getattr(self.python, method), *args)
+        expected = outcome(on(self.python), *args)
         if expected[0] == "raised":
             assert state(self.python) == before, f"python {method}{args} raised but changed"
-        got = outcome(getattr(self.native, method), *args)
+        got = outcome(on(self.native), *args)
         assert got == expected, f"{method}{args}: native {got}, python {expected}"
         return expected
 
@@ -422,10 +433,6 @@ class PoolTwins(RuleBasedStateMachine):
         self.both("incref", self.block_id(data, evictable + self.used()))
 
     @rule(data=st.data())
-    def decref(self, data: st.DataObject) -> None:
-        self.both("decref", self.block_id(data, self.used()))
-
-    @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
         used = self.used()
         if used and data.draw(st.booleans()):
@@ -434,33 +441,25 @@ class PoolTwins(RuleBasedStateMachine):
             ids = data.draw(st.lists(st.integers(-1, self.n + 1), max_size=5))
         self.both("free", ids)
 
-    @rule(data=st.data())
-    def touch(self, data: st.DataObject) -> None:
-        self.both("touch", self.block_id(data, self.python.evictable_block_ids()))
-
     @rule(data=st.data(), block_hash=HASHES)
     def cache_block(self, data: st.DataObject, block_hash: int) -> None:
-        self.both("cache_block", self.block_id(data, self.used()), block_hash)
+        self.both(cache_block, self.block_id(data, self.used()), block_hash)
 
     @rule(data=st.data(), block_hash=HASHES)
     def cache_and_release(self, data: st.DataObject, block_hash: int) -> None:
         # The prefix cache's common path: a used block gets a hash and is released at once.
-        uncached = [b for b in self.used() if self.python.block_hash(b) is None]
+        uncached = [b for b in self.used() if hash_of(self.python, b) is None]
         if uncached:
             block_id = data.draw(st.sampled_from(uncached))
-            if self.both("cache_block", block_id, block_hash) == ("returned", True):
+            if self.both(cache_block, block_id, block_hash) == ("returned", True):
                 self.both("free", [block_id] * self.python.ref_count(block_id))
 
     @rule(data=st.data(), block_hash=st.sampled_from([-1, 2**64, 2**70]))
     def cache_block_bad_hash(self, data: st.DataObject, block_hash: int) -> None:
         # Only on used uncached blocks, where ValueError is the one error the contract names.
-        targets = [b for b in self.used() if self.python.block_hash(b) is None]
+        targets = [b for b in self.used() if hash_of(self.python, b) is None]
         if targets:
-            self.both("cache_block", data.draw(st.sampled_from(targets)), block_hash)
-
-    @rule(block_hash=HASHES)
-    def lookup(self, block_hash: int) -> None:
-        self.both("lookup", block_hash)
+            self.both(cache_block, data.draw(st.sampled_from(targets)), block_hash)
 
     @rule(hashes=st.lists(HASHES, max_size=6))
     def lookup_prefix(self, hashes: list[int]) -> None:
@@ -469,7 +468,6 @@ class PoolTwins(RuleBasedStateMachine):
     @rule(data=st.data())
     def queries(self, data: st.DataObject) -> None:
         block_id = self.block_id(data)
-        self.both("block_hash", block_id)
         self.both("ref_count", block_id)
 
     @rule(data=st.data())

@@ -239,19 +239,7 @@ impl BlockPool {
     }
 
     /// Drops a reference. At zero a cached block goes to the most recent end of the LRU list and
-    /// an uncached block is pushed on the free stack.
-    pub fn decref(&mut self, block_id: u32) -> KvResult<()> {
-        let b = self.check_id(block_id)?;
-        if self.ref_count[b] == 0 {
-            return cache_err(format!(
-                "block {block_id} is {}: cannot decref",
-                self.state_name(b)
-            ));
-        }
-        self.decref_unchecked(block_id);
-        Ok(())
-    }
-
+    /// an uncached block is pushed on the free stack. The caller checked ref_count > 0.
     fn decref_unchecked(&mut self, block_id: u32) {
         let b = block_id as usize;
         self.ref_count[b] -= 1;
@@ -264,7 +252,8 @@ impl BlockPool {
         }
     }
 
-    /// `decref` of every id in order, checked as a whole first (duplicates counted).
+    /// Drops one reference per id, in order (see `decref_unchecked`), checked as a whole first
+    /// (duplicates counted).
     pub fn free(&mut self, block_ids: &[u32]) -> KvResult<()> {
         // Dry run on the counts alone, undone afterwards, so that an error changes nothing.
         let mut failed = None;
@@ -297,23 +286,11 @@ impl BlockPool {
         Ok(())
     }
 
-    /// Moves an evictable block to the most recent end of the LRU list.
-    pub fn touch(&mut self, block_id: u32) -> KvResult<()> {
-        let b = self.check_id(block_id)?;
-        if !self.is_evictable(b) {
-            return cache_err(format!(
-                "block {block_id} is {}, not evictable: cannot touch",
-                self.state_name(b)
-            ));
-        }
-        self.lru_unlink(block_id);
-        self.lru_push_back(block_id);
-        Ok(())
-    }
-
     /// Records that a used block holds the content named by `block_hash`. Returns false,
     /// changing nothing, if this block already carries this hash or the hash names another block.
-    pub fn cache_block(&mut self, block_id: u32, block_hash: u64) -> KvResult<bool> {
+    /// [`BlockTables::cache_blocks`](crate::block_table::BlockTables::cache_blocks) publishes
+    /// blocks through it.
+    pub(crate) fn cache_block(&mut self, block_id: u32, block_hash: u64) -> KvResult<bool> {
         let b = self.check_id(block_id)?;
         if self.ref_count[b] == 0 {
             return cache_err(format!(
@@ -347,21 +324,12 @@ impl BlockPool {
         }
     }
 
-    /// The block cached under `block_hash`, if any.
-    pub fn lookup(&self, block_hash: u64) -> Option<u32> {
-        self.cached.get(&block_hash).copied()
-    }
-
     /// Block ids of the longest run of leading hashes that are all cached.
     pub fn lookup_prefix(&self, block_hashes: &[u64]) -> Vec<u32> {
         block_hashes
             .iter()
             .map_while(|h| self.cached.get(h).copied())
             .collect()
-    }
-
-    pub fn block_hash(&self, block_id: u32) -> KvResult<Option<u64>> {
-        Ok(self.hash[self.check_id(block_id)?])
     }
 
     pub fn ref_count(&self, block_id: u32) -> KvResult<u32> {

@@ -23,8 +23,8 @@ fn mixed() -> BlockPool {
     assert_eq!(p.allocate(4).unwrap(), vec![0, 1, 2, 3]);
     assert!(p.cache_block(0, 100).unwrap());
     assert!(p.cache_block(1, 101).unwrap());
-    p.decref(0).unwrap();
-    p.decref(1).unwrap();
+    p.free(&[0]).unwrap();
+    p.free(&[1]).unwrap();
     p.check_integrity().unwrap();
     p
 }
@@ -125,15 +125,15 @@ fn allocate_run_first_fit() {
 fn free_stack_is_lifo() {
     let mut p = pool(4);
     p.allocate(3).unwrap();
-    p.decref(1).unwrap();
-    p.decref(0).unwrap();
+    p.free(&[1]).unwrap();
+    p.free(&[0]).unwrap();
     assert_eq!(p.free_block_ids(), vec![0, 1, 3]);
     assert_eq!(p.allocate(1).unwrap(), vec![0]);
     p.check_integrity().unwrap();
 }
 
 #[test]
-fn incref_decref() {
+fn incref_and_free() {
     let mut p = mixed();
     p.incref(2).unwrap();
     assert_eq!(p.ref_count(2).unwrap(), 2);
@@ -144,14 +144,11 @@ fn incref_decref() {
     p.check_integrity().unwrap();
     assert_eq!(cache_msg(p.incref(5)), "block 5 is free: cannot incref");
     assert!(cache_msg(p.incref(6)).starts_with("unknown block 6"));
-    p.decref(1).unwrap();
+    p.free(&[1]).unwrap();
     assert_eq!(p.evictable_block_ids(), vec![0, 1]);
-    assert_eq!(
-        cache_msg(p.decref(1)),
-        "block 1 is evictable: cannot decref"
-    );
-    assert_eq!(cache_msg(p.decref(4)), "block 4 is free: cannot decref");
-    assert!(cache_msg(p.decref(99)).starts_with("unknown block 99"));
+    assert_eq!(cache_msg(p.free(&[1])), "double free of block 1");
+    assert_eq!(cache_msg(p.free(&[4])), "double free of block 4");
+    assert!(cache_msg(p.free(&[99])).starts_with("unknown block 99"));
     p.check_integrity().unwrap();
 }
 
@@ -192,31 +189,12 @@ fn free_after_it_was_freed_in_batch_is_double_free() {
 }
 
 #[test]
-fn touch_moves_to_recent_end() {
-    let mut p = mixed();
-    p.touch(0).unwrap();
-    assert_eq!(p.evictable_block_ids(), vec![1, 0]);
-    p.touch(0).unwrap();
-    assert_eq!(p.evictable_block_ids(), vec![1, 0]);
-    assert_eq!(
-        cache_msg(p.touch(2)),
-        "block 2 is used, not evictable: cannot touch"
-    );
-    assert_eq!(
-        cache_msg(p.touch(5)),
-        "block 5 is free, not evictable: cannot touch"
-    );
-    assert!(cache_msg(p.touch(6)).starts_with("unknown block"));
-    p.check_integrity().unwrap();
-}
-
-#[test]
 fn cache_block_rules() {
     let mut p = mixed();
     assert!(p.cache_block(2, 200).unwrap());
     assert!(!p.cache_block(2, 200).unwrap());
     assert!(!p.cache_block(3, 200).unwrap()); // duplicate content
-    assert_eq!(p.block_hash(3).unwrap(), None);
+    assert_eq!(p.hash[3], None);
     assert!(cache_msg(p.cache_block(2, 201)).contains("already carries hash"));
     assert_eq!(
         cache_msg(p.cache_block(0, 5)),
@@ -227,17 +205,16 @@ fn cache_block_rules() {
         "block 4 is free (ref_count 0): cannot cache"
     );
     assert!(cache_msg(p.cache_block(9, 5)).starts_with("unknown block"));
-    assert_eq!(p.lookup(200), Some(2));
-    assert_eq!(p.lookup(999), None);
-    assert_eq!(p.block_hash(2).unwrap(), Some(200));
-    assert!(cache_msg(p.block_hash(6)).starts_with("unknown block"));
+    assert_eq!(p.lookup_prefix(&[200]), vec![2]);
+    assert_eq!(p.lookup_prefix(&[999]), Vec::<u32>::new());
+    assert_eq!(p.hash[2], Some(200));
     assert!(cache_msg(p.ref_count(6)).starts_with("unknown block"));
     p.uncache_used(2);
-    assert_eq!(p.lookup(200), None);
+    assert_eq!(p.lookup_prefix(&[200]), Vec::<u32>::new());
     p.check_integrity().unwrap();
     // A cached used block released becomes evictable.
     p.cache_block(3, 300).unwrap();
-    p.decref(3).unwrap();
+    p.free(&[3]).unwrap();
     assert_eq!(p.evictable_block_ids(), vec![0, 1, 3]);
     p.check_integrity().unwrap();
 }
@@ -254,8 +231,8 @@ fn lookup_prefix_stops_at_first_miss() {
 fn evict_and_evict_lru() {
     let mut p = mixed();
     assert_eq!(p.evict(1).unwrap(), 101);
-    assert_eq!(p.lookup(101), None);
-    assert_eq!(p.block_hash(1).unwrap(), None);
+    assert_eq!(p.lookup_prefix(&[101]), Vec::<u32>::new());
+    assert_eq!(p.hash[1], None);
     assert_eq!(p.free_block_ids(), vec![1, 4, 5]);
     assert_eq!(
         cache_msg(p.evict(1)),
@@ -286,9 +263,11 @@ fn evict_lru_oldest_first() {
         p.cache_block(b, 1000 + u64::from(b)).unwrap();
     }
     for b in [3, 1, 4, 0, 2] {
-        p.decref(b).unwrap();
+        p.free(&[b]).unwrap();
     }
-    p.touch(1).unwrap();
+    // A hit and its release move block 1 to the most recent end.
+    p.incref(1).unwrap();
+    p.free(&[1]).unwrap();
     assert_eq!(p.evictable_block_ids(), vec![3, 4, 0, 2, 1]);
     assert_eq!(p.evict_lru(3).unwrap(), vec![3, 4, 0]);
     assert_eq!(p.evictable_block_ids(), vec![2, 1]);

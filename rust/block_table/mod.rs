@@ -1,6 +1,6 @@
 //! Block tables: per sequence, logical block i -> physical block id.
 //!
-//! The tables hold no references themselves: callers incref/decref in the [`BlockPool`].
+//! The tables hold no references themselves: callers incref and free in the [`BlockPool`].
 //! `grow` and `cache_blocks` take the pool to handle a whole batch in one call. Every stored
 //! block id is at most `i32::MAX`, so any table exports to an int32 buffer.
 //!
@@ -95,10 +95,6 @@ impl BlockTables {
         self.tables.len()
     }
 
-    pub fn has_sequence(&self, seq_id: u64) -> bool {
-        self.tables.contains_key(&seq_id)
-    }
-
     fn table(&self, seq_id: u64) -> KvResult<&Table> {
         match self.tables.get(&seq_id) {
             Some(t) => Ok(t),
@@ -136,13 +132,6 @@ impl BlockTables {
         }
     }
 
-    pub fn append_blocks(&mut self, seq_id: u64, block_ids: &[u32]) -> KvResult<()> {
-        let t = self.table_mut(seq_id)?;
-        check_block_ids(block_ids)?;
-        t.entries.extend_from_slice(block_ids);
-        Ok(())
-    }
-
     /// Appends `num_holes` holes: logical slots that hold no block (a sequence restored with
     /// the blocks it had released still released). Errors (`Value`) if the table would pass
     /// [`MAX_TABLE_LEN`] entries, (`Memory`) if the host cannot hold them.
@@ -167,22 +156,6 @@ impl BlockTables {
             "cannot append {num_holes} holes to sequence {seq_id} of {len} blocks: a table \
              holds at most 2**26 entries"
         ))
-    }
-
-    /// Keeps the first `num_blocks` entries; returns the removed blocks in logical order, holes
-    /// skipped.
-    pub fn truncate(&mut self, seq_id: u64, num_blocks: u64) -> KvResult<Vec<u32>> {
-        let t = self.table_mut(seq_id)?;
-        if num_blocks > t.len() as u64 {
-            return cache_err(format!(
-                "cannot truncate sequence {seq_id} to {num_blocks} blocks: it has {}",
-                t.len()
-            ));
-        }
-        let removed = t.entries.split_off(num_blocks as usize);
-        let blocks = held(&removed);
-        t.num_holes -= removed.len() - blocks.len();
-        Ok(blocks)
     }
 
     /// Makes entries `first .. end` holes; returns the blocks that were there and not holes

@@ -35,8 +35,8 @@ fn new_and_basic_queries() {
     let (bt, pool) = setup();
     assert_eq!(bt.block_size(), 4);
     assert_eq!(bt.num_sequences(), 3);
-    assert!(bt.has_sequence(1));
-    assert!(!bt.has_sequence(9));
+    assert!(bt.seq_ids().contains(&1));
+    assert!(!bt.seq_ids().contains(&9));
     assert_eq!(bt.block_ids(1).unwrap(), &[0, 1]);
     assert_eq!(bt.block_id_at(1, 1).unwrap(), 1);
     assert_eq!(bt.num_blocks(2).unwrap(), 1);
@@ -58,35 +58,27 @@ fn new_and_basic_queries() {
 }
 
 #[test]
-fn add_remove_append() {
+fn add_remove() {
     let (mut bt, _) = setup();
     assert_eq!(msg(bt.add_sequence(1, &[])), "sequence 1 already exists");
     assert_eq!(
         value_msg(bt.add_sequence(7, &[1, MAX_BLOCK_ID + 1])),
         "block id 2147483648 is not in [0, 2**31)"
     );
-    assert!(!bt.has_sequence(7));
-    bt.append_blocks(3, &[7, 8]).unwrap();
+    assert!(!bt.seq_ids().contains(&7));
+    assert_eq!(bt.remove_sequence(3).unwrap(), Vec::<u32>::new());
+    bt.add_sequence(3, &[7, 8]).unwrap();
     assert_eq!(bt.block_ids(3).unwrap(), &[7, 8]);
-    assert!(value_msg(bt.append_blocks(3, &[u32::MAX])).starts_with("block id"));
-    assert_eq!(bt.block_ids(3).unwrap(), &[7, 8]);
-    assert_eq!(msg(bt.append_blocks(9, &[1])), "unknown sequence 9");
     assert_eq!(bt.remove_sequence(3).unwrap(), vec![7, 8]);
     assert_eq!(msg(bt.remove_sequence(3)), "unknown sequence 3");
     assert_eq!(bt.num_sequences(), 2);
 }
 
 #[test]
-fn truncate_fork_set_block() {
+fn fork_set_block() {
     let (mut bt, _) = setup();
-    bt.append_blocks(1, &[5, 6]).unwrap();
-    assert_eq!(
-        msg(bt.truncate(1, 5)),
-        "cannot truncate sequence 1 to 5 blocks: it has 4"
-    );
-    assert_eq!(msg(bt.truncate(9, 0)), "unknown sequence 9");
-    assert_eq!(bt.truncate(1, 3).unwrap(), vec![6]);
-    assert_eq!(bt.truncate(1, 3).unwrap(), Vec::<u32>::new());
+    bt.remove_sequence(1).unwrap();
+    bt.add_sequence(1, &[0, 1, 5]).unwrap();
     assert_eq!(bt.fork(1, 4).unwrap(), vec![0, 1, 5]);
     assert_eq!(bt.block_ids(4).unwrap(), &[0, 1, 5]);
     assert_eq!(
@@ -94,7 +86,7 @@ fn truncate_fork_set_block() {
         "cannot fork sequence 1: child 2 already exists"
     );
     assert_eq!(msg(bt.fork(9, 10)), "unknown sequence 9");
-    assert!(!bt.has_sequence(10));
+    assert!(!bt.seq_ids().contains(&10));
     assert_eq!(bt.set_block(4, 2, 9).unwrap(), 5);
     assert_eq!(bt.block_ids(4).unwrap(), &[0, 1, 9]);
     assert_eq!(bt.block_ids(1).unwrap(), &[0, 1, 5]);
@@ -186,7 +178,7 @@ fn cache_blocks_records_and_rolls_back() {
     let (mut bt, mut pool) = setup();
     bt.grow(&mut pool, &[3], &[16]).unwrap(); // seq 3 -> blocks 3, 4, 5, 6
     assert_eq!(bt.cache_blocks(&mut pool, 3, 1, &[41, 51]).unwrap(), 2);
-    assert_eq!(pool.lookup(41), Some(4));
+    assert_eq!(pool.lookup_prefix(&[41]), vec![4]);
     // Again: already carried -> false; duplicate content in block 0 -> false.
     assert_eq!(bt.cache_blocks(&mut pool, 3, 1, &[41, 51]).unwrap(), 0);
     assert_eq!(bt.cache_blocks(&mut pool, 1, 0, &[41]).unwrap(), 0);
@@ -201,10 +193,9 @@ fn cache_blocks_records_and_rolls_back() {
         msg(bt.cache_blocks(&mut pool, 9, 0, &[1])),
         "unknown sequence 9"
     );
-    // Block 6 released -> cache_block on it errors; block 3's record is undone.
-    let t = bt.truncate(3, 3).unwrap();
-    pool.free(&t).unwrap();
-    bt.append_blocks(3, &t).unwrap();
+    // Block 6 released while the table still holds it -> cache_block on it errors; block 3's
+    // record is undone.
+    pool.free(&[6]).unwrap();
     let before: Vec<_> = {
         let mut c: Vec<_> = pool.cached_blocks().collect();
         c.sort_unstable();
@@ -214,12 +205,12 @@ fn cache_blocks_records_and_rolls_back() {
     let mut after: Vec<_> = pool.cached_blocks().collect();
     after.sort_unstable();
     assert_eq!(after, before);
-    assert_eq!(pool.block_hash(3).unwrap(), None);
+    assert!(pool.cached_blocks().all(|(_, b)| b != 3));
     pool.check_integrity().unwrap();
     // Same block twice with different hashes errors on the second and undoes the first.
     bt.add_sequence(8, &[0, 0]).unwrap();
     assert!(msg(bt.cache_blocks(&mut pool, 8, 0, &[70, 71])).contains("already carries"));
-    assert_eq!(pool.lookup(70), None);
+    assert_eq!(pool.lookup_prefix(&[70]), Vec::<u32>::new());
     pool.check_integrity().unwrap();
 }
 
@@ -269,7 +260,7 @@ fn release_range_from_the_front_makes_holes() {
     assert_eq!(bt.release_range(1, 0, 1).unwrap(), Vec::<u32>::new());
     assert_eq!(bt.release_range(1, 0, 0).unwrap(), Vec::<u32>::new());
     assert_eq!(bt.release_range(1, 0, 3).unwrap(), vec![3]);
-    pool.decref(3).unwrap();
+    pool.free(&[3]).unwrap();
     bt.check_integrity(Some(&pool)).unwrap();
     bt.check_integrity(None).unwrap();
     assert_eq!(
@@ -298,12 +289,10 @@ fn release_range_from_the_front_makes_holes() {
     let cells = Cell::from_mut(&mut buf[..]).as_slice_of_cells();
     bt.export_into(&[1], cells, 6, -7).unwrap();
     assert_eq!(buf, vec![-7, -7, -7, 4, 1, -7]);
-    // Fork copies holes and returns only blocks; truncate and remove skip holes.
+    // Fork copies holes and returns only blocks; remove skips holes.
     assert_eq!(bt.fork(1, 5).unwrap(), vec![4, 1]);
     assert_eq!(bt.block_ids(5).unwrap(), &[HOLE, HOLE, HOLE, 4, 1]);
-    assert_eq!(bt.truncate(5, 4).unwrap(), vec![1]);
-    assert_eq!(bt.truncate(5, 1).unwrap(), vec![4]);
-    assert_eq!(bt.remove_sequence(5).unwrap(), Vec::<u32>::new());
+    assert_eq!(bt.remove_sequence(5).unwrap(), vec![4, 1]);
     assert_eq!(bt.remove_sequence(1).unwrap(), vec![4, 1]);
     // A hole the table does not count breaks integrity.
     bt.add_sequence(6, &[2]).unwrap();
@@ -359,15 +348,8 @@ fn release_range_makes_holes_anywhere() {
     assert_eq!(buf, vec![ids[0] as i32, -1, ids[2] as i32, -1, 9, 9, 9, 9]);
     assert_eq!(bt.fork(4, 7).unwrap(), vec![ids[0], ids[2]]);
     assert_eq!(bt.num_holes(7).unwrap(), 1);
-    // Truncating through holes uncounts them.
-    assert_eq!(bt.truncate(7, 1).unwrap(), vec![ids[2]]);
-    assert_eq!(bt.num_holes(7).unwrap(), 0);
-    assert_eq!(bt.block_ids(7).unwrap(), &[ids[0]]);
-    assert_eq!(bt.truncate(1, 2).unwrap(), vec![6]);
-    pool.free(&[6]).unwrap();
-    assert_eq!(bt.block_ids(1).unwrap(), &[HOLE, HOLE]);
-    assert_eq!(bt.num_holes(1).unwrap(), 2);
-    pool.incref(ids[0]).unwrap(); // seq 7's reference
+    pool.incref(ids[0]).unwrap(); // seq 7's references
+    pool.incref(ids[2]).unwrap();
     bt.check_integrity(Some(&pool)).unwrap();
     pool.check_integrity().unwrap();
 }
@@ -376,7 +358,7 @@ fn release_range_makes_holes_anywhere() {
 fn append_holes_adds_counted_slots() {
     let (mut bt, mut pool) = setup();
     bt.append_holes(3, 2).unwrap();
-    bt.append_blocks(3, &pool.allocate(1).unwrap()).unwrap();
+    assert_eq!(bt.grow(&mut pool, &[3], &[12]).unwrap(), 1); // the holes' slots count
     bt.append_holes(3, 0).unwrap();
     assert_eq!(bt.block_ids(3).unwrap(), &[HOLE, HOLE, 3]);
     assert_eq!(
@@ -397,7 +379,8 @@ fn append_holes_adds_counted_slots() {
 fn integrity_against_pool() {
     let (mut bt, pool) = setup();
     bt.check_integrity(Some(&pool)).unwrap();
-    bt.append_blocks(3, &[9]).unwrap();
+    bt.remove_sequence(3).unwrap();
+    bt.add_sequence(3, &[9]).unwrap();
     assert_eq!(
         msg(bt.check_integrity(Some(&pool))),
         "block tables integrity: sequence 3 block 0 holds block 9 with ref_count 0"

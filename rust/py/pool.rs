@@ -4,8 +4,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::convert::{
-    as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, hash_arg, to_py,
-    OutOfBlocksError,
+    as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, to_py, OutOfBlocksError,
 };
 use crate::block_pool::BlockPool;
 use crate::error::MAX_BLOCKS;
@@ -107,13 +106,6 @@ impl PyBlockPool {
         })
     }
 
-    fn decref(&mut self, block_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        guard(|| {
-            let b = self.block_arg(block_id)?;
-            self.inner.decref(b).map_err(to_py)
-        })
-    }
-
     fn free(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         guard(|| {
             let mut ids = std::mem::take(&mut self.ids);
@@ -127,40 +119,10 @@ impl PyBlockPool {
         })
     }
 
-    fn touch(&mut self, block_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        guard(|| {
-            let b = self.block_arg(block_id)?;
-            self.inner.touch(b).map_err(to_py)
-        })
-    }
-
-    fn cache_block(
-        &mut self,
-        block_id: &Bound<'_, PyAny>,
-        block_hash: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
-        guard(|| {
-            let b = self.block_arg(block_id)?;
-            let h = hash_arg(block_hash, "block_hash")?;
-            self.inner.cache_block(b, h).map_err(to_py)
-        })
-    }
-
-    fn lookup(&self, block_hash: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
-        guard(|| Ok(self.inner.lookup(hash_arg(block_hash, "block_hash")?)))
-    }
-
     fn lookup_prefix(&self, block_hashes: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         guard(|| {
             let hashes = block_hashes_arg(block_hashes)?;
             Ok(self.inner.lookup_prefix(&hashes))
-        })
-    }
-
-    fn block_hash(&self, block_id: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
-        guard(|| {
-            let b = self.block_arg(block_id)?;
-            self.inner.block_hash(b).map_err(to_py)
         })
     }
 

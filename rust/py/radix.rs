@@ -52,31 +52,8 @@ impl PyRadixTree {
         guard(|| Ok(self.inner.block_size()))
     }
 
-    #[getter]
-    fn num_nodes(&self) -> PyResult<usize> {
-        guard(|| Ok(self.inner.num_nodes()))
-    }
-
-    #[getter]
-    fn num_tokens(&self) -> PyResult<u64> {
-        guard(|| Ok(self.inner.num_tokens()))
-    }
-
-    #[getter]
-    fn num_block_refs(&self) -> PyResult<u64> {
-        guard(|| Ok(self.inner.num_block_refs()))
-    }
-
-    fn evictable_block_refs(&self) -> PyResult<u64> {
-        guard(|| Ok(self.inner.evictable_block_refs()))
-    }
-
     fn num_evictable_blocks(&self) -> PyResult<u64> {
         guard(|| Ok(self.inner.num_evictable_blocks()))
-    }
-
-    fn has_node(&self, node_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        guard(|| Ok(as_u64(node_id)?.is_some_and(|n| self.inner.has_node(n))))
     }
 
     fn match_prefix(&self, py: Python<'_>, token_ids: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {

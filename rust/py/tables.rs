@@ -93,10 +93,6 @@ impl PyBlockTables {
         guard(|| Ok(self.inner.num_sequences()))
     }
 
-    fn has_sequence(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        guard(|| Ok(as_u64(seq_id)?.is_some_and(|s| self.inner.has_sequence(s))))
-    }
-
     #[pyo3(
         signature = (seq_id, block_ids = empty_tuple()),
         text_signature = "($self, seq_id, block_ids=())"
@@ -118,30 +114,6 @@ impl PyBlockTables {
         guard(|| {
             let s = seq_arg(seq_id)?;
             self.inner.remove_sequence(s).map_err(to_py)
-        })
-    }
-
-    fn append_blocks(
-        &mut self,
-        seq_id: &Bound<'_, PyAny>,
-        block_ids: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        guard(|| {
-            let s = self.existing_seq_arg(seq_id)?;
-            let ids = table_block_ids(block_ids)?;
-            self.inner.append_blocks(s, &ids).map_err(to_py)
-        })
-    }
-
-    fn truncate(
-        &mut self,
-        seq_id: &Bound<'_, PyAny>,
-        num_blocks: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<u32>> {
-        guard(|| {
-            let s = self.existing_seq_arg(seq_id)?;
-            let n = count(num_blocks, "num_blocks")?;
-            self.inner.truncate(s, n).map_err(to_py)
         })
     }
 

@@ -2,7 +2,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::{BlockRefs, RadixTree, ROOT};
+use super::block_counts::BlockRefs;
+use super::{RadixTree, ROOT};
 use crate::error::{cache_err, KvResult, MAX_BLOCK_ID};
 
 impl RadixTree {
@@ -18,7 +19,6 @@ impl RadixTree {
         // Walk from the root: every node reached once, through its parent's children map.
         let mut seen = 0usize;
         let mut stack = vec![ROOT];
-        let (mut tokens, mut refs, mut evictable_refs) = (0u64, 0u64, 0u64);
         let mut candidates = BTreeSet::new();
         let mut block_refs: HashMap<u32, BlockRefs> = HashMap::new();
         while let Some(id) = stack.pop() {
@@ -49,18 +49,13 @@ impl RadixTree {
                 if n.stamp > self.node(n.parent).stamp {
                     return fail(format!("node {id} is more recent than its parent"));
                 }
-                tokens += n.tokens.len() as u64;
-                refs += n.blocks.len() as u64;
                 for &b in &n.blocks {
                     let e = block_refs.entry(b).or_default();
                     e.refs += 1;
                     e.locked += u64::from(n.lock_count > 0);
                 }
-                if n.lock_count == 0 {
-                    evictable_refs += n.blocks.len() as u64;
-                    if n.children.is_empty() {
-                        candidates.insert((n.stamp, id));
-                    }
+                if n.lock_count == 0 && n.children.is_empty() {
+                    candidates.insert((n.stamp, id));
                 }
             }
             if n.stamp > self.clock {
@@ -100,24 +95,6 @@ impl RadixTree {
             return fail(format!(
                 "{} nodes are not reachable from the root",
                 self.nodes.len() - seen
-            ));
-        }
-        if tokens != self.num_tokens {
-            return fail(format!(
-                "num_tokens is {} but nodes hold {tokens}",
-                self.num_tokens
-            ));
-        }
-        if refs != self.num_block_refs {
-            return fail(format!(
-                "num_block_refs is {} but nodes hold {refs}",
-                self.num_block_refs
-            ));
-        }
-        if evictable_refs != self.num_evictable_refs {
-            return fail(format!(
-                "evictable_block_refs is {} but unlocked nodes hold {evictable_refs}",
-                self.num_evictable_refs
             ));
         }
         let counted: HashMap<u32, BlockRefs> = self

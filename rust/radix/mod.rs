@@ -11,15 +11,16 @@
 //! `lock_count > 0` is never evicted. Since one block may be referenced by several nodes (a
 //! block straddling a split, or a chunk inserted after the one before it ended mid-block), the
 //! tree also counts the references to each distinct block, from all nodes and from locked ones,
-//! so that it can tell how many distinct blocks only unlocked nodes reference. Recency: a logical clock ticks once per `insert`, `lock`
-//! and `unlock`, which stamp every node from the root to the node concerned, so a parent's stamp
-//! is never older than its children's. `evict` removes unlocked leaves, least recent stamp
+//! so that it can tell how many distinct blocks only unlocked nodes reference. Recency: a
+//! logical clock ticks once per `insert`, `lock` and `unlock`, which stamp every node from the
+//! root to the node concerned, so a parent's stamp is never older than its children's. `evict` removes unlocked leaves, least recent stamp
 //! first (ties: lower id). A call that errors changes nothing.
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::error::{cache_err, KvError, KvResult, MAX_BLOCK_ID};
+use crate::error::{cache_err, KvError, KvResult};
 use crate::hash::FastBuild;
+use block_counts::BlockCounts;
 
 /// Id of the root node.
 pub const ROOT: u64 = 0;
@@ -80,72 +81,6 @@ pub struct RadixNode {
     pub stamp: u64,
 }
 
-/// References to one block: from every node, and from nodes with `lock_count > 0`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct BlockRefs {
-    refs: u64,
-    locked: u64,
-}
-
-/// Per distinct block, its [`BlockRefs`]; and how many of those blocks no locked node
-/// references. Invariant: a block is in the map iff some node references it.
-#[derive(Debug, Clone, Default)]
-struct BlockCounts {
-    map: HashMap<u32, BlockRefs, FastBuild>,
-    num_unlocked_only: u64,
-}
-
-impl BlockCounts {
-    /// Changes the counts of block `b`, keeping `num_unlocked_only` in step.
-    fn update(&mut self, b: u32, f: impl FnOnce(&mut BlockRefs)) {
-        let e = self.map.entry(b).or_default();
-        let was = e.refs > 0 && e.locked == 0;
-        f(e);
-        let is = e.refs > 0 && e.locked == 0;
-        if e.refs == 0 {
-            self.map.remove(&b);
-        }
-        match (was, is) {
-            (false, true) => self.num_unlocked_only += 1,
-            (true, false) => self.num_unlocked_only -= 1,
-            _ => {}
-        }
-    }
-
-    /// A node whose lock status is `locked` gains a reference to each of `blocks`.
-    fn add(&mut self, blocks: &[u32], locked: bool) {
-        for &b in blocks {
-            self.update(b, |e| {
-                e.refs += 1;
-                e.locked += u64::from(locked);
-            });
-        }
-    }
-
-    /// A node whose lock status is `locked` drops its references to `blocks`.
-    fn remove(&mut self, blocks: &[u32], locked: bool) {
-        for &b in blocks {
-            self.update(b, |e| {
-                e.refs -= 1;
-                e.locked -= u64::from(locked);
-            });
-        }
-    }
-
-    /// A node holding `blocks` became locked (`true`) or unlocked (`false`).
-    fn set_locked(&mut self, blocks: &[u32], locked: bool) {
-        for &b in blocks {
-            self.update(b, |e| {
-                if locked {
-                    e.locked += 1;
-                } else {
-                    e.locked -= 1;
-                }
-            });
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct RadixTree {
     block_size: u64,
@@ -155,10 +90,6 @@ pub struct RadixTree {
     clock: u64,
     /// (stamp, id) of every non-root leaf with lock_count 0: the eviction candidates.
     evictable: BTreeSet<(u64, u64)>,
-    num_tokens: u64,
-    num_block_refs: u64,
-    /// References held by non-root nodes with lock_count 0 (what `evict` could release).
-    num_evictable_refs: u64,
     /// References per distinct block.
     block_counts: BlockCounts,
 }
@@ -192,9 +123,6 @@ impl RadixTree {
             next_id: 1,
             clock: 0,
             evictable: BTreeSet::new(),
-            num_tokens: 0,
-            num_block_refs: 0,
-            num_evictable_refs: 0,
             block_counts: BlockCounts::default(),
         })
     }
@@ -203,35 +131,11 @@ impl RadixTree {
         self.block_size
     }
 
-    /// Nodes, the root included.
-    pub fn num_nodes(&self) -> usize {
-        self.nodes.len()
-    }
-
-    /// Tokens stored over all edges.
-    pub fn num_tokens(&self) -> u64 {
-        self.num_tokens
-    }
-
-    /// Block references held by all nodes.
-    pub fn num_block_refs(&self) -> u64 {
-        self.num_block_refs
-    }
-
-    /// References `evict` could release: those of non-root nodes with lock_count 0.
-    pub fn evictable_block_refs(&self) -> u64 {
-        self.num_evictable_refs
-    }
-
     /// Distinct blocks that nodes with lock_count 0 reference and no other node does: those
     /// evicting every unlocked node would take all the tree's references off. A block straddling
     /// two nodes counts once.
     pub fn num_evictable_blocks(&self) -> u64 {
         self.block_counts.num_unlocked_only
-    }
-
-    pub fn has_node(&self, node_id: u64) -> bool {
-        self.nodes.contains_key(&node_id)
     }
 
     fn node(&self, id: u64) -> &Node {
@@ -329,155 +233,6 @@ impl RadixTree {
         }
     }
 
-    /// Stores `token_ids`; the token at position p lives in `block_ids[p / block_size]`. Nodes
-    /// already on the path keep their own blocks; new nodes reference the caller's blocks.
-    pub fn insert(&mut self, token_ids: &[u32], block_ids: &[u32]) -> KvResult<InsertResult> {
-        if let Some(b) = block_ids.iter().find(|&&b| b > MAX_BLOCK_ID) {
-            return Err(KvError::Value(format!("block id {b} is not in [0, 2**31)")));
-        }
-        let len = token_ids.len() as u64;
-        let need = len / self.block_size + u64::from(len % self.block_size != 0);
-        if (block_ids.len() as u64) < need {
-            return Err(KvError::Value(format!(
-                "block_ids holds {} blocks, fewer than the {need} that {len} tokens need",
-                block_ids.len()
-            )));
-        }
-        // Nothing below fails.
-        let mut refs = Vec::new();
-        let mut num_new_tokens = 0u64;
-        let mut path = vec![ROOT];
-        let mut node_id = ROOT;
-        let mut pos = 0usize;
-        while pos < token_ids.len() {
-            let rest = &token_ids[pos..];
-            let child = match self.node(node_id).children.get(&rest[0]) {
-                Some(&c) => c,
-                None => {
-                    node_id = self.add_leaf(node_id, pos as u64, rest, block_ids, &mut refs);
-                    num_new_tokens = rest.len() as u64;
-                    path.push(node_id);
-                    break;
-                }
-            };
-            let edge_len = self.node(child).tokens.len();
-            let k = common_prefix(&self.node(child).tokens, rest);
-            pos += k;
-            if k == edge_len || pos == token_ids.len() {
-                // The whole edge matched, or the sequence ends inside it: no split needed.
-                node_id = child;
-            } else {
-                node_id = self.split(child, k, &mut refs);
-            }
-            path.push(node_id);
-        }
-        path.reverse();
-        self.stamp_path(&path);
-        Ok(InsertResult {
-            num_new_tokens,
-            new_block_refs: refs,
-            node_id,
-        })
-    }
-
-    fn take_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
-    }
-
-    /// A new leaf under `parent` holding `tokens` from absolute position `start` (the parent's
-    /// end), referencing the caller's blocks for that range.
-    fn add_leaf(
-        &mut self,
-        parent: u64,
-        start: u64,
-        tokens: &[u32],
-        block_ids: &[u32],
-        refs: &mut Vec<u32>,
-    ) -> u64 {
-        let first = self.block_index(start) as usize;
-        let count = self.span(start, start + tokens.len() as u64);
-        let blocks = block_ids[first..first + count].to_vec();
-        refs.extend_from_slice(&blocks);
-        self.block_counts.add(&blocks, false);
-        let id = self.take_id();
-        self.unlist(parent);
-        self.node_mut(parent).children.insert(tokens[0], id);
-        self.relist(parent);
-        self.num_tokens += tokens.len() as u64;
-        self.num_block_refs += count as u64;
-        self.num_evictable_refs += count as u64;
-        let stamp = self.clock;
-        self.nodes.insert(
-            id,
-            Node {
-                parent,
-                start,
-                tokens: tokens.to_vec(),
-                blocks,
-                children: HashMap::default(),
-                lock_count: 0,
-                own_locks: 0,
-                stamp,
-            },
-        );
-        self.relist(id);
-        id
-    }
-
-    /// Splits node `id` after `k` tokens (0 < k < edge length). The upper part becomes a new
-    /// node with the original's lock count and stamp; `id` keeps the lower part and its own
-    /// locks. A block straddling the split point gains a reference (pushed on `refs`).
-    fn split(&mut self, id: u64, k: usize, refs: &mut Vec<u32>) -> u64 {
-        let upper_id = self.take_id();
-        let bs = self.block_size;
-        let (parent, start, lock_count, stamp, first_token) = {
-            let n = self.node(id);
-            (n.parent, n.start, n.lock_count, n.stamp, n.tokens[0])
-        };
-        let mid = start + k as u64;
-        let upper_count = self.span(start, mid);
-        let lower_skip = (mid / bs - start / bs) as usize;
-        let straddles = mid % bs != 0;
-        self.unlist(id);
-        let n = self.node_mut(id);
-        let lower_tokens = n.tokens.split_off(k);
-        let upper_tokens = std::mem::replace(&mut n.tokens, lower_tokens);
-        let upper_blocks = n.blocks[..upper_count].to_vec();
-        n.blocks.drain(..lower_skip);
-        n.start = mid;
-        n.parent = upper_id;
-        let lower_first = n.tokens[0];
-        if straddles {
-            refs.push(upper_blocks[upper_count - 1]);
-            self.block_counts
-                .add(&upper_blocks[upper_count - 1..], lock_count > 0);
-            self.num_block_refs += 1;
-            if lock_count == 0 {
-                self.num_evictable_refs += 1;
-            }
-        }
-        self.relist(id);
-        let mut children = HashMap::default();
-        children.insert(lower_first, id);
-        self.nodes.insert(
-            upper_id,
-            Node {
-                parent,
-                start,
-                tokens: upper_tokens,
-                blocks: upper_blocks,
-                children,
-                lock_count,
-                own_locks: 0,
-                stamp,
-            },
-        );
-        self.node_mut(parent).children.insert(first_token, upper_id);
-        upper_id
-    }
-
     fn check_node(&self, node_id: u64) -> KvResult<()> {
         if self.nodes.contains_key(&node_id) {
             Ok(())
@@ -498,7 +253,6 @@ impl RadixTree {
                 .expect("node id from the tree itself");
             n.lock_count += 1;
             if n.lock_count == 1 && id != ROOT {
-                self.num_evictable_refs -= n.blocks.len() as u64;
                 self.block_counts.set_locked(&n.blocks, true);
             }
             self.relist(id);
@@ -524,7 +278,6 @@ impl RadixTree {
                 .expect("node id from the tree itself");
             n.lock_count -= 1;
             if n.lock_count == 0 && id != ROOT {
-                self.num_evictable_refs += n.blocks.len() as u64;
                 self.block_counts.set_locked(&n.blocks, false);
             }
             self.relist(id);
@@ -535,7 +288,7 @@ impl RadixTree {
 
     /// Removes unlocked leaves, least recent stamp first (ties: lower id), a parent that becomes
     /// an unlocked leaf included, until at least `num_blocks` references were released or none
-    /// is left to release; returns every released reference (the caller decrefs each once).
+    /// is left to release; returns every released reference (the caller frees each once).
     pub fn evict(&mut self, num_blocks: u64) -> Vec<u32> {
         let mut released = Vec::new();
         while (released.len() as u64) < num_blocks {
@@ -546,9 +299,6 @@ impl RadixTree {
             self.unlist(node.parent);
             self.node_mut(node.parent).children.remove(&node.tokens[0]);
             self.relist(node.parent);
-            self.num_tokens -= node.tokens.len() as u64;
-            self.num_block_refs -= node.blocks.len() as u64;
-            self.num_evictable_refs -= node.blocks.len() as u64;
             self.block_counts.remove(&node.blocks, false);
             released.extend_from_slice(&node.blocks);
         }
@@ -575,7 +325,9 @@ impl RadixTree {
     }
 }
 
+mod block_counts;
 mod check;
+mod insert;
 
 #[cfg(test)]
 mod tests;

@@ -106,7 +106,7 @@ class PyBlockPool:
             self._free_stack.append(block_id)
 
     def _uncache(self, block_id: int) -> None:
-        """Drops the hash of a used block (undo of a successful cache_block)."""
+        """Drops the hash of a used block (undo of a successful _cache_block)."""
         block_hash = self._hashes[block_id]
         assert block_hash is not None and self._ref_counts[block_id] > 0
         del self._hash_to_block[block_hash]
@@ -181,22 +181,19 @@ class PyBlockPool:
             del self._lru[block_id]
         self._ref_counts[block_id] += 1
 
-    def decref(self, block_id: int) -> None:
-        """Drops a reference. At zero a cached block becomes evictable (most recent end of the
-        LRU list) and an uncached block is pushed on the free stack.
-
-        Raises KVCacheError for an unknown id or a block whose ref_count is already 0.
-        """
-        block_id = self._known(block_id)
-        if self._ref_counts[block_id] == 0:
-            raise KVCacheError(f"decref of block {block_id} whose ref_count is 0")
+    def _decref(self, block_id: int) -> None:
+        """Drops a reference of a block whose ref_count is > 0 (free checked it). At zero a
+        cached block becomes evictable (most recent end of the LRU list) and an uncached
+        block is pushed on the free stack."""
         self._ref_counts[block_id] -= 1
         if self._ref_counts[block_id] == 0:
             self._release(block_id)
 
     def free(self, block_ids: Sequence[int]) -> None:
-        """decref of every id, in order. Checked as a whole first (duplicates counted), so on
-        error (double free, unknown id) nothing changes."""
+        """Drops one reference per id, in order (an id listed twice drops two). At zero a
+        cached block becomes evictable (most recent end of the LRU list) and an uncached block
+        is pushed on the free stack. Checked as a whole first (duplicates counted), so on error
+        (double free, unknown id) nothing changes."""
         ids = int_list(block_ids, "block_ids", self._known)
         for block_id, times in Counter(ids).items():
             if times > self._ref_counts[block_id]:
@@ -205,19 +202,9 @@ class PyBlockPool:
                     f"which has {self._ref_counts[block_id]}"
                 )
         for block_id in ids:
-            self.decref(block_id)
+            self._decref(block_id)
 
-    # ---- LRU list -------------------------------------------------------------------------
-
-    def touch(self, block_id: int) -> None:
-        """Moves an evictable block to the most recent end of the LRU list.
-
-        Raises KVCacheError if the block is not evictable (including an unknown id).
-        """
-        block_id = self._known(block_id)
-        if not self._is_evictable(block_id):
-            raise KVCacheError(f"touch of block {block_id}, which is not evictable")
-        self._lru.move_to_end(block_id)
+    # ---- eviction -------------------------------------------------------------------------
 
     def evict(self, block_id: int) -> int:
         """Evictable -> free: drops the block's hash and returns it (the hash). The block is
@@ -253,8 +240,9 @@ class PyBlockPool:
 
     # ---- prefix-hash map ------------------------------------------------------------------
 
-    def cache_block(self, block_id: int, block_hash: int) -> bool:
-        """Records that a used block holds the content named by block_hash.
+    def _cache_block(self, block_id: int, block_hash: int) -> bool:
+        """Records that a used block holds the content named by block_hash
+        (``PyBlockTables.cache_blocks`` publishes blocks through it).
 
         Returns True if recorded; False, changing nothing, if the hash already names another
         block (duplicate content) or this block already carries this hash.
@@ -280,11 +268,6 @@ class PyBlockPool:
         self._hash_to_block[block_hash] = block_id
         return True
 
-    def lookup(self, block_hash: int) -> int | None:
-        """The block cached under block_hash, or None. Changes nothing. Raises ValueError if
-        block_hash is not in [0, 2**64)."""
-        return self._hash_to_block.get(_check_hash(block_hash))
-
     def lookup_prefix(self, block_hashes: Sequence[int]) -> list[int]:
         """Block ids of the longest run of leading hashes that are all cached. Changes nothing.
         Every hash is checked first: ValueError if one is not in [0, 2**64)."""
@@ -298,10 +281,6 @@ class PyBlockPool:
         return block_ids
 
     # ---- per-block queries ----------------------------------------------------------------
-
-    def block_hash(self, block_id: int) -> int | None:
-        """The hash a block carries, or None. Raises KVCacheError for an unknown id."""
-        return self._hashes[self._known(block_id)]
 
     def ref_count(self, block_id: int) -> int:
         """Raises KVCacheError for an unknown id."""

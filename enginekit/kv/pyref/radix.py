@@ -8,8 +8,8 @@ both nodes: each reference is one tree reference, mirrored by the caller as one 
 Results are the NamedTuples of ``enginekit.interfaces.structures``, which the Rust tree returns
 too.
 
-Written for reading: counters and eviction candidates are recomputed from the nodes on demand,
-where the Rust core maintains them incrementally.
+Written for reading: the count of evictable blocks and the eviction candidates are recomputed
+from the nodes on demand, where the Rust core maintains them incrementally.
 """
 
 from __future__ import annotations
@@ -79,25 +79,6 @@ class PyRadixTree:
     def block_size(self) -> int:
         return self._block_size
 
-    @property
-    def num_nodes(self) -> int:
-        """Nodes, the root included."""
-        return len(self._nodes)
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens stored over all edges."""
-        return sum(len(n.tokens) for n in self._nodes.values())
-
-    @property
-    def num_block_refs(self) -> int:
-        """Block references held by all nodes."""
-        return sum(len(n.blocks) for n in self._nodes.values())
-
-    def evictable_block_refs(self) -> int:
-        """References evict could release: those of non-root nodes with lock_count 0."""
-        return sum(len(n.blocks) for i, n in self._nodes.items() if i != ROOT and n.lock_count == 0)
-
     def num_evictable_blocks(self) -> int:
         """Distinct blocks that nodes with lock_count 0 reference and no other node does:
         those evicting every unlocked node would take all the tree's references off. A block
@@ -108,9 +89,6 @@ class PyRadixTree:
             if node_id != ROOT:
                 (locked if node.lock_count else unlocked).update(node.blocks)
         return len(unlocked - locked)
-
-    def has_node(self, node_id: int) -> bool:
-        return operator.index(node_id) in self._nodes
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -273,7 +251,7 @@ class PyRadixTree:
     def evict(self, num_blocks: int) -> list[int]:
         """Removes unlocked leaves, least recent stamp first (ties: lower id), a parent that
         becomes an unlocked leaf included, until at least num_blocks references were released
-        or none is left; returns every released reference (the caller decrefs each once).
+        or none is left; returns every released reference (the caller frees each once).
 
         Raises ValueError if num_blocks is negative.
         """

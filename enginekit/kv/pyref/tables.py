@@ -32,7 +32,7 @@ block size 1. Larger counts are refused up front."""
 class PyBlockTables:
     """Per-sequence lists of physical block ids (logical block i -> physical block).
 
-    Holds no references itself: callers incref/decref in the BlockPool. ``grow`` and
+    Holds no references itself: callers incref and free in the BlockPool. ``grow`` and
     ``cache_blocks`` take the pool to do a whole batch in one call.
 
     Ids and validation, where the stub leaves them open (the Rust core does the same):
@@ -43,14 +43,14 @@ class PyBlockTables:
     - table entries are block ids in [0, 2**31), so that any table exports to int32; another
       value raises ValueError. Whether they lie inside a pool is check_integrity's business.
     - arguments are checked in order, left to right, before the state is looked at; a bad
-      count (negative num_blocks, num_tokens or width) raises ValueError.
+      count (negative num_tokens, width, first or end) raises ValueError.
 
     Holes: release_range turns entries into holes
     (HOLE, i.e. -1), for a sliding window that drops blocks a sequence can no longer attend
     to, possibly keeping attention-sink blocks in front of them; append_holes recreates them
     for a sequence brought back from a swap. A hole keeps its logical slot (num_blocks counts
     it, grow does not refill it) but references no block, so the lists handed back for the
-    caller to free or incref (remove_sequence, truncate, fork) skip holes. Holes may sit
+    caller to free or incref (remove_sequence, fork) skip holes. Holes may sit
     anywhere in a table; each table's count of them is kept, so num_holes is O(1).
     """
 
@@ -129,9 +129,6 @@ class PyBlockTables:
 
     # ---- one sequence ---------------------------------------------------------------------
 
-    def has_sequence(self, seq_id: int) -> bool:
-        return operator.index(seq_id) in self._tables
-
     def add_sequence(self, seq_id: int, block_ids: Sequence[int] = ()) -> None:
         """Raises KVCacheError if seq_id already exists."""
         seq_id = self._new_seq_id(seq_id)
@@ -152,10 +149,6 @@ class PyBlockTables:
         del self._num_holes[operator.index(seq_id)]
         return _held(table)
 
-    def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None:
-        table = self._table(seq_id)
-        table.extend(self._entries(block_ids))
-
     def append_holes(self, seq_id: int, num_holes: int) -> None:
         """Appends num_holes holes: logical slots that hold no block (a sequence restored with
         the blocks it had released still released).
@@ -172,23 +165,6 @@ class PyBlockTables:
             )
         table.extend([HOLE] * num_holes)
         self._num_holes[operator.index(seq_id)] += num_holes
-
-    def truncate(self, seq_id: int, num_blocks: int) -> list[int]:
-        """Keeps the first num_blocks blocks; returns the removed ones in logical order.
-
-        Raises KVCacheError if num_blocks exceeds the table's length, ValueError if negative.
-        """
-        table = self._table(seq_id)
-        num_blocks = _check_count("num_blocks", num_blocks)
-        if num_blocks > len(table):
-            raise KVCacheError(
-                f"truncate of sequence {seq_id} to {num_blocks} blocks, it has {len(table)}"
-            )
-        removed = table[num_blocks:]
-        del table[num_blocks:]
-        held = _held(removed)
-        self._num_holes[operator.index(seq_id)] -= len(removed) - len(held)
-        return held
 
     def release_range(self, seq_id: int, first: int, end: int) -> list[int]:
         """Makes entries first .. end - 1 holes; returns the blocks that were there and not
@@ -296,12 +272,15 @@ class PyBlockTables:
     def cache_blocks(
         self, pool: PyBlockPool, seq_id: int, first_index: int, block_hashes: Sequence[int]
     ) -> int:
-        """pool.cache_block(block_id_at(seq_id, first_index + i), block_hashes[i]) for each i;
-        returns how many returned True. Checked first: raises KVCacheError if the range
+        """Publishes blocks in the pool's hash map: for each i, block
+        block_id_at(seq_id, first_index + i) is recorded as holding the content named by
+        block_hashes[i], unless it already carries that hash or the hash names another block;
+        returns how many were recorded. Checked first: raises KVCacheError if the range
         passes the table's end (or first_index is negative), and ValueError if a hash is not
         in [0, 2**64), changing nothing; then KVCacheError if the range holds a hole. If a
-        cache_block raises midway, the recordings this call made are undone before the
-        exception propagates, so the call changes nothing."""
+        recording raises midway (KVCacheError: a block with ref_count 0, outside the pool, or
+        carrying another hash), the recordings this call made are undone before the exception
+        propagates, so the call changes nothing."""
         table = self._table(seq_id)
         first_index = operator.index(first_index)
         if not 0 <= first_index <= _MAX_HASH:
@@ -319,7 +298,7 @@ class PyBlockTables:
         try:
             for offset, block_hash in enumerate(hashes):
                 block_id = table[first_index + offset]
-                if pool.cache_block(block_id, block_hash):
+                if pool._cache_block(block_id, block_hash):
                     recorded.append(block_id)
         except Exception:
             for block_id in reversed(recorded):
