@@ -39,16 +39,16 @@ __all__ = [
 
 if TYPE_CHECKING:
     # Both implementations against the structure Protocols the engine and the plugins use:
-    # a signature that drifts from its Protocol fails `mypy enginekit` here.
-    # Each constructor takes one int (num_blocks or block_size) and builds a conforming object.
+    # a signature that drifts from its Protocol fails `mypy enginekit` here. Each
+    # constructor takes one int (num_blocks or block_size) and builds a conforming object.
     from collections.abc import Callable
 
-    from enginekit import _native
+    from enginekit._native import BlockPool, BlockTables, RadixTree
     from enginekit.interfaces import structures
 
     _pool: Callable[[int], structures.BlockPool] = PyBlockPool
     _tables: Callable[[int], structures.BlockTables[PyBlockPool]] = PyBlockTables
     _tree: Callable[[int], structures.RadixTree] = PyRadixTree
-    _native_pool: Callable[[int], structures.BlockPool] = _native.BlockPool
-    _native_tables: Callable[[int], structures.BlockTables[_native.BlockPool]] = _native.BlockTables
-    _native_tree: Callable[[int], structures.RadixTree] = _native.RadixTree
+    _native_pool: Callable[[int], structures.BlockPool] = BlockPool
+    _native_tables: Callable[[int], structures.BlockTables[BlockPool]] = BlockTables
+    _native_tree: Callable[[int], structures.RadixTree] = RadixTree
