@@ -46,7 +46,7 @@ from enginekit import Engine, SamplingParams  # noqa: E402
 from enginekit.executor.torch.fp8_scales import calibrated_scale  # noqa: E402
 from enginekit.executor.torch.scoring import teacher_forced_logprobs  # noqa: E402
 from enginekit.kernels import reference  # noqa: E402
-from enginekit.kernels.layout import allocate_pool  # noqa: E402
+from enginekit.kernels.layout import allocate_kv_tensors  # noqa: E402
 from enginekit.kernels.ops import REFERENCE_OPS  # noqa: E402
 from enginekit.models.llama import LlamaModel  # noqa: E402
 from enginekit.models.weights import load_hf_folder  # noqa: E402
@@ -80,7 +80,7 @@ def attention_error(
     for layer, (q, k, v) in enumerate(qkv):
         outs = []
         for s in (plain_spec, spec):
-            pool = allocate_pool(s, table.shape[1], DTYPE, "cpu")
+            pool = allocate_kv_tensors(s, table.shape[1], DTYPE, "cpu")
             if pool.fp8_scales is not None:  # calibrated on this window, as the engine does
                 scales = torch.stack([calibrated_scale(k, margin), calibrated_scale(v, margin)])
                 pool.set_fp8_scales(layer, scales)

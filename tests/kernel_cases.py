@@ -24,7 +24,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 from enginekit.kernels import reference  # noqa: E402
-from enginekit.kernels.layout import KVPool, allocate_pool  # noqa: E402
+from enginekit.kernels.layout import KVTensors, allocate_kv_tensors  # noqa: E402
 from enginekit.kernels.triton import attention as triton_attention  # noqa: E402
 from enginekit.kernels.triton import cache as triton_cache  # noqa: E402
 from enginekit.spec.kv import KVSpec  # noqa: E402
@@ -45,16 +45,16 @@ def quant_of(kind: str, block_size: int) -> KVQuant:
     return KVQuant(kind)
 
 
-def new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g) -> KVPool:
+def new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g) -> KVTensors:
     bits = quant.bits_per_element(torch.finfo(dtype).bits)
     spec = KVSpec(NUM_LAYERS, num_kv_heads, HEAD_DIM, bits, block_size, quant)
-    pool = allocate_pool(spec, num_blocks, dtype, "cpu")
+    pool = allocate_kv_tensors(spec, num_blocks, dtype, "cpu")
     if pool.fp8_scales is not None:
         pool.set_fp8_scales(None, (0.5 + torch.rand(pool.fp8_scales.shape, generator=g)) * 3 / 448)
     return pool
 
 
-def poison(pool: KVPool, block: int, first_slot: int = 0) -> None:
+def poison(pool: KVTensors, block: int, first_slot: int = 0) -> None:
     """Garbage in ``block`` from slot ``first_slot`` on: NaN for a whole block, large
     finite values for a tail (int4 key groups are poisoned only when wholly past it)."""
     kind = pool.quant.kind
@@ -158,15 +158,15 @@ def case_prefill(num_heads, num_kv_heads, block_size, window, dtype, kind="none"
     check(got, want, dtype)
 
 
-def clone(pool: KVPool) -> KVPool:
+def clone(pool: KVTensors) -> KVTensors:
     def copy(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.clone()
 
-    return KVPool(copy(pool.data), pool.quant, copy(pool.key_meta), copy(pool.value_meta),
+    return KVTensors(copy(pool.data), pool.quant, copy(pool.key_meta), copy(pool.value_meta),
                   copy(pool.fp8_scales), list(pool.fp8_layers_set))  # fmt: skip
 
 
-def fill_random(pool: KVPool, g: torch.Generator) -> None:
+def fill_random(pool: KVTensors, g: torch.Generator) -> None:
     """Random finite contents in every block tensor (bytes below 120 are finite numbers
     in every dtype used here)."""
     for tensor in pool.block_tensors:
@@ -174,7 +174,7 @@ def fill_random(pool: KVPool, g: torch.Generator) -> None:
         flat.copy_(torch.randint(0, 120, flat.shape, dtype=torch.uint8, generator=g))
 
 
-def assert_same_pool(got: KVPool, want: KVPool) -> None:
+def assert_same_pool(got: KVTensors, want: KVTensors) -> None:
     for a, b in zip(got.block_tensors, want.block_tensors, strict=True):
         if a.dtype == torch.float8_e4m3fn:
             a, b = a.view(torch.uint8), b.view(torch.uint8)

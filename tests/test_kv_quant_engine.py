@@ -72,7 +72,7 @@ def test_torch_pool_bytes_equal_kvspec(quantizer, block_size):
             "cache.num_blocks=8",
         ]
     )
-    pool = eng.executor.cache.pool
+    pool = eng.executor.kv_tensors.on_device
     assert pool.bytes_per_block == eng.kv_spec.bytes_per_block
 
 
@@ -147,7 +147,7 @@ def test_fp8_scales_come_from_the_checkpoint_when_it_has_them(saved_model, tmp_p
     heads = config.num_key_value_heads if per_head else 1
     scales = torch.tensor([[0.01, 0.02], [0.02, 0.04]])[:, :, None].expand(-1, -1, heads)
     eng = saved_engine(with_kv_scales(folder, tmp_path / "scaled", scales), "+quantizer=fp8")
-    scales = eng.executor.cache.pool.fp8_scales
+    scales = eng.executor.kv_tensors.on_device.fp8_scales
     assert scales is not None
     torch.testing.assert_close(scales[1, 0], torch.full((scales.shape[2],), 0.02))
     torch.testing.assert_close(scales[0, 1], torch.full((scales.shape[2],), 0.02))
@@ -162,7 +162,7 @@ def test_fp8_calibrates_on_the_first_prefill_and_says_so(saved_model):
     assert "not calibrated" in eng.describe()["fp8_scales"]
     batch = prompts(256, 5, seed=1, n=2)
     run_prompts(eng, batch)
-    scales = eng.executor.cache.pool.fp8_scales
+    scales = eng.executor.kv_tensors.on_device.fp8_scales
     assert bool(torch.isfinite(scales).all()) and bool((scales > 0).all())
     described = eng.describe()["fp8_scales"]
     first_step_tokens = sum(len(p) for p in batch)
@@ -209,7 +209,7 @@ def folders(saved_model, tmp_path_factory):
     folder, _ = saved_model
     eng = saved_engine(folder, "+quantizer=fp8", "+prefix=none")
     run_prompts(eng, prompts(256, 13, seed=1))
-    scales = eng.executor.cache.pool.fp8_scales.clone()
+    scales = eng.executor.kv_tensors.on_device.fp8_scales.clone()
     return {
         "int4": folder,
         "fp8": with_kv_scales(folder, tmp_path_factory.mktemp("fp8") / "m", scales),

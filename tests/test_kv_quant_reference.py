@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enginekit.kernels import reference
-from enginekit.kernels.layout import KVPool, allocate_pool
+from enginekit.kernels.layout import KVTensors, allocate_kv_tensors
 from enginekit.kernels.quantize import (
     FP8_MAX,
     dequantize_fp8,
@@ -47,9 +47,9 @@ def spec_of(quant: KVQuant, num_layers: int = 2, model_bits: int = 32) -> KVSpec
     )
 
 
-def make_pool(quant: KVQuant, num_blocks: int = 8, dtype=torch.float32) -> KVPool:
+def make_pool(quant: KVQuant, num_blocks: int = 8, dtype=torch.float32) -> KVTensors:
     """A zeroed pool; fp8 scales set to 4 / 448 (randn K/V hardly saturate)."""
-    pool = allocate_pool(spec_of(quant), num_blocks, dtype, "cpu")
+    pool = allocate_kv_tensors(spec_of(quant), num_blocks, dtype, "cpu")
     if pool.fp8_scales is not None:
         pool.set_fp8_scales(None, torch.tensor(4.0 / FP8_MAX))
     return pool
@@ -65,7 +65,7 @@ def random_kv(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return kv[:, 0], kv[:, 1]
 
 
-def fill(pool: KVPool, table: torch.Tensor, key, value, chunks, layer: int = 1) -> None:
+def fill(pool: KVTensors, table: torch.Tensor, key, value, chunks, layer: int = 1) -> None:
     """Writes the sequence's tokens in position order, in chunks of the given sizes."""
     start = 0
     for size in chunks:
@@ -120,7 +120,7 @@ def test_fp8_saturates_beyond_the_range_instead_of_nan():
 
 
 def test_fp8_writes_refuse_unset_scales():
-    pool = allocate_pool(spec_of(KVQuant("fp8")), 4, torch.float32, "cpu")
+    pool = allocate_kv_tensors(spec_of(KVQuant("fp8")), 4, torch.float32, "cpu")
     key, value = random_kv(3, 0)
     slots = torch.tensor([0, 1, 2])
     with pytest.raises(ValueError, match="not set"):
@@ -129,7 +129,9 @@ def test_fp8_writes_refuse_unset_scales():
     reference.write_kv(pool, 0, key, value, slots)  # layer 0 is set
     with pytest.raises(ValueError, match="layer 1"):
         reference.write_kv(pool, 1, key, value, slots)
-    host = allocate_pool(spec_of(KVQuant("fp8")), 4, torch.float32, "cpu", with_fp8_scales=False)
+    host = allocate_kv_tensors(
+        spec_of(KVQuant("fp8")), 4, torch.float32, "cpu", with_fp8_scales=False
+    )
     with pytest.raises(ValueError, match="no scales"):
         reference.write_kv(host, 0, key, value, slots)
 
@@ -313,7 +315,7 @@ def test_copy_on_write_then_decode_equals_the_source(name):
 def test_swap_out_and_in_moves_every_block_tensor(name):
     quant = QUANTS[name]
     pool = make_pool(quant)
-    host = allocate_pool(spec_of(quant), 3, torch.float32, "cpu", with_fp8_scales=False)
+    host = allocate_kv_tensors(spec_of(quant), 3, torch.float32, "cpu", with_fp8_scales=False)
     table = torch.tensor([2, 6], dtype=torch.int32)
     key, value = random_kv(11, 6)
     fill(pool, table, key, value, [4, 7])
@@ -449,7 +451,7 @@ def test_gather_kv_dtypes(name):
 def test_pool_bytes_per_block_is_the_spec(name, dtype):
     quant = QUANTS[name]
     spec = spec_of(quant, num_layers=3, model_bits=torch.finfo(dtype).bits)
-    pool = allocate_pool(spec, 2, dtype, "cpu")
+    pool = allocate_kv_tensors(spec, 2, dtype, "cpu")
     assert pool.bytes_per_block == spec.bytes_per_block
     assert pool.head_dim == HEAD_DIM and pool.num_layers == 3
     per_token_elements = spec.num_elements_per_token

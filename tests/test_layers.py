@@ -113,7 +113,7 @@ REFUSED = [
     ("layers", "enginekit.config", "enginekit.request"),
     ("layers", "enginekit.errors", "enginekit.config"),
     ("layers", "enginekit.metric_keys", "enginekit.errors"),
-    ("layers", "enginekit.engine", "enginekit.app"),
+    ("layers", "enginekit.engine", "enginekit.driver"),
     ("kernels-no-policy", "enginekit.kernels", "enginekit.kv"),
     ("kernels-no-policy", "enginekit.models", "enginekit.scheduler"),
     ("plugins-public-api", "enginekit_plugins.prefix", "enginekit.kv"),

@@ -358,7 +358,7 @@ def run_radix_engine(native: bool) -> list[tuple[int, int, int, int]]:
                 usage.num_total_blocks
             ), usage
             assert engine.cache.num_reclaimable_blocks() <= usage.num_total_blocks
-            usages.append(tuple(usage))
+            usages.append(tuple(usage)[:4])  # total, used, evictable, free
     # Once both have finished, the tree alone holds the blocks it references: all of them are
     # evictable, each counted once.
     assert engine.cache.pool.num_used_blocks == len(set(engine.cache.prefix.held_block_ids()))

@@ -56,7 +56,7 @@ def test_auto_runs_the_dtype_the_folder_says(folder_of, key, dtype, expected):
         ["executor=torch", f"model.path={folder}", "progress=false", "cache.num_blocks=16"]
     )
     assert eng.describe()["dtype"] == expected
-    assert eng.executor.cache.pool.data.dtype == getattr(torch, expected)
+    assert eng.executor.kv_tensors.on_device.data.dtype == getattr(torch, expected)
     bits = 32 if expected == "float32" else 16
     assert eng.kv_spec.bytes_per_token == 2 * 2 * 2 * 16 * bits // 8  # layers, kv heads, dim
 

@@ -13,7 +13,7 @@ from torch_helpers import hf_config, hf_model, prompts, saved_engine
 from enginekit import Engine, SamplingParams
 from enginekit.driver import WorkloadDriver
 from enginekit.errors import ConfigError
-from enginekit.executor.torch.kv_tensors import PagedKVCache
+from enginekit.executor.torch.kv_tensors import PagedKVTensors
 from enginekit.kernels.ops import REFERENCE_OPS
 from enginekit.models.tiny import random_state_dict
 from enginekit.spec.kv import KVSpec
@@ -156,17 +156,17 @@ def test_seeded_sampling_is_reproducible():
 def test_swaps_then_copies_in_contract_order(quant):
     """Whole blocks move, int4 scales and zero points with them."""
     spec = KVSpec.of(model_preset("tiny"), bits_per_element=32, block_size=4, quant=quant)
-    cache = PagedKVCache(spec, 8, 4, torch.float32, torch.device("cpu"), REFERENCE_OPS)
-    for t in cache.pool.block_tensors:
+    tensors = PagedKVTensors(spec, 8, 4, torch.float32, torch.device("cpu"), REFERENCE_OPS)
+    for t in tensors.on_device.block_tensors:
         t.copy_(torch.randint(0, 100, t.shape).to(t.dtype))
-    before = [t.clone() for t in cache.pool.block_tensors]
-    cache.apply([BlockSwap(3, 0), BlockSwap(5, 1)], [], [])
+    before = [t.clone() for t in tensors.on_device.block_tensors]
+    tensors.apply([BlockSwap(3, 0), BlockSwap(5, 1)], [], [])
     # Device block 3 is reused at once: host 1 (old block 5) comes back into it.
-    cache.apply([BlockSwap(3, 2)], [BlockSwap(3, 1), BlockSwap(6, 0)], [BlockCopy(6, 7)])
-    assert cache.host_pool is not None
-    assert len(cache.host_pool.block_tensors) == len(before)
+    tensors.apply([BlockSwap(3, 2)], [BlockSwap(3, 1), BlockSwap(6, 0)], [BlockCopy(6, 7)])
+    assert tensors.on_host is not None
+    assert len(tensors.on_host.block_tensors) == len(before)
     for host, device, old in zip(
-        cache.host_pool.block_tensors, cache.pool.block_tensors, before, strict=True
+        tensors.on_host.block_tensors, tensors.on_device.block_tensors, before, strict=True
     ):
         assert torch.equal(host[2].float(), old[3].float())
         assert torch.equal(device[3].float(), old[5].float())

@@ -16,7 +16,7 @@ from enginekit import Engine, SamplingParams
 from enginekit.config import CacheConfig, EngineConfig, ModelConfig, PreemptionConfig
 from enginekit.errors import ConfigError, KVCacheError, OutOfBlocksError
 from enginekit.executor.torch import factory as torch_factory
-from enginekit.executor.torch.kv_tensors import PagedKVCache
+from enginekit.executor.torch.kv_tensors import PagedKVTensors
 from enginekit.kernels.ops import REFERENCE_OPS
 from enginekit.kv.swap_space import SwapSpace
 from enginekit.spec.kv import KVSpec, swap_space_num_blocks
@@ -46,7 +46,7 @@ def test_a_name_only_swap_config_sizes_both_sides_alike():
     )
     eng = Engine(OmegaConf.structured(config))
     host = eng.cache.swap_space
-    assert eng.executor.cache.num_host_blocks == host.num_blocks == 24  # capped at the pool
+    assert eng.executor.kv_tensors.num_host_blocks == host.num_blocks == 24  # capped at the pool
     assert eng.describe()["swap_pool_blocks"] == 24
     assert eng.describe()["swap_pool_bytes"] == 24 * eng.kv_spec.bytes_per_block
 
@@ -83,7 +83,7 @@ def test_swaps_run_to_the_end_within_a_host_pool_of_any_size(swap_space_gib):
     while eng.has_unfinished_requests():
         eng.step()
         eng.check_integrity()
-        allocated = eng.executor.cache.num_host_blocks_allocated
+        allocated = eng.executor.kv_tensors.num_host_blocks_allocated
         assert allocated <= min(host.num_blocks, max(16, 2 * host.num_touched_blocks))
     summary = eng.summary()
     assert summary["num_requests_finished"] == 6
@@ -95,19 +95,19 @@ def test_swaps_run_to_the_end_within_a_host_pool_of_any_size(swap_space_gib):
 
 def test_the_host_pool_tensors_grow_keeping_the_blocks_they_hold():
     spec = KVSpec.of(model_preset("tiny"), bits_per_element=32, block_size=4)
-    cache = PagedKVCache(spec, 40, 40, torch.float32, torch.device("cpu"), REFERENCE_OPS)
-    for t in cache.pool.block_tensors:
+    tensors = PagedKVTensors(spec, 40, 40, torch.float32, torch.device("cpu"), REFERENCE_OPS)
+    for t in tensors.on_device.block_tensors:
         t.copy_(torch.randn(t.shape))
-    assert cache.num_host_blocks_allocated == 0
-    cache.swap_out([BlockSwap(3, 0)])
-    assert cache.num_host_blocks_allocated == 16
-    cache.swap_out([BlockSwap(5, 20)])  # beyond the first allocation: doubles
-    assert cache.num_host_blocks_allocated == 32
-    cache.swap_in([BlockSwap(7, 0), BlockSwap(8, 20)])
-    assert torch.equal(cache.pool.data[7], cache.pool.data[3])
-    assert torch.equal(cache.pool.data[8], cache.pool.data[5])
-    with pytest.raises(KVCacheError, match="outside the swap pool of 40 blocks"):
-        cache.swap_out([BlockSwap(1, 40)])
+    assert tensors.num_host_blocks_allocated == 0
+    tensors.swap_out([BlockSwap(3, 0)])
+    assert tensors.num_host_blocks_allocated == 16
+    tensors.swap_out([BlockSwap(5, 20)])  # beyond the first allocation: doubles
+    assert tensors.num_host_blocks_allocated == 32
+    tensors.swap_in([BlockSwap(7, 0), BlockSwap(8, 20)])
+    assert torch.equal(tensors.on_device.data[7], tensors.on_device.data[3])
+    assert torch.equal(tensors.on_device.data[8], tensors.on_device.data[5])
+    with pytest.raises(KVCacheError, match="outside the swap space of 40 blocks"):
+        tensors.swap_out([BlockSwap(1, 40)])
 
 
 def test_host_swap_pool_bookkeeping_grows_with_use_not_with_its_size():
@@ -137,7 +137,7 @@ def test_the_default_cpu_pool_holds_what_the_run_can_use_and_the_report_says_so(
     assert eng.cache.num_blocks == described["kv_pool_blocks"] == 8 * 16  # ceil(250 / 16) each
     assert described["kv_pool_bytes"] == 8 * 16 * eng.kv_spec.bytes_per_block
     assert described["kv_pool_sized_by"] == "scheduler.max_num_seqs x max_model_len"
-    assert eng.executor.cache.pool.num_blocks == 8 * 16
+    assert eng.executor.kv_tensors.on_device.num_blocks == 8 * 16
 
 
 def _pool_cfg(**cache):

@@ -11,7 +11,7 @@ import torch
 
 from enginekit import Engine
 from enginekit.executor.torch.batch import build_batch
-from enginekit.kernels.layout import allocate_pool
+from enginekit.kernels.layout import allocate_kv_tensors
 from enginekit.models.arch import ModelArch
 from enginekit.models.llama import LlamaModel
 from enginekit.models.tiny import random_state_dict, tiny_hf_config
@@ -125,7 +125,7 @@ class PagedSequences:
     def __init__(self, model: LlamaModel, block_size: int, num_blocks: int, seed: int = 0):
         shape = model.arch.shape
         self.spec = KVSpec.of(shape, bits_per_element=32, block_size=block_size)
-        self.pool = allocate_pool(self.spec, num_blocks, model.dtype, "cpu")
+        self.pool = allocate_kv_tensors(self.spec, num_blocks, model.dtype, "cpu")
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
         self.tables: dict[int, list[int]] = {}

@@ -17,6 +17,15 @@ from enginekit.interfaces.eviction import AttentionSpan, BlockRange, Eviction
 from enginekit.interfaces.preemption import Preemption, PreemptionMode
 from enginekit.interfaces.prefix import NO_MATCH, PrefixCache, PrefixMatch
 from enginekit.interfaces.quantizer import Quantizer
+from enginekit.interfaces.structures import (
+    BlockPool,
+    BlockTables,
+    InsertResult,
+    IntList,
+    RadixMatch,
+    RadixNode,
+    RadixTree,
+)
 from enginekit.spec.kv import KVSpec
 from enginekit.spec.model import ModelShape
 from enginekit.spec.quant import FP8_SCALE_SOURCES, KVQuant
@@ -37,10 +46,14 @@ __all__ = [
     "Allocator",
     "AttentionSpan",
     "Backend",
+    "BlockPool",
     "BlockRange",
+    "BlockTables",
     "CacheView",
     "Eviction",
     "HoleAllocator",
+    "InsertResult",
+    "IntList",
     "KVContext",
     "KVQuant",
     "KVSpec",
@@ -51,6 +64,9 @@ __all__ = [
     "PrefixCache",
     "PrefixMatch",
     "Quantizer",
+    "RadixMatch",
+    "RadixNode",
+    "RadixTree",
     "RestoreCost",
     "WindowedEviction",
     "plugin_name",

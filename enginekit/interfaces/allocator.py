@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from typing import ClassVar
 
 from enginekit.config import AllocatorConfig
 from enginekit.interfaces.base import Plugin
 from enginekit.interfaces.context import KVContext
+from enginekit.interfaces.structures import IntList
 from enginekit.request import Request
 
 
 class Allocator(Plugin, ABC):
     """Owns the block tables' contents: admits, grows and releases sequences.
 
-    The KVCacheManager makes room (eviction) before calling ``admit`` or ``grow``, so
+    The cache manager makes room (eviction) before calling ``admit`` or ``grow``, so
     these only take blocks from the pool's free list; they raise OutOfBlocksError (changing
     nothing) if the free list is still short. References: a table holds one reference to
     each of its blocks; ``release`` gives them back.
@@ -33,7 +33,7 @@ class Allocator(Plugin, ABC):
         ``num_cached_blocks`` blocks come from the prefix cache. Pure."""
 
     @abstractmethod
-    def admit(self, request: Request, cached_block_ids: Sequence[int]) -> None:
+    def admit(self, request: Request, cached_block_ids: IntList) -> None:
         """Creates the request's block table with the cached blocks, and whatever fresh
         blocks this allocator takes at admission: none for ``paged`` (the manager grows
         the table chunk by chunk, out of the ``num_blocks_to_admit`` blocks it promised
@@ -42,11 +42,11 @@ class Allocator(Plugin, ABC):
         over. Mutates pool and tables."""
 
     @abstractmethod
-    def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+    def num_blocks_to_grow(self, seq_ids: IntList, num_tokens: IntList) -> int:
         """Free blocks that ``grow`` would take. Pure."""
 
     @abstractmethod
-    def grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+    def grow(self, seq_ids: IntList, num_tokens: IntList) -> None:
         """Extends each sequence's table so that num_tokens[i] tokens fit. All or nothing.
         Mutates pool and tables."""
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from enginekit.kernels.layout import KVPool
+from enginekit.kernels.layout import KVTensors
 
 MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 STORED_DTYPES = {"fp8": torch.float8_e4m3fn, "int4": torch.uint8}
@@ -32,7 +32,7 @@ def _check_tensor(
         raise ValueError(f"{what} must be contiguous")
 
 
-def check_pool(pool: KVPool, layer: int) -> None:
+def check_pool(pool: KVTensors, layer: int) -> None:
     """``pool.data`` is 6-D [blocks, layers, 2, kv_heads, block_size, stored_dim] and
     contiguous in its kind's dtype; int4 pools have contiguous float16 scale/zero tensors
     of the layout's shapes, fp8 pools float32 scales [layers, 2, kv_heads]; ``layer`` is
@@ -68,7 +68,7 @@ def check_pool(pool: KVPool, layer: int) -> None:
 
 
 def check_heads(
-    x: torch.Tensor, pool: KVPool, what: str, num_heads: int | None, dtype: torch.dtype | None
+    x: torch.Tensor, pool: KVTensors, what: str, num_heads: int | None, dtype: torch.dtype | None
 ) -> None:
     """``x`` is [N, heads, head_dim] with unit stride on head_dim, on the pool's device, in
     ``dtype`` if given (else any model dtype); ``num_heads`` if given."""
@@ -87,7 +87,7 @@ def check_heads(
         )
 
 
-def model_dtype(pool: KVPool) -> torch.dtype | None:
+def model_dtype(pool: KVTensors) -> torch.dtype | None:
     """The dtype K/V/queries must have for this pool: the stored one for ``none``; None
     (any model dtype) for quantized pools."""
     return pool.data.dtype if pool.quant.kind == "none" else None
@@ -107,7 +107,7 @@ def check_index(
 
 def check_attention_args(
     query: torch.Tensor,
-    pool: KVPool,
+    pool: KVTensors,
     layer: int,
     block_tables: torch.Tensor,
     num_seqs: int,

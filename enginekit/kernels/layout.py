@@ -1,6 +1,6 @@
 """The physical layout of the paged KV pool, shared by the references and the kernels.
 
-A pool is a ``KVPool``: tensors whose first axis is the block id, so a block moves
+A pool is a ``KVTensors``: tensors whose first axis is the block id, so a block moves
 (copy-on-write, swap) by copying index ``b`` of each. The K/V elements::
 
     data[num_blocks, num_layers, 2, num_kv_heads, block_size, stored_dim]   (contiguous)
@@ -44,7 +44,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 
 
 @dataclass
-class KVPool:
+class KVTensors:
     """The tensors of one pool (device or host). ``quant`` says which are present:
     ``key_meta``/``value_meta`` for int4, ``fp8_scales`` for fp8 device pools.
     ``fp8_layers_set`` says, on the host, which layers' fp8 scales have been set (through
@@ -103,13 +103,13 @@ class KVPool:
         return sum(t[0].numel() * t.element_size() for t in self.block_tensors)
 
 
-def pool_shape(spec: KVSpec, num_blocks: int) -> tuple[int, int, int, int, int, int]:
+def kv_tensors_shape(spec: KVSpec, num_blocks: int) -> tuple[int, int, int, int, int, int]:
     """Shape of ``data`` (see the module docstring)."""
     stored_dim = spec.head_dim // 2 if spec.quant.kind == "int4" else spec.head_dim
     return (num_blocks, spec.num_layers, 2, spec.num_kv_heads, spec.block_size, stored_dim)
 
 
-def allocate_pool(
+def allocate_kv_tensors(
     spec: KVSpec,
     num_blocks: int,
     dtype: torch.dtype,
@@ -117,7 +117,7 @@ def allocate_pool(
     *,
     pin_memory: bool = False,
     with_fp8_scales: bool = True,
-) -> KVPool:
+) -> KVTensors:
     """A zeroed pool of ``num_blocks`` blocks in ``spec.quant``'s format; ``dtype`` is
     the model's (what ``none`` stores). fp8 scales start as NaN: they must be set (from
     a checkpoint or by calibration) before the first write. ``pin_memory`` only for host
@@ -131,7 +131,7 @@ def allocate_pool(
     def zeros(shape: tuple[int, ...], of: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=of, device=device, pin_memory=pin_memory)
 
-    pool = KVPool(zeros(pool_shape(spec, num_blocks), data_dtype), quant)
+    pool = KVTensors(zeros(kv_tensors_shape(spec, num_blocks), data_dtype), quant)
     layers, heads, bs, d = spec.num_layers, spec.num_kv_heads, spec.block_size, spec.head_dim
     if kind == "int4":
         key_groups = bs // quant.key_group_tokens

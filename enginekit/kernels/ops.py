@@ -4,7 +4,7 @@
 ``triton.ops.TRITON_OPS`` runs the Triton kernels (CUDA, or anywhere under
 ``TRITON_INTERPRET=1``). Both take the same arguments and store the same format; tensors
 named ``*_starts``/``*_lens``/``block_tables`` live on the pool's device. Every operation
-takes a ``KVPool`` of any storage kind (none, fp8, int4): writes quantize, attention
+takes a ``KVTensors`` of any storage kind (none, fp8, int4): writes quantize, attention
 dequantizes inside the kernel.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from enginekit.kernels import reference
-from enginekit.kernels.layout import KVPool
+from enginekit.kernels.layout import KVTensors
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class PagedOps:
 
 def _reference_prefill_attention(
     query: torch.Tensor,
-    pool: KVPool,
+    pool: KVTensors,
     layer: int,
     block_tables: torch.Tensor,
     query_starts: torch.Tensor,

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from enginekit.kernels.layout import KVPool
+from enginekit.kernels.layout import KVTensors
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT4_MAX = 15
@@ -42,10 +42,10 @@ def dequantize_fp8(stored: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return stored.float() * scale.float()
 
 
-def check_fp8_scales(pool: KVPool, layer: int) -> torch.Tensor:
+def check_fp8_scales(pool: KVTensors, layer: int) -> torch.Tensor:
     """The fp8 scales [2, kv_heads] of ``layer``. Raises ValueError when the pool has none
     (a host pool) or when they are not set yet (calibration or the checkpoint sets them,
-    through ``KVPool.set_fp8_scales``, before the first write). Checks on the host only."""
+    through ``KVTensors.set_fp8_scales``, before the first write). Checks on the host only."""
     if pool.fp8_scales is None:
         raise ValueError("this fp8 pool has no scales (a host pool cannot be written)")
     if not pool.fp8_layers_set[layer]:
@@ -119,7 +119,7 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_blocks(
-    pool: KVPool, layer: int, block_ids: torch.Tensor
+    pool: KVTensors, layer: int, block_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values of ``layer`` in blocks ``block_ids`` (int64 [n], on the pool's
     device), each [n, kv_heads, block_size, head_dim]: float32 for fp8/int4, the stored

@@ -3,7 +3,7 @@
 These are the specification the Triton kernels (``enginekit.kernels.triton.ops``) are
 tested against, and what the torch executor runs where Triton cannot (CPU).
 
-KV pool: a ``KVPool`` (see ``enginekit.kernels.layout``), K/V elements in::
+KV pool: a ``KVTensors`` (see ``enginekit.kernels.layout``), K/V elements in::
 
     pool.data[num_blocks, num_layers, 2, num_kv_heads, block_size, stored_dim]
 
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from enginekit.kernels.layout import KVPool
+from enginekit.kernels.layout import KVTensors
 from enginekit.kernels.quantize import (
     check_fp8_scales,
     dequantize_blocks,
@@ -43,7 +43,7 @@ KEY, VALUE = 0, 1
 
 
 def write_kv(
-    pool: KVPool, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+    pool: KVTensors, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
 ) -> None:
     """Stores ``key[i]`` and ``value[i]`` ([N, num_kv_heads, head_dim], model dtype) of
     layer ``layer`` at slot ``slots[i]`` (int64 [N]); a negative slot is skipped.
@@ -82,7 +82,7 @@ def write_kv(
 
 
 def _write_int4_values(
-    pool: KVPool, layer: int, value: torch.Tensor, block_ids: torch.Tensor, offsets: torch.Tensor
+    pool: KVTensors, layer: int, value: torch.Tensor, block_ids: torch.Tensor, offsets: torch.Tensor
 ) -> None:
     assert pool.value_meta is not None
     q = quantize_int4_groups(value, pool.quant.value_group_channels)
@@ -91,7 +91,7 @@ def _write_int4_values(
     pool.value_meta[block_ids, layer, :, offsets, 1, :] = q.zero
 
 
-def _write_int4_keys(pool: KVPool, layer: int, key: torch.Tensor, slots: torch.Tensor) -> None:
+def _write_int4_keys(pool: KVTensors, layer: int, key: torch.Tensor, slots: torch.Tensor) -> None:
     """Re-quantizes every key group a new slot falls in (see ``write_kv``)."""
     assert pool.key_meta is not None
     group = pool.quant.key_group_tokens
@@ -134,7 +134,7 @@ def attention_mask(
 
 
 def gather_kv(
-    pool: KVPool, layer: int, block_table: torch.Tensor, num_tokens: int
+    pool: KVTensors, layer: int, block_table: torch.Tensor, num_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values of the first ``num_tokens`` positions of one sequence, each
     [num_kv_heads, num_tokens, head_dim]: dequantized to float32 (fp8, int4) or in the
@@ -181,7 +181,7 @@ def _attend(
 
 def decode_attention(
     query: torch.Tensor,
-    pool: KVPool,
+    pool: KVTensors,
     layer: int,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
@@ -222,7 +222,7 @@ def decode_attention(
 
 def prefill_attention(
     query: torch.Tensor,
-    pool: KVPool,
+    pool: KVTensors,
     layer: int,
     block_tables: torch.Tensor,
     query_starts: Sequence[int],
@@ -249,7 +249,7 @@ def prefill_attention(
     return out
 
 
-def copy_blocks(pool: KVPool, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor) -> None:
+def copy_blocks(pool: KVTensors, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor) -> None:
     """``t[dst[i]] = t[src[i]]`` for every block tensor ``t`` of the pool (data and int4
     scales/zeros; all layers, K and V): copy-on-write. Sources must not also be
     destinations. Mutates ``pool``."""
@@ -260,8 +260,8 @@ def copy_blocks(pool: KVPool, src_block_ids: torch.Tensor, dst_block_ids: torch.
 
 
 def swap_blocks(
-    src_pool: KVPool,
-    dst_pool: KVPool,
+    src_pool: KVTensors,
+    dst_pool: KVTensors,
     src_block_ids: torch.Tensor,
     dst_block_ids: torch.Tensor,
 ) -> None:

@@ -12,6 +12,7 @@ from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
 from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.eviction import BlockRange
 from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
+from enginekit.interfaces.structures import IntList
 from enginekit.kv.block_ops import BlockOps
 from enginekit.kv.forks import SharedTails
 from enginekit.kv.promises import PrefillPromises
@@ -285,7 +286,7 @@ class KVCacheManager:
                 )
         return end - start
 
-    def try_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:
+    def try_grow(self, seq_ids: IntList, num_tokens: IntList) -> bool:
         """Makes each sequence's table hold num_tokens[i] tokens, evicting if needed.
         Returns False, changing nothing, if the blocks are not there."""
         num_needed = self.allocator.num_blocks_to_grow(seq_ids, num_tokens)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from enginekit.kernels.layout import KVPool
+from enginekit.kernels.layout import KVTensors
 from enginekit.kernels.ops import PagedOps
 from enginekit.models.arch import ModelArch
 from enginekit.models.rope import RotaryTable
@@ -102,7 +102,7 @@ class LlamaModel:
     def forward(
         self,
         batch: ForwardBatch,
-        pool: KVPool,
+        pool: KVTensors,
         ops: PagedOps,
         before_write: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
     ) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 from enginekit.executor.base import Executor
 from enginekit.executor.torch.batch import build_batch
 from enginekit.executor.torch.fp8_scales import FP8Scales
-from enginekit.executor.torch.kv_tensors import PagedKVCache
+from enginekit.executor.torch.kv_tensors import PagedKVTensors
 from enginekit.executor.torch.sampler import beam_candidates, request_seed, sample
 from enginekit.kernels.ops import PagedOps
 from enginekit.models.llama import LlamaModel
@@ -67,10 +67,12 @@ class TorchExecutor(Executor):
         self.kv_spec = kv_spec
         self.device = model.device
         self.ops = ops
-        self.cache = PagedKVCache(
+        self.kv_tensors = PagedKVTensors(
             kv_spec, num_blocks, num_host_blocks, model.dtype, model.device, ops
         )
-        self.fp8_scales = FP8Scales.of_pool(self.cache.pool, kv_spec.quant, model.weights.kv_scales)
+        self.fp8_scales = FP8Scales.of_pool(
+            self.kv_tensors.on_device, kv_spec.quant, model.weights.kv_scales
+        )
         self.base_seed = base_seed
         self.eos_token_id = model.arch.eos_token_id
         self._sequences: dict[int, _Sequence] = {}
@@ -116,11 +118,13 @@ class TorchExecutor(Executor):
             self.add_sequence(fork.child_seq_id, (), sampling)
         for seq_id in scheduled.finished_seq_ids:
             sequences.pop(seq_id, None)
-        self.cache.apply(scheduled.swap_outs, scheduled.swap_ins, scheduled.block_copies)
+        self.kv_tensors.apply(scheduled.swap_outs, scheduled.swap_ins, scheduled.block_copies)
         if scheduled.is_empty:
             return ModelOutput([], time.perf_counter() - started)
         batch = build_batch(scheduled, self.kv_spec.block_size, self.device)
-        logits = self.model.forward(batch, self.cache.pool, self.ops, self._before_write())
+        logits = self.model.forward(
+            batch, self.kv_tensors.on_device, self.ops, self._before_write()
+        )
         sampled = [sequences[seq_id] for seq_id in scheduled.sample_seq_ids]
         tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled])
         widths = [s.sampling.beam_width for s in sampled]
@@ -169,12 +173,12 @@ class TorchExecutor(Executor):
             "kv_storage": self.kv_spec.quant.kind,
             "kv_bytes_per_token": self.kv_spec.bytes_per_token,
             "block_size": self.kv_spec.block_size,
-            "kv_pool_blocks": self.cache.num_blocks,
-            "kv_pool_bytes": self.cache.num_blocks * block_bytes,
-            "kv_pool_gib": self.cache.num_blocks * block_bytes / (1 << 30),
-            "swap_pool_blocks": self.cache.num_host_blocks,
-            "swap_pool_bytes": self.cache.num_host_blocks * block_bytes,
-            "swap_pool_blocks_allocated": self.cache.num_host_blocks_allocated,
+            "kv_pool_blocks": self.kv_tensors.num_blocks,
+            "kv_pool_bytes": self.kv_tensors.num_blocks * block_bytes,
+            "kv_pool_gib": self.kv_tensors.num_blocks * block_bytes / (1 << 30),
+            "swap_pool_blocks": self.kv_tensors.num_host_blocks,
+            "swap_pool_bytes": self.kv_tensors.num_host_blocks * block_bytes,
+            "swap_pool_blocks_allocated": self.kv_tensors.num_host_blocks_allocated,
         }
         info.update(self.build_notes)
         if self.fp8_scales is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from enginekit.errors import ConfigError
-from enginekit.kernels.layout import KVPool
+from enginekit.kernels.layout import KVTensors
 from enginekit.spec.quant import KVQuant
 
 FP8_E4M3_MAX = 448.0
@@ -40,7 +40,7 @@ class FP8Scales:
 
     def __init__(
         self,
-        pool: KVPool,
+        pool: KVTensors,
         source: str,
         margin: float,
         checkpoint_scales: torch.Tensor | None,
@@ -89,7 +89,7 @@ class FP8Scales:
     @classmethod
     def of_pool(
         cls,
-        pool: KVPool,
+        pool: KVTensors,
         quant: KVQuant,
         checkpoint_scales: torch.Tensor | None,
     ) -> FP8Scales | None:

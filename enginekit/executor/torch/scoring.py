@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from enginekit.executor.torch.fp8_scales import FP8Scales
-from enginekit.kernels.layout import KVPool, allocate_pool
+from enginekit.kernels.layout import KVTensors, allocate_kv_tensors
 from enginekit.kernels.ops import PagedOps
 from enginekit.models.llama import ForwardBatch, LlamaModel
 from enginekit.spec.kv import KVSpec
@@ -29,10 +29,12 @@ def private_pool(
     model: LlamaModel,
     kv_spec: KVSpec,
     num_tokens: int,
-) -> tuple[KVPool, FP8Scales | None]:
+) -> tuple[KVTensors, FP8Scales | None]:
     """A pool of ``kv_spec``'s format just large enough for ``num_tokens``, with its fp8
     scales handled as the executor does (checkpoint or calibration)."""
-    pool = allocate_pool(kv_spec, kv_spec.num_blocks_for(num_tokens), model.dtype, model.device)
+    pool = allocate_kv_tensors(
+        kv_spec, kv_spec.num_blocks_for(num_tokens), model.dtype, model.device
+    )
     return pool, FP8Scales.of_pool(pool, kv_spec.quant, model.weights.kv_scales)
 
 

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from enginekit.kernels.checks import check_attention_args
-from enginekit.kernels.layout import KVPool
+from enginekit.kernels.layout import KVTensors
 from enginekit.kernels.triton.quant import KIND_IDS, e4m3_to_float32, int4_dequantize
 
 
@@ -238,7 +238,7 @@ def _paged_attention_kernel(
 
 def _launch(
     query: torch.Tensor,
-    pool: KVPool,
+    pool: KVTensors,
     layer: int,
     block_tables: torch.Tensor,
     q_starts: torch.Tensor,
@@ -290,7 +290,7 @@ def _launch(
 
 def decode_attention(
     query: torch.Tensor,
-    pool: KVPool,
+    pool: KVTensors,
     layer: int,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
@@ -310,7 +310,7 @@ def decode_attention(
 
 def prefill_attention(
     query: torch.Tensor,
-    pool: KVPool,
+    pool: KVTensors,
     layer: int,
     block_tables: torch.Tensor,
     query_starts: torch.Tensor,

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from enginekit.kernels.checks import check_heads, check_index, check_pool, model_dtype
-from enginekit.kernels.layout import KVPool
+from enginekit.kernels.layout import KVTensors
 from enginekit.kernels.quantize import check_fp8_scales, quantize_fp8
 from enginekit.kernels.triton.quant import int4_codes, int4_dequantize, int4_scale_zero
 
@@ -185,7 +185,7 @@ def _store(pool_data: torch.Tensor, layer: int, key: torch.Tensor, value: torch.
 
 
 def _write_int4(
-    pool: KVPool, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+    pool: KVTensors, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
 ) -> None:
     assert pool.key_meta is not None and pool.value_meta is not None
     num_tokens = slots.shape[0]
@@ -215,7 +215,7 @@ def _write_int4(
 
 
 def write_kv(
-    pool: KVPool, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+    pool: KVTensors, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
 ) -> None:
     """See ``reference.write_kv`` (same contract, same stored bits). Raises ValueError on a
     bad shape, dtype, device or stride, and for NaN (unset) fp8 scales. Mutates ``pool``."""
@@ -241,7 +241,7 @@ def write_kv(
         _write_int4(pool, layer, key, value, slots)
 
 
-def copy_blocks(pool: KVPool, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor) -> None:
+def copy_blocks(pool: KVTensors, src_block_ids: torch.Tensor, dst_block_ids: torch.Tensor) -> None:
     """See ``reference.copy_blocks``: every block tensor (data, int4 scales/zeros), one
     Triton copy per tensor; ids int64 [n] on the pool's device. Mutates ``pool``."""
     check_pool(pool, 0)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from enginekit.config import AllocatorConfig
 from enginekit.errors import ConfigError, KVCacheError
-from enginekit.interfaces import Allocator, KVContext, Plugin, PrefixCache, plugin_name
+from enginekit.interfaces import Allocator, IntList, KVContext, Plugin, PrefixCache, plugin_name
 from enginekit.request import Request
 
 
@@ -55,17 +55,17 @@ class ContiguousAllocator(Allocator):
     def num_blocks_to_admit(self, request: Request, num_cached_blocks: int) -> int:
         return self.num_blocks_per_reservation
 
-    def admit(self, request: Request, cached_block_ids: Sequence[int]) -> None:
+    def admit(self, request: Request, cached_block_ids: IntList) -> None:
         if cached_block_ids:
             raise KVCacheError("the contiguous allocator takes no cached blocks")
         block_ids = self.kv.pool.allocate_run(self.num_blocks_per_reservation)
         self.kv.tables.add_sequence(request.seq_id, block_ids)
         self._num_reserved_blocks += len(block_ids)
 
-    def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+    def num_blocks_to_grow(self, seq_ids: IntList, num_tokens: IntList) -> int:
         return 0
 
-    def grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+    def grow(self, seq_ids: IntList, num_tokens: IntList) -> None:
         slots = self.num_blocks_per_reservation * self.kv.spec.block_size
         if num_tokens and max(num_tokens) > slots:
             raise KVCacheError(f"a sequence outgrew its reservation of {slots} tokens")

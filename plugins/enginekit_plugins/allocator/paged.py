@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from enginekit.config import AllocatorConfig
-from enginekit.interfaces import Allocator
-from enginekit.interfaces.context import KVContext
+from enginekit.interfaces import Allocator, IntList, KVContext
 from enginekit.request import Request
 
 
@@ -32,17 +30,17 @@ class PagedAllocator(Allocator):
     def num_blocks_to_admit(self, request: Request, num_cached_blocks: int) -> int:
         return self.kv.spec.num_blocks_for(request.num_tokens) - num_cached_blocks
 
-    def admit(self, request: Request, cached_block_ids: Sequence[int]) -> None:
+    def admit(self, request: Request, cached_block_ids: IntList) -> None:
         """Creates the table with the cached blocks only: the rest of the prompt's blocks
-        come with each prefill chunk (the KVCacheManager grows the table per chunk out of
+        come with each prefill chunk (the cache manager grows the table per chunk out of
         the ``num_blocks_to_admit`` blocks it promised the request at admission)."""
         self.kv.tables.add_sequence(request.seq_id, cached_block_ids)
         self._num_reserved_blocks += len(cached_block_ids)
 
-    def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+    def num_blocks_to_grow(self, seq_ids: IntList, num_tokens: IntList) -> int:
         return self.kv.tables.num_blocks_to_grow(seq_ids, num_tokens)
 
-    def grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+    def grow(self, seq_ids: IntList, num_tokens: IntList) -> None:
         self._num_reserved_blocks += self.kv.tables.grow(self.kv.pool, seq_ids, num_tokens)
 
     def release(self, seq_id: int) -> None:

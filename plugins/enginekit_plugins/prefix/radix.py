@@ -11,7 +11,7 @@ from enginekit.interfaces import NO_MATCH, KVContext, PrefixCache, PrefixMatch
 from enginekit.request import Request
 
 if TYPE_CHECKING:
-    from enginekit.interfaces.structures import RadixTree
+    from enginekit.interfaces import RadixTree
 
 
 @dataclass
