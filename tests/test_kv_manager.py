@@ -1,0 +1,811 @@
+"""KVCacheManager built by hand, without an Engine: a backend (Rust or the Python twins), a
+KV context over a small pool of the tiny model's blocks, and the built-in allocator,
+prefix-cache and eviction plugins. Each test drives the manager the way the scheduler does
+(admission, prefill chunks, decodes, forks, swaps, releases) and asserts exact block counts
+after each operation, with every cache invariant checked after every one.
+
+Block ids follow from the pool's documented order: a new pool hands out 0, 1, 2, ...; a
+freed block is the next one handed out (LIFO); a released table is freed last block first,
+so of a released sequence's published blocks the tail is the least recently used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+from enginekit_plugins.allocator.paged import PagedAllocator, PagedConfig
+from enginekit_plugins.eviction.lru import LRUConfig, LRUEviction
+from enginekit_plugins.eviction.sliding_window import SlidingWindowConfig, SlidingWindowEviction
+from enginekit_plugins.prefix.block_hash import BlockHashConfig, BlockHashPrefixCache
+from enginekit_plugins.prefix.none import NoPrefixCache, NoPrefixConfig
+from enginekit_plugins.prefix.radix import RadixConfig, RadixPrefixCache
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enginekit.errors import OutOfBlocksError
+from enginekit.interfaces.context import KVContext
+from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
+from enginekit.kv.backend import make_backend
+from enginekit.kv.manager import KVCacheManager
+from enginekit.request import Request, SamplingParams
+from enginekit.spec.kv import KVSpec
+from enginekit.spec.model import model_preset
+from enginekit.step import BlockCopy, BlockSwap
+
+BLOCK = 4
+SPEC = KVSpec.of(model_preset("tiny"), bits_per_element=32, block_size=BLOCK)
+MAX_MODEL_LEN = 64
+PREFIXES = {
+    "none": lambda context: NoPrefixCache(NoPrefixConfig(), context),
+    "block_hash": lambda context: BlockHashPrefixCache(BlockHashConfig(), context),
+    "radix": lambda context: RadixPrefixCache(RadixConfig(), context),
+}
+
+
+def make_manager(
+    native: bool,
+    num_blocks: int = 16,
+    prefix: str = "block_hash",
+    window: int | None = None,
+    sinks: int | None = None,
+    strict_bound: bool = False,
+    watermark: float = 0.0,
+    num_swap_blocks: int = 0,
+) -> KVCacheManager:
+    """A manager over ``num_blocks`` blocks of 4 tokens: paged allocator, the named prefix
+    cache, and lru eviction, or sliding_window when ``window`` is set (attention resolved by
+    the policy itself, as the engine does)."""
+    backend = make_backend(native)
+    if window is None:
+        eviction_cls, eviction_config = LRUEviction, LRUConfig()
+    else:
+        eviction_cls = SlidingWindowEviction
+        eviction_config = SlidingWindowConfig(
+            window=window, sink_tokens=sinks, strict_bound=strict_bound
+        )
+    span = eviction_cls.attention(eviction_config, None)
+    context = KVContext(
+        backend.new_block_pool(num_blocks),
+        backend.new_block_tables(BLOCK),
+        SPEC,
+        MAX_MODEL_LEN,
+        backend,
+        span.window,
+        span.sinks,
+    )
+    return KVCacheManager(
+        context,
+        PagedAllocator(PagedConfig(), context),
+        PREFIXES[prefix](context),
+        eviction_cls(eviction_config, context),  # type: ignore[arg-type]
+        watermark=watermark,
+        num_swap_blocks=num_swap_blocks,
+    )
+
+
+def tokens(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def request(seq_id: int, prompt: Sequence[int], extra_key: bytes | None = None) -> Request:
+    return Request(str(seq_id), seq_id, list(prompt), SamplingParams(max_tokens=32), 0.0, extra_key)
+
+
+def admit(manager: KVCacheManager, r: Request) -> PrefixMatch:
+    """Matches and admits ``r`` as the scheduler does (can_admit first); returns the match."""
+    match = manager.match(r)
+    assert manager.can_admit(r, match)
+    manager.admit(r, match)
+    manager.check_integrity()
+    return match
+
+
+def prefill(manager: KVCacheManager, r: Request, num_tokens: int | None = None) -> int:
+    """Schedules a chunk of ``r``'s prefill (the rest by default) as the scheduler does:
+    reserve, advance its computed tokens, publish. Returns the chunk's length."""
+    if num_tokens is None:
+        num_tokens = r.num_tokens - r.num_computed_tokens
+    num_new = manager.reserve_prefill(r, num_tokens)
+    r.num_computed_tokens += num_new
+    manager.on_computed(r, r.num_computed_tokens)
+    manager.check_integrity()
+    return num_new
+
+
+def step_done(manager: KVCacheManager) -> None:
+    """The executor ran the step: block operations taken, pins dropped."""
+    manager.take_block_ops()
+    manager.on_step_executed()
+    manager.check_integrity()
+
+
+def decode(manager: KVCacheManager, requests: Sequence[Request]) -> None:
+    """One decode of each request (one token left to compute), as the scheduler does."""
+    seq_ids = [r.seq_id for r in requests]
+    assert manager.try_grow(seq_ids, [r.num_tokens for r in requests])
+    assert manager.try_copy_on_write(requests)
+    for r in requests:
+        r.num_computed_tokens = r.num_tokens
+        if r.num_computed_tokens % BLOCK == 0:
+            manager.on_computed(r, r.num_computed_tokens)
+    manager.check_integrity()
+
+
+def free_and_evictable(manager: KVCacheManager) -> tuple[int, int]:
+    return manager.pool.num_free_blocks, manager.pool.num_evictable_blocks
+
+
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def native(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+# -- admission and the prefill promise ----------------------------------------------------
+
+
+def test_admission_without_a_hit_promises_the_prompt_and_each_chunk_takes_its_blocks(native):
+    manager = make_manager(native)
+    r = request(0, tokens(10))
+    match = manager.match(r)
+    assert match == PrefixMatch([], 0)
+    assert manager.can_admit(r, match)
+    manager.admit(r, match)
+    manager.check_integrity()
+    # Paged admission allocates nothing: it promises ceil(10 / 4) = 3 blocks.
+    assert manager.tables.block_ids(0) == []
+    assert r.num_computed_tokens == 0
+    assert manager.num_promised_blocks == 3
+    assert manager.num_reclaimable_blocks() == 16 - 3
+    assert prefill(manager, r, 6) == 6  # tokens 0..5: blocks 0 and 1, out of the promise
+    assert manager.tables.block_ids(0) == [0, 1]
+    assert manager.num_promised_blocks == 1
+    assert free_and_evictable(manager) == (14, 0)
+    assert prefill(manager, r, 4) == 4  # the last chunk ends the promise
+    assert manager.tables.block_ids(0) == [0, 1, 2]
+    assert manager.num_promised_blocks == 0
+    usage = manager.usage([r])
+    assert (usage.num_table_blocks, usage.num_unused_slots) == (3, 12 - 10)
+
+
+def test_promised_blocks_are_kept_from_other_admissions(native):
+    manager = make_manager(native, num_blocks=8, prefix="none")
+    first = request(0, tokens(20))  # 5 blocks promised, none held yet
+    admit(manager, first)
+    assert manager.num_promised_blocks == 5
+    assert manager.num_reclaimable_blocks() == 3
+    assert not manager.can_admit(request(1, tokens(13, 100)), NO_MATCH)  # 4 blocks
+    assert manager.can_admit(request(1, tokens(12, 100)), NO_MATCH)  # 3 blocks
+    assert prefill(manager, first, 8) == 8  # 2 blocks out of the promise: 3 still promised
+    assert manager.num_promised_blocks == 3
+    assert manager.num_reclaimable_blocks() == 8 - 2 - 3
+    # make_room counts the promise: 3 free blocks beyond it exist, 4 do not.
+    assert manager.make_room(3)
+    assert not manager.make_room(4)
+    manager.check_integrity()
+
+
+def test_a_prefix_hit_shares_the_cached_blocks_and_never_the_last_token(native):
+    manager = make_manager(native)
+    first = request(0, tokens(10))
+    admit(manager, first)
+    prefill(manager, first)  # blocks 0, 1, 2; the full ones (0, 1) are published
+    step_done(manager)
+    second = request(1, tokens(8) + tokens(4, 100))
+    match = admit(manager, second)
+    assert match == PrefixMatch([0, 1], 8)
+    assert second.num_computed_tokens == 8
+    assert manager.tables.block_ids(1) == [0, 1]
+    assert [manager.pool.ref_count(b) for b in (0, 1, 2)] == [2, 2, 1]
+    assert manager.num_promised_blocks == 1  # 3 blocks at its peak, 2 shared
+    assert prefill(manager, second) == 4
+    assert manager.tables.block_ids(1) == [0, 1, 3]
+    # A prompt that is all cached still computes its last token: (8 - 1) // 4 = 1 block.
+    assert manager.match(request(2, tokens(8))) == PrefixMatch([0], 4)
+    # Another extra key (tenant salt) shares nothing.
+    assert manager.match(request(3, tokens(10), extra_key=b"tenant")) == NO_MATCH
+
+
+def test_the_watermark_guards_admission_only_once_a_sequence_holds_blocks(native):
+    manager = make_manager(native, prefix="none", watermark=0.25)
+    assert manager.num_watermark_blocks == 4  # int(0.25 * 16)
+    assert manager.admission_watermark() == 0
+    assert manager.can_admit(request(9, tokens(63)), NO_MATCH)  # 16 blocks: the whole pool
+    first = request(0, tokens(20))
+    admit(manager, first)
+    prefill(manager, first)  # holds 5 blocks: 11 reclaimable
+    assert manager.admission_watermark() == 4
+    assert manager.can_admit(request(1, tokens(28, 100)), NO_MATCH)  # 7 + 4 <= 11
+    assert not manager.can_admit(request(1, tokens(29, 100)), NO_MATCH)  # 8 + 4 > 11
+
+
+def _evictable_prefix_and_a_holder(native: bool) -> KVCacheManager:
+    """12 blocks: a released 17-token prompt left blocks 0..3 evictable (in LRU order
+    3, 2, 1, 0; block 4 was never published and is free again); a running 8-token request
+    then took blocks 4 and 5. Free 6, evictable 4."""
+    manager = make_manager(native, num_blocks=12)
+    gone = request(0, tokens(17))
+    admit(manager, gone)
+    prefill(manager, gone)
+    step_done(manager)
+    assert manager.release(gone) == 5
+    holder = request(1, tokens(8, 200))
+    admit(manager, holder)
+    prefill(manager, holder)
+    assert manager.tables.block_ids(1) == [4, 5]
+    assert free_and_evictable(manager) == (6, 4)
+    assert manager.pool.evictable_block_ids() == [3, 2, 1, 0]
+    return manager
+
+
+def test_matched_evictable_blocks_count_against_the_room(native):
+    manager = _evictable_prefix_and_a_holder(native)
+    # 16 matched tokens (blocks 0..3, all evictable) + 24 more: 10 blocks, 6 new. Room:
+    # 6 free + 4 evictable, less the 4 evictable ones it would pin = 6.
+    fits = request(2, tokens(16) + tokens(24, 100))
+    match = manager.match(fits)
+    assert match == PrefixMatch([0, 1, 2, 3], 16)
+    assert manager.can_admit(fits, match)
+    # One token more needs 7 new blocks: 10 would be free or evictable, but not once 4 of
+    # them are pinned by the match.
+    too_long = request(2, tokens(16) + tokens(25, 100))
+    match = manager.match(too_long)
+    assert not manager.can_admit(too_long, match)
+    with pytest.raises(OutOfBlocksError):
+        manager.admit(too_long, match)
+    manager.check_integrity()
+    assert free_and_evictable(manager) == (6, 4)
+    assert manager.tables.seq_ids() == [1]
+    manager.admit(fits, manager.match(fits))
+    manager.check_integrity()
+    assert manager.tables.block_ids(2) == [0, 1, 2, 3]
+    assert manager.num_promised_blocks == 6
+    assert free_and_evictable(manager) == (6, 0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="KVCacheManager.admit, on OutOfBlocksError, gives the matched blocks back in "
+    "match order, which reverses their LRU order: the chain's head becomes the next "
+    "block evicted, and what stays resident can no longer be matched",
+)
+def test_a_failed_admission_leaves_the_eviction_order_as_it_was(native):
+    manager = _evictable_prefix_and_a_holder(native)
+    too_long = request(2, tokens(16) + tokens(25, 100))
+    with pytest.raises(OutOfBlocksError):
+        manager.admit(too_long, manager.match(too_long))
+    manager.check_integrity()
+    assert manager.pool.evictable_block_ids() == [3, 2, 1, 0]
+    # Evicting one block must cost the prefix one block, not all of it.
+    assert manager.make_room(7)
+    assert manager.match(request(3, tokens(17))) == PrefixMatch([0, 1, 2], 12)
+
+
+# -- growth and eviction ------------------------------------------------------------------
+
+
+def test_make_room_evicts_the_shortfall_oldest_first_and_the_cache_forgets_it(native):
+    manager = make_manager(native, num_blocks=8)
+    gone = request(0, tokens(17))
+    admit(manager, gone)
+    prefill(manager, gone)
+    step_done(manager)
+    manager.release(gone)
+    assert free_and_evictable(manager) == (4, 4)  # blocks 4..7 free; 3, 2, 1, 0 evictable
+    assert manager.match(request(1, tokens(17))) == PrefixMatch([0, 1, 2, 3], 16)
+    assert manager.make_room(5)  # short of 1: evicts block 3, the tail released first
+    manager.check_integrity()
+    assert free_and_evictable(manager) == (5, 3)
+    assert manager.match(request(1, tokens(17))) == PrefixMatch([0, 1, 2], 12)
+    # A promise of 2 blocks raises what make_room must leave free: 4 + 2 = 6, one more.
+    admit(manager, request(2, tokens(8, 100)))
+    assert manager.num_promised_blocks == 2
+    assert manager.make_room(4)
+    manager.check_integrity()
+    assert free_and_evictable(manager) == (6, 2)
+    assert manager.match(request(1, tokens(17))) == PrefixMatch([0, 1], 8)
+    # Asking for more than exists evicts everything and says no.
+    assert not manager.make_room(7)
+    manager.check_integrity()
+    assert free_and_evictable(manager) == (8, 0)
+    assert manager.match(request(1, tokens(17))) == NO_MATCH
+
+
+def test_decode_growth_takes_a_block_per_four_tokens_and_evicts_under_pressure(native):
+    manager = make_manager(native, num_blocks=4)
+    a, b = request(0, tokens(8)), request(1, tokens(8, 100))
+    admit(manager, a)
+    admit(manager, b)
+    prefill(manager, a)
+    prefill(manager, b)
+    assert (manager.tables.block_ids(0), manager.tables.block_ids(1)) == ([0, 1], [2, 3])
+    a.token_ids.append(50)
+    b.token_ids.append(51)
+    assert not manager.try_grow([0, 1], [9, 9])  # 2 blocks needed, none free or evictable
+    manager.check_integrity()
+    assert (manager.tables.block_ids(0), manager.tables.block_ids(1)) == ([0, 1], [2, 3])
+    assert manager.release(b) == 2  # its published blocks stay, evictable: 3 then 2
+    assert free_and_evictable(manager) == (0, 2)
+    assert manager.try_grow([0], [9])  # evicts block 3 and takes it
+    manager.check_integrity()
+    assert manager.tables.block_ids(0) == [0, 1, 3]
+    assert manager.match(request(2, tokens(8, 100))) == PrefixMatch([2], 4)
+    assert manager.try_grow([0], [12])  # 3 blocks hold 12 tokens: nothing taken
+    assert free_and_evictable(manager) == (0, 1)
+    assert manager.try_grow([0], [13])
+    manager.check_integrity()
+    assert manager.tables.block_ids(0) == [0, 1, 3, 2]
+    assert manager.match(request(2, tokens(8, 100))) == NO_MATCH
+    assert not manager.try_grow([0], [17])
+    assert manager.tables.block_ids(0) == [0, 1, 3, 2]
+
+
+def test_a_released_prompt_and_its_outputs_are_matched_again(native):
+    manager = make_manager(native)
+    first = request(0, tokens(13))
+    admit(manager, first)
+    prefill(manager, first)  # blocks 0..3; blocks 0..2 full and published
+    step_done(manager)
+    for token in (100, 101, 102):
+        first.token_ids.append(token)
+        decode(manager, [first])  # at 16 computed tokens block 3 fills and is published
+        step_done(manager)
+    first.token_ids.append(103)  # sampled by the last decode, not computed yet
+    assert (first.num_tokens, first.num_computed_tokens) == (17, 16)
+    assert manager.tables.block_ids(0) == [0, 1, 2, 3]
+    assert manager.release(first) == 4
+    manager.check_integrity()
+    assert free_and_evictable(manager) == (12, 4)
+    assert manager.match(request(1, tokens(13))) == PrefixMatch([0, 1, 2], 12)
+    again = request(1, first.token_ids)  # prompt and outputs, as a recomputed request
+    match = admit(manager, again)
+    assert match == PrefixMatch([0, 1, 2, 3], 16)
+    assert again.num_computed_tokens == 16
+    assert manager.num_promised_blocks == 1  # 5 blocks at its peak, 4 matched
+    assert free_and_evictable(manager) == (12, 0)
+    assert prefill(manager, again) == 1
+    assert manager.tables.block_ids(1) == [0, 1, 2, 3, 4]
+
+
+# -- forks and copy-on-write --------------------------------------------------------------
+
+
+def test_a_fork_shares_every_block_and_copies_the_partly_filled_one_before_writing(native):
+    manager = make_manager(native, prefix="none")
+    parent = request(0, tokens(10))
+    admit(manager, parent)
+    prefill(manager, parent)
+    step_done(manager)
+    child = request(1, tokens(10))
+    manager.fork(parent, child)
+    manager.check_integrity()
+    assert child.num_computed_tokens == 10
+    assert manager.tables.block_ids(1) == [0, 1, 2]
+    assert [manager.pool.ref_count(b) for b in (0, 1, 2)] == [2, 2, 2]
+    parent.token_ids.append(50)
+    child.token_ids.append(60)
+    assert manager.try_grow([0, 1], [11, 11])  # block 2 has room for token 10 of both
+    assert manager.pool.num_free_blocks == 13
+    # Both write slot 2 of block 2: the first writer gets a copy, the last writes in place.
+    assert manager.try_copy_on_write([parent, child])
+    manager.check_integrity()
+    assert manager.tables.block_ids(0) == [0, 1, 3]
+    assert manager.tables.block_ids(1) == [0, 1, 2]
+    assert manager.pool.num_free_blocks == 12
+    assert manager.pool.ref_count(2) == 2  # the child's table and the copy's pin
+    assert manager.take_block_ops() == ([BlockCopy(2, 3)], [], [])
+    assert manager.take_block_ops() == ([], [], [])
+    manager.on_step_executed()  # the copy ran: its source is unpinned
+    manager.check_integrity()
+    assert [manager.pool.ref_count(b) for b in (0, 1, 2, 3)] == [2, 2, 1, 1]
+    for r in (parent, child):
+        r.num_computed_tokens = 11
+        r.token_ids.append(70)
+    assert manager.try_copy_on_write([parent, child])  # each owns its tail now
+    assert manager.take_block_ops() == ([], [], [])
+
+
+def test_forks_of_a_full_last_block_write_fresh_blocks_and_copy_nothing(native):
+    manager = make_manager(native, prefix="none")
+    parent = request(0, tokens(8))
+    admit(manager, parent)
+    prefill(manager, parent)
+    child = request(1, tokens(8))
+    manager.fork(parent, child)
+    parent.token_ids.append(50)
+    child.token_ids.append(60)
+    decode(manager, [parent, child])
+    assert manager.tables.block_ids(0) == [0, 1, 2]
+    assert manager.tables.block_ids(1) == [0, 1, 3]
+    assert manager.take_block_ops() == ([], [], [])
+
+
+def test_copy_on_write_without_room_copies_nothing_and_the_last_writer_needs_none(native):
+    manager = make_manager(native, num_blocks=3, prefix="none")
+    parent = request(0, tokens(10))
+    admit(manager, parent)
+    prefill(manager, parent)
+    child = request(1, tokens(10))
+    manager.fork(parent, child)
+    parent.token_ids.append(50)
+    child.token_ids.append(60)
+    assert not manager.try_copy_on_write([parent, child])
+    manager.check_integrity()
+    assert manager.take_block_ops() == ([], [], [])
+    assert manager.tables.block_ids(0) == manager.tables.block_ids(1) == [0, 1, 2]
+    assert manager.release(child) == 3
+    manager.check_integrity()
+    assert manager.try_copy_on_write([parent])  # the only writer left writes in place
+    assert manager.take_block_ops() == ([], [], [])
+    assert [manager.pool.ref_count(b) for b in (0, 1, 2)] == [1, 1, 1]
+
+
+# -- swapping ------------------------------------------------------------------------------
+
+
+def test_swap_out_and_in_move_the_blocks_through_the_swap_space(native):
+    manager = make_manager(native, num_swap_blocks=4)
+    r = request(0, tokens(10))
+    admit(manager, r)
+    prefill(manager, r)
+    step_done(manager)
+    r.token_ids.append(50)  # decoding: 10 computed, 11 tokens
+    assert manager.swap_out(r) == 3
+    manager.check_integrity()
+    assert manager.is_swapped(r)
+    assert manager.tables.seq_ids() == []
+    assert r.num_computed_tokens == 10
+    assert free_and_evictable(manager) == (14, 2)  # its 2 published blocks stay cached
+    assert manager.swap_space.num_free_blocks == 1
+    assert manager.take_block_ops() == ([], [BlockSwap(0, 0), BlockSwap(1, 1), BlockSwap(2, 2)], [])
+    # Another 3-block sequence finds 1 host block free: refused, nothing changes.
+    other = request(1, tokens(10, 100))
+    admit(manager, other)
+    prefill(manager, other)
+    assert manager.tables.block_ids(1) == [2, 3, 4]  # block 2 was freed last
+    assert manager.swap_out(other) is None
+    manager.check_integrity()
+    assert manager.tables.block_ids(1) == [2, 3, 4]
+    assert not manager.is_swapped(other)
+    assert manager.take_block_ops() == ([], [], [])
+    # Back in: fresh blocks, copies queued from host blocks 0..2 in order.
+    assert manager.can_admit(r, NO_MATCH)
+    assert manager.swap_in(r) == 3
+    manager.check_integrity()
+    assert not manager.is_swapped(r)
+    assert manager.tables.block_ids(0) == [5, 6, 7]
+    assert r.num_computed_tokens == 10
+    assert manager.take_block_ops() == ([], [], [BlockSwap(5, 0), BlockSwap(6, 1), BlockSwap(7, 2)])
+    # The host blocks stay quarantined until the step reading them has run.
+    assert manager.swap_space.num_free_blocks == 1
+    manager.on_step_executed()
+    manager.check_integrity()
+    assert manager.swap_space.num_free_blocks == 4
+
+
+def test_a_prefill_swapped_in_gets_its_promise_back(native):
+    manager = make_manager(native, prefix="none", num_swap_blocks=8)
+    r = request(0, tokens(20))
+    admit(manager, r)
+    prefill(manager, r, 8)
+    assert manager.num_promised_blocks == 3
+    assert manager.swap_out(r) == 2
+    manager.check_integrity()
+    assert manager.num_promised_blocks == 0
+    assert manager.pool.num_free_blocks == 16
+    assert manager.can_admit(r, NO_MATCH)
+    assert manager.swap_in(r) == 2
+    manager.check_integrity()
+    assert manager.tables.block_ids(0) == [0, 1]  # freed last block first: 0 is on top
+    assert manager.num_promised_blocks == 3  # peak 5, 2 held
+    assert prefill(manager, r) == 12
+    assert manager.num_held_blocks(0) == 5
+
+
+def test_a_swapped_sequence_that_is_dropped_gives_its_host_blocks_back(native):
+    manager = make_manager(native, prefix="none", num_swap_blocks=4)
+    r = request(0, tokens(10))
+    admit(manager, r)
+    prefill(manager, r)
+    assert manager.swap_out(r) == 3
+    assert manager.swap_space.num_used_blocks == 3
+    manager.drop_swapped(r)
+    manager.check_integrity()
+    assert not manager.is_swapped(r)
+    assert manager.swap_space.num_used_blocks == 0
+    assert manager.swap_space.num_free_blocks == 1  # quarantined until the step ran
+    step_done(manager)
+    assert manager.swap_space.num_free_blocks == 4
+    assert manager.pool.num_free_blocks == 16
+
+
+# -- the sliding window -------------------------------------------------------------------
+
+# window 8 tokens, 4 sink tokens, 4-token blocks: 1 sink block, and a sequence holds at most
+# 1 + ceil(8 / 4) + 1 = 4 blocks. The next query at position p reaches blocks from
+# (p - 8 + 1) // 4 on.
+
+
+def test_the_window_releases_the_blocks_it_no_longer_reaches(native):
+    manager = make_manager(native, window=8, sinks=4)
+    assert manager.eviction.max_blocks_per_sequence == 4
+    r = request(0, tokens(24))
+    admit(manager, r)
+    assert manager.num_promised_blocks == 4  # the bound, not the prompt's 6 blocks
+    # Not strict: the chunk may also use the 12 blocks no one is promised.
+    assert prefill(manager, r) == 24
+    assert manager.tables.block_ids(0) == [0, 1, 2, 3, 4, 5]
+    # Next query at 24 reaches from block (24 - 7) // 4 = 4: blocks 1..3 go.
+    assert manager.release_out_of_window([r]) == 3
+    manager.check_integrity()
+    assert manager.tables.block_ids(0) == [0, -1, -1, -1, 4, 5]
+    assert manager.num_held_blocks(0) == 3
+    assert free_and_evictable(manager) == (10, 3)  # published before release: cached
+    assert manager.release_out_of_window([r]) == 0
+    step_done(manager)
+    for token, released in ((50, 0), (51, 0), (52, 1), (53, 0)):
+        r.token_ids.append(token)
+        decode(manager, [r])
+        # computed 25..28: the window starts at block 18 // 4 = 4, 19 // 4 = 4, then
+        # 20 // 4 = 5 (block 4 goes) and 21 // 4 = 5
+        assert manager.release_out_of_window([r]) == released
+        manager.check_integrity()
+        step_done(manager)
+    assert manager.tables.block_ids(0) == [0, -1, -1, -1, -1, 5, 6]
+    assert manager.num_held_blocks(0) == 3
+    assert manager.release(r) == 7  # the table spans its holes too
+
+
+def test_a_strict_window_grows_a_long_prefill_by_its_promise(native):
+    manager = make_manager(native, prefix="none", window=8, sinks=4, strict_bound=True)
+    r = request(0, tokens(24))
+    admit(manager, r)
+    assert prefill(manager, r) == 16  # 4 promised blocks hold 16 tokens
+    assert manager.num_promised_blocks == 0
+    # The query at 16 reaches from block 9 // 4 = 2: block 1 goes, and is promised again.
+    assert manager.release_out_of_window([r]) == 1
+    manager.check_integrity()
+    assert manager.num_promised_blocks == 1
+    assert prefill(manager, r) == 4  # one block per step past the window
+    assert manager.release_out_of_window([r]) == 1  # at 20: from block 13 // 4 = 3
+    assert prefill(manager, r) == 4
+    assert manager.num_promised_blocks == 0  # the prefill is done
+    # Without a prefix cache each released block is free, and the next one handed out.
+    assert manager.tables.block_ids(0) == [0, -1, -1, 3, 1, 2]
+    assert manager.release_out_of_window([r]) == 1  # at 24: from block 4
+    assert manager.num_held_blocks(0) == 3
+
+
+def test_a_windowed_hit_releases_the_matched_blocks_outside_the_window(native):
+    manager = make_manager(native, window=8, sinks=4)
+    first = request(0, tokens(24))
+    admit(manager, first)
+    prefill(manager, first)  # 6 full blocks, all published
+    step_done(manager)
+    manager.release(first)
+    assert free_and_evictable(manager) == (10, 6)
+    second = request(1, tokens(28))
+    match = manager.match(second)
+    assert match == PrefixMatch([0, 1, 2, 3, 4, 5], 24)
+    assert manager.can_admit(second, match)
+    manager.admit(second, match)
+    manager.check_integrity()
+    # It keeps the sink block and those from block 4: peak 4, 3 kept, 1 promised.
+    assert manager.tables.block_ids(1) == [0, -1, -1, -1, 4, 5]
+    assert manager.num_promised_blocks == 1
+    assert free_and_evictable(manager) == (10, 3)
+
+
+def test_a_table_with_holes_is_swapped_back_with_its_holes_where_they_were(native):
+    manager = make_manager(native, window=8, sinks=4, num_swap_blocks=8)
+    r = request(0, tokens(24))
+    admit(manager, r)
+    prefill(manager, r)
+    manager.release_out_of_window([r])
+    step_done(manager)
+    r.token_ids.append(50)  # decoding: 25 tokens, 24 computed
+    assert manager.swap_out(r) == 3  # holes are not moved
+    manager.check_integrity()
+    swapped = manager.swap_space.swapped[0]
+    assert swapped.layout == [(False, 1), (True, 3), (False, 2)]
+    assert manager.take_block_ops()[1] == [BlockSwap(0, 0), BlockSwap(4, 1), BlockSwap(5, 2)]
+    # Blocks 0, 4, 5 are published, so cached, not free: fresh ones start at 6. Past its
+    # prompt, it also gets the block for its next token (token 24 opens block 6).
+    assert manager.can_admit(r, NO_MATCH)
+    assert manager.swap_in(r) == 3
+    manager.check_integrity()
+    assert manager.tables.block_ids(0) == [6, -1, -1, -1, 7, 8, 9]
+    assert manager.take_block_ops()[2] == [BlockSwap(6, 0), BlockSwap(7, 1), BlockSwap(8, 2)]
+    assert manager.num_held_blocks(0) == 4
+
+
+# -- radix: copy-on-write of a partially matched block ------------------------------------
+
+
+def test_radix_copies_a_partially_matched_block_into_the_requests_own(native):
+    manager = make_manager(native, prefix="radix")
+    first = request(0, tokens(10))
+    admit(manager, first)
+    prefill(manager, first)  # in the tree: 10 tokens over blocks 0, 1, 2 (2 slots of 2)
+    second = request(1, tokens(10) + [90, 91, 92])
+    # Block 2's tokens are still being computed: the match stops at its edge.
+    assert manager.match(second) == PrefixMatch([0, 1], 8, 2)
+    step_done(manager)
+    match = admit(manager, second)
+    assert match == PrefixMatch([0, 1, 2], 10)
+    assert second.num_computed_tokens == 10
+    assert manager.tables.block_ids(1) == [0, 1, 3]  # block 3 receives block 2's slots
+    assert manager.num_promised_blocks == 1  # peak 4 blocks, 3 held
+    # Block 2: the first request's table, the tree, and the copy's pin.
+    assert manager.pool.ref_count(2) == 3
+    assert manager.take_block_ops() == ([BlockCopy(2, 3)], [], [])
+    manager.on_step_executed()
+    manager.check_integrity()
+    assert manager.pool.ref_count(2) == 2
+    assert prefill(manager, second) == 3
+    assert manager.tables.block_ids(1) == [0, 1, 3, 4]
+
+
+# -- property: random operations keep every invariant, and nothing leaks ------------------
+
+# Prefill and decode steps are drawn more often than the rest, so that sequences grow
+# past their first blocks before they are forked, swapped or released.
+OPS = ("admit", "prefill", "prefill", "decode", "decode", "decode", "fork", "swap_out")
+OPS += ("swap_in", "release", "window")
+CONFIGS = [
+    ("none", None),
+    ("block_hash", None),
+    ("radix", None),
+    ("block_hash", 8),  # sliding window of 8 tokens, 4 sinks
+]
+
+
+class _Driver:
+    """Applies random operations to a manager the way the scheduler would, only where
+    their preconditions hold (can_admit before admit and swap_in), and checks every
+    invariant after each one."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self.manager = manager
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self.next_seq_id = 0
+
+    def _new_request(self, length: int, shared: int) -> Request:
+        # Prompts share a leading run of tokens of random length, so prefixes hit.
+        seq_id = self.next_seq_id
+        self.next_seq_id += 1
+        prompt = tokens(min(shared, length)) + tokens(length - min(shared, length), 1000 * seq_id)
+        return request(seq_id, prompt)
+
+    def apply(self, op: str, pick: int, size: int) -> None:
+        m = self.manager
+        running = self.running
+        if op == "admit":
+            r = self._new_request(size, pick * 3)
+            match = m.match(r)
+            if m.can_admit(r, match):
+                if self._try(lambda: m.admit(r, match)):
+                    running.append(r)
+        elif op == "prefill":
+            prefilling = [r for r in running if r.is_prefilling]
+            if prefilling:
+                r = prefilling[pick % len(prefilling)]
+                num_new = m.reserve_prefill(r, min(size, r.num_tokens_to_compute))
+                r.num_computed_tokens += num_new
+                m.on_computed(r, r.num_computed_tokens)
+                self._step()
+                if r.num_tokens_to_compute == 0:
+                    self._sample(r, pick)
+        elif op == "decode":
+            decodes = [r for r in running if not r.is_prefilling and r.num_tokens_to_compute]
+            batch = decodes[pick % max(1, len(decodes)) :][:size]
+            if batch and m.try_grow([r.seq_id for r in batch], [r.num_tokens for r in batch]):
+                if m.try_copy_on_write(batch):
+                    for r in batch:
+                        r.num_computed_tokens = r.num_tokens
+                        if r.num_computed_tokens % BLOCK == 0:
+                            m.on_computed(r, r.num_computed_tokens)
+                    self._step()
+                    for r in batch:
+                        self._sample(r, pick)
+        elif op == "fork":
+            # A beam's fork: the child copies the parent's computed tokens and shares its
+            # blocks; each then has its own next token to compute.
+            decodes = [r for r in running if not r.is_prefilling and r.num_tokens_to_compute]
+            if decodes:
+                parent = decodes[pick % len(decodes)]
+                child = request(self.next_seq_id, parent.prompt_token_ids)
+                self.next_seq_id += 1
+                child.token_ids = [*parent.token_ids[:-1], parent.token_ids[-1] + 1]
+                m.fork(parent, child)
+                running.append(child)
+        elif op == "swap_out":
+            if running:
+                r = running[pick % len(running)]
+                if m.swap_out(r) is not None:
+                    running.remove(r)
+                    self.swapped.append(r)
+        elif op == "swap_in":
+            if self.swapped:
+                r = self.swapped[pick % len(self.swapped)]
+                if m.can_admit(r, NO_MATCH) and self._try(lambda: m.swap_in(r)):
+                    self.swapped.remove(r)
+                    running.append(r)
+        elif op == "release":
+            if running and pick % 2:
+                m.release(running.pop(pick % len(running)))
+            elif self.swapped:
+                m.drop_swapped(self.swapped.pop(pick % len(self.swapped)))
+        elif op == "window":
+            m.release_out_of_window(running)
+        m.check_integrity()
+
+    def _try(self, admission: Callable[[], object]) -> bool:
+        """Runs an admission (or restore) can_admit allowed; False if it fell short, which
+        only the radix cache's estimate of what it can reclaim from above allows."""
+        estimated = self.manager.prefix.num_evictable_blocks() > 0
+        try:
+            admission()
+        except OutOfBlocksError:
+            assert estimated, "can_admit allowed an admission without an estimate"
+            return False
+        return True
+
+    def _step(self) -> None:
+        self.manager.take_block_ops()
+        self.manager.on_step_executed()
+
+    def _sample(self, r: Request, pick: int) -> None:
+        """Appends a token; a sequence at the context's end or past 8 outputs finishes."""
+        if r.num_tokens >= MAX_MODEL_LEN or r.num_output_tokens >= 8:
+            self.manager.release(r)
+            self.running.remove(r)
+        else:
+            r.token_ids.append(5000 + pick)
+
+
+@pytest.mark.parametrize("prefix,window", CONFIGS, ids=[f"{p}-{w}" for p, w in CONFIGS])
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(
+    native=st.booleans(),
+    num_blocks=st.integers(6, 14),
+    ops=st.lists(
+        st.tuples(st.sampled_from(OPS), st.integers(0, 7), st.integers(1, 20)),
+        min_size=20,
+        max_size=80,
+    ),
+)
+def test_random_operations_keep_every_invariant_and_release_every_block(
+    prefix, window, native, num_blocks, ops
+):
+    manager = make_manager(
+        native,
+        num_blocks=num_blocks,
+        prefix=prefix,
+        window=window,
+        sinks=None if window is None else 4,
+        num_swap_blocks=num_blocks // 2,
+    )
+    driver = _Driver(manager)
+    for op, pick, size in ops:
+        driver.apply(op, pick, size)
+    for r in driver.running:
+        manager.release(r)
+    for r in driver.swapped:
+        manager.drop_swapped(r)
+    manager.take_block_ops()
+    manager.on_step_executed()
+    manager.check_integrity()
+    pool = manager.pool
+    assert manager.tables.seq_ids() == []
+    assert manager.num_promised_blocks == 0
+    assert manager.swap_space.num_used_blocks == 0
+    assert manager.swap_space.num_free_blocks == manager.swap_space.num_blocks
+    # Every block is free or evictable, or (radix) held by the tree alone, which gives
+    # every one of them back.
+    assert pool.num_used_blocks == len(set(manager.prefix.held_block_ids()))
+    assert manager.usage([]).num_used_blocks == 0
+    assert manager.make_room(num_blocks)
+    manager.check_integrity()
+    assert pool.num_free_blocks == num_blocks
