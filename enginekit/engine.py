@@ -16,7 +16,7 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,11 +34,8 @@ from enginekit.request import (
     RequestOutput,
     RequestStatus,
     SamplingParams,
-    as_arrival_time,
-    as_extra_key,
-    as_token_ids,
 )
-from enginekit.scheduler.admission import ServingLimits, check_servable
+from enginekit.scheduler.admission import ServingLimits, check_arguments, check_servable
 from enginekit.scheduler.scheduler import Scheduler, StepUpdate
 from enginekit.spec.hardware import hardware_preset
 from enginekit.spec.kv import KVSpec, swap_space_num_blocks
@@ -197,8 +194,15 @@ class Engine:
         elif request_id in self._requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use")
         try:
-            args = self._checked_arguments(
-                request_id, prompt_token_ids, sampling, arrival_time, extra_key, scripted_output_ids
+            args = check_arguments(
+                request_id,
+                self.tokenizer.encode if isinstance(prompt_token_ids, str) else None,
+                self.shape.vocab_size,
+                prompt_token_ids,
+                sampling,
+                arrival_time,
+                extra_key,
+                scripted_output_ids,
             )
             check_servable(
                 request_id, args.prompt_token_ids, args.sampling, self.limits, self.cache
@@ -218,43 +222,6 @@ class Engine:
         self._requests[request_id] = request
         heapq.heappush(self._pending, (request.arrival_time, seq_id, request))
         return request_id
-
-    def _checked_arguments(
-        self,
-        request_id: str,
-        prompt: object,
-        sampling: object,
-        arrival_time: object,
-        extra_key: object,
-        script: object,
-    ) -> _Arguments:
-        """``add_request``'s arguments as the scheduler and the caches take them: token ids
-        as lists of ints (a text prompt tokenized), the salt as bytes, the arrival time as
-        a float clamped at 0. Raises InvalidRequestError for a value of the wrong type
-        (naming it, and a token by its position), RequestRejectedError for a scripted
-        token outside the vocabulary (the prompt's are ``_check_servable``'s)."""
-        what = f"request {request_id!r}"
-        if sampling is None:
-            sampling = SamplingParams()
-        try:
-            if not isinstance(sampling, SamplingParams):
-                raise InvalidRequestError(
-                    f"sampling must be a SamplingParams or None, got {type(sampling).__name__}"
-                )
-            if isinstance(prompt, str):
-                prompt = self.tokenizer.encode(prompt)
-            token_ids = as_token_ids("prompt", prompt, "a list of token ids or a string")
-            script_ids = None if script is None else as_token_ids("scripted_output_ids", script)
-            salt = as_extra_key(extra_key)
-            arrival = as_arrival_time(arrival_time)
-        except InvalidRequestError as exc:
-            raise InvalidRequestError(f"{what}: {exc}") from None
-        vocab = self.shape.vocab_size
-        if script_ids and (min(script_ids) < 0 or max(script_ids) >= vocab):
-            raise RequestRejectedError(f"{what}: scripted output ids must be in [0, {vocab})")
-        return _Arguments(
-            token_ids, sampling, None if arrival is None else max(arrival, 0.0), salt, script_ids
-        )
 
     # -- running ---------------------------------------------------------------------------
 
@@ -432,15 +399,43 @@ class Engine:
             include_outputs=True,
         )
 
+    # -- long-running callers --------------------------------------------------------------
 
-class _Arguments(NamedTuple):
-    """A request's arguments, checked and normalized by ``Engine._checked_arguments``."""
+    def finish_request(self, request_id: str) -> bool:
+        """Ends the request now as finished with reason ``stop``, with all its samples: for a
+        stop condition the engine does not see (a caller that matches stop strings in the
+        text). Unlike ``abort_request`` it counts as finished: its tokens and latencies
+        enter the summary. Its blocks are released at once, published ones staying cached;
+        the samples that had already finished keep their reasons. A request that has not
+        yet arrived is aborted instead (it has no tokens to count). Returns False, changing
+        nothing, for a request that has already finished. Raises KeyError for an unknown
+        id."""
+        root = self._requests[request_id]
+        if root.is_group_finished:
+            return False
+        if any(entry[2] is root for entry in self._pending):
+            return self.abort_request(request_id)
+        for request in self.scheduler.abort(root):
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.finish_time = self.clock
+        root.finish_time = self.clock
+        num_outputs = sum(map(len, RequestOutput.of(root).samples))
+        self.metrics.on_request_finished(request_id, self.clock, num_outputs)
+        return True
 
-    prompt_token_ids: list[int]
-    sampling: SamplingParams
-    arrival_time: float | None  # None: now
-    extra_key: bytes | None
-    scripted_output_ids: list[int] | None
+    def release_request(self, request_id: str) -> RequestOutput:
+        """Forgets a finished request and returns its final output, so that a caller that
+        serves for a long time (the HTTP server) keeps only live requests in memory. Its
+        metrics stay counted in ``summary()``; ``outputs()``, ``output()`` and
+        ``ideal_prefix_hit_tokens`` no longer see it. Raises KeyError for an unknown id,
+        InvalidRequestError (changing nothing) for a request still live."""
+        root = self._requests[request_id]
+        if not root.is_group_finished:
+            raise InvalidRequestError(
+                f"request {request_id!r} has not finished: abort or finish it first"
+            )
+        del self._requests[request_id]
+        return RequestOutput.of(root)
 
 
 def _attending(shape: ModelShape, attention: AttentionSpan) -> ModelShape:

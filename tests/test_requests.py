@@ -305,3 +305,69 @@ def test_no_accepted_request_makes_a_step_raise_for_the_others(data, prefix):
     assert len(outputs) == num_accepted
     assert all(o.finish_reason is not None for o in outputs)
     assert engine.output("good").finish_reason == "length"
+
+
+# -- abort ------------------------------------------------------------------------------------
+
+
+def _steps_until(engine: Engine, done) -> None:
+    for _ in range(1_000):
+        if done():
+            return
+        engine.step()
+        engine.check_integrity()
+    raise AssertionError("condition never reached")
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_abort_releases_a_running_a_waiting_and_an_unarrived_request(preemption):
+    """Two requests run at a time (``max_num_seqs=2``), the rest wait; one more arrives
+    later. Aborting a running one, a waiting one and the unarrived one gives back every
+    block they held (the pool ends with no block in use) and the others still finish with
+    every token."""
+    engine = make_engine(f"+preemption={preemption}", "scheduler.max_num_seqs=2")
+    sampling = SamplingParams(max_tokens=200, ignore_eos=True)
+    running = engine.add_request(PROMPT, sampling)
+    waiting = engine.add_request(PROMPT, sampling)
+    queued = engine.add_request(PROMPT, sampling)  # beyond max_num_seqs: waits
+    later = engine.add_request(PROMPT, sampling, arrival_time=1e6)  # not arrived
+    survivor = engine.add_request(PROMPT, sampling)
+    _steps_until(engine, lambda: len(engine.output(running).output_token_ids) >= 5)
+    assert engine.abort_request(running) is True
+    assert engine.abort_request(queued) is True
+    assert engine.abort_request(later) is True
+    engine.check_integrity()
+    assert engine.abort_request(running) is False  # already ended
+    with pytest.raises(KeyError):
+        engine.abort_request("no such request")
+    run_checked(engine)
+    for request_id in (running, queued, later):
+        assert engine.output(request_id).finish_reason == "abort"
+    assert 5 <= len(engine.output(running).output_token_ids) < 200
+    assert engine.output(later).output_token_ids == []
+    for request_id in (waiting, survivor):
+        output = engine.output(request_id)
+        assert (output.finish_reason, len(output.output_token_ids)) == ("length", 200)
+    usage = engine.cache.usage(engine.scheduler.running)
+    assert usage.num_used_blocks == 0 and engine.cache.swap_space.num_used_blocks == 0
+    assert engine.metrics.num_requests_aborted == 2  # the unarrived one never arrived
+
+
+def test_abort_of_a_swapped_out_request_frees_its_host_blocks():
+    """A pool of 24 blocks for two requests that end at 15 each: one is swapped out;
+    aborting it then returns its host blocks."""
+    engine = make_engine(
+        "+preemption=swap", "cache.num_blocks=24", "cache.watermark=0", prefix="none"
+    )
+    sampling = SamplingParams(max_tokens=200, ignore_eos=True)  # 15 blocks each at the end
+    first = engine.add_request(PROMPT, sampling)
+    second = engine.add_request(PROMPT, sampling)
+    _steps_until(engine, lambda: engine.cache.swap_space.num_used_blocks > 0)
+    swapped = [r for r in (first, second) if engine.cache.is_swapped(engine._requests[r])]
+    assert len(swapped) == 1
+    assert engine.abort_request(swapped[0]) is True
+    assert engine.cache.swap_space.num_used_blocks == 0
+    run_checked(engine)
+    assert engine.output(swapped[0]).finish_reason == "abort"
+    other = first if swapped[0] == second else second
+    assert len(engine.output(other).output_token_ids) == 200

@@ -1,14 +1,15 @@
-"""Whether a request can ever be served: checked when it is added, so that whatever is
-accepted never fails later (the scheduler then admits it as the cache allows)."""
+"""Admission checks, run when a request is added: its arguments normalized
+(``check_arguments``) and whether it can ever be served (``check_servable``), so that
+whatever is accepted never fails later (the scheduler then admits it as the cache allows)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from enginekit.errors import RequestRejectedError
+from enginekit.errors import InvalidRequestError, RequestRejectedError
 from enginekit.kv.manager import KVCacheManager
-from enginekit.request import SamplingParams
+from enginekit.request import SamplingParams, as_arrival_time, as_extra_key, as_token_ids
 
 
 class ServingLimits(NamedTuple):
@@ -20,6 +21,54 @@ class ServingLimits(NamedTuple):
     executor: str  # its name, for messages
     supports_forks: bool  # the executor can run forked sequences (n > 1, beams)
     supports_beam_search: bool  # the executor returns beam candidates
+
+
+class Arguments(NamedTuple):
+    """A request's arguments, checked and normalized by ``check_arguments``."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_time: float | None  # None: now
+    extra_key: bytes | None
+    scripted_output_ids: list[int] | None
+
+
+def check_arguments(
+    request_id: str,
+    tokenize: Callable[[str], list[int]] | None,
+    vocab_size: int,
+    prompt: object,
+    sampling: object,
+    arrival_time: object,
+    extra_key: object,
+    script: object,
+) -> Arguments:
+    """``Engine.add_request``'s arguments as the scheduler and the caches take them: token
+    ids as lists of ints (a text prompt tokenized by ``tokenize``), the salt as bytes, the
+    arrival time as a float clamped at 0. Raises InvalidRequestError for a value of the
+    wrong type (naming it, and a token by its position), RequestRejectedError for a
+    scripted token outside the vocabulary (the prompt's are ``check_servable``'s)."""
+    what = f"request {request_id!r}"
+    if sampling is None:
+        sampling = SamplingParams()
+    try:
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidRequestError(
+                f"sampling must be a SamplingParams or None, got {type(sampling).__name__}"
+            )
+        if isinstance(prompt, str) and tokenize is not None:
+            prompt = tokenize(prompt)
+        token_ids = as_token_ids("prompt", prompt, "a list of token ids or a string")
+        script_ids = None if script is None else as_token_ids("scripted_output_ids", script)
+        salt = as_extra_key(extra_key)
+        arrival = as_arrival_time(arrival_time)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(f"{what}: {exc}") from None
+    if script_ids and (min(script_ids) < 0 or max(script_ids) >= vocab_size):
+        raise RequestRejectedError(f"{what}: scripted output ids must be in [0, {vocab_size})")
+    return Arguments(
+        token_ids, sampling, None if arrival is None else max(arrival, 0.0), salt, script_ids
+    )
 
 
 def check_servable(

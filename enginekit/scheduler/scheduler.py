@@ -21,10 +21,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
-
-import numpy as np
 
 from enginekit.config import SchedulerConfig
 from enginekit.errors import ConfigError, OutOfBlocksError
@@ -35,6 +32,7 @@ from enginekit.metrics import PreemptionEvent, PrefixQuery, SchedulerStats
 from enginekit.request import Request, RequestStatus
 from enginekit.scheduler.beams import choose_continuations
 from enginekit.scheduler.forks import Forker, num_sequences_to_fork
+from enginekit.scheduler.plan import StepPlan, empty_output, export_block_tables
 from enginekit.step import Fork, ModelOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -48,40 +46,6 @@ class StepUpdate(NamedTuple):
     finished: list[Request]
     first_tokens: list[Request]  # requests that got their first output token
     stats: SchedulerStats
-
-
-def _empty_output(step: int) -> SchedulerOutput:
-    """A step with nothing to run (the step counter does not advance)."""
-    return SchedulerOutput(
-        step=step,
-        prefill_seq_ids=[],
-        prefill_starts=[],
-        prefill_lens=[],
-        decode_seq_ids=[],
-        decode_context_lens=[],
-        sample_seq_ids=[],
-        finished_seq_ids=[],
-        preempted_seq_ids=[],
-        block_copies=[],
-    )
-
-
-@dataclass
-class _StepPlan:
-    """The work one ``schedule`` call has decided so far, and the token budget left."""
-
-    budget: int
-    decodes: list[Request] = field(default_factory=list)
-    prefill_seq_ids: list[int] = field(default_factory=list)
-    prefill_starts: list[int] = field(default_factory=list)
-    prefill_lens: list[int] = field(default_factory=list)
-    prefill_token_ids: list[list[int]] = field(default_factory=list)
-    final_prefill_seq_ids: list[int] = field(default_factory=list)  # sampled this step
-    forks: list[Fork] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.decodes and not self.prefill_seq_ids
 
 
 class Scheduler:
@@ -166,7 +130,7 @@ class Scheduler:
         preempted until something runs. An empty step (nothing arrived yet) hands the
         executor nothing: its block operations and finished or preempted sequences wait for
         the next step that runs."""
-        plan = _StepPlan(self.config.max_num_batched_tokens)
+        plan = StepPlan(self.config.max_num_batched_tokens)
         decodes, prefills = self._reserve_decodes()
         plan.decodes = decodes
         plan.budget -= len(decodes)
@@ -184,20 +148,20 @@ class Scheduler:
             self._schedule_prefills(plan, self._running_prefills())
             self._admit_waiting(plan)
         if plan.is_empty:
-            return _empty_output(self._num_steps)
+            return empty_output(self._num_steps)
         return self._output(plan)
 
     def _running_prefills(self) -> list[Request]:
         return [r for r in self.running if r.is_prefilling]
 
-    def _schedule_prefills(self, plan: _StepPlan, prefills: list[Request]) -> None:
+    def _schedule_prefills(self, plan: StepPlan, prefills: list[Request]) -> None:
         """A chunk of each of ``prefills`` that its promise and the budget allow, in order."""
         for request in prefills:
             if plan.budget <= 0:
                 break
             self._schedule_chunk(plan, request)
 
-    def _schedule_chunk(self, plan: _StepPlan, request: Request) -> None:
+    def _schedule_chunk(self, plan: StepPlan, request: Request) -> None:
         start = request.num_computed_tokens
         num_new = self.cache.reserve_prefill(request, min(request.num_tokens - start, plan.budget))
         if num_new == 0:
@@ -217,7 +181,7 @@ class Scheduler:
                     plan.forks.append(Fork(request.seq_id, child.seq_id, k))
                     plan.final_prefill_seq_ids.append(child.seq_id)
 
-    def _admit_waiting(self, plan: _StepPlan) -> None:
+    def _admit_waiting(self, plan: StepPlan) -> None:
         """Admits waiting requests in order while the budget, ``max_num_seqs`` and the
         cache allow, and schedules a first chunk of each (a swapped-out decode decodes)."""
         while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -243,7 +207,7 @@ class Scheduler:
                 plan.budget -= 1
             # else: a beam restored with its step done, waiting for its siblings
 
-    def _try_admit(self, request: Request, is_restore: bool, plan: _StepPlan) -> bool:
+    def _try_admit(self, request: Request, is_restore: bool, plan: StepPlan) -> bool:
         """Admits ``request`` into the cache (restores it, if it is swapped out) if it fits
         now; returns whether. An admission that falls short of what ``can_admit`` estimated
         has still evicted cached blocks, so it is matched and tried once more against what
@@ -285,7 +249,7 @@ class Scheduler:
         others = [r for r in self.waiting if r is not beam and (r.parent or r) is not root]
         self.waiting = deque([beam, *siblings, *others])
 
-    def _output(self, plan: _StepPlan) -> SchedulerOutput:
+    def _output(self, plan: StepPlan) -> SchedulerOutput:
         """The step's SchedulerOutput: the plan, the decodes' context lengths (the decodes'
         computed tokens advance to them) and the block operations queued since the last
         step that ran."""
@@ -320,18 +284,11 @@ class Scheduler:
             prefill_token_ids=plan.prefill_token_ids,
             decode_token_ids=[r.token_ids[-1] for r in decodes],
             block_tables=(
-                self._block_tables(prefill_seq_ids + decode_seq_ids)
+                export_block_tables(self.cache.tables, prefill_seq_ids + decode_seq_ids)
                 if self.export_block_tables
                 else None
             ),
         )
-
-    def _block_tables(self, seq_ids: list[int]) -> np.ndarray:
-        tables = self.cache.tables
-        width = tables.max_num_blocks(seq_ids)
-        out = np.empty((len(seq_ids), width), dtype=np.int32)
-        tables.export_into(seq_ids, out, width)
-        return out
 
     def _append(
         self,

@@ -1,0 +1,54 @@
+"""StepPlan: the work one ``schedule`` call decides, and what the executor gets of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from enginekit.interfaces.structures import BlockTables
+from enginekit.request import Request
+from enginekit.step import Fork, SchedulerOutput
+
+
+def empty_output(step: int) -> SchedulerOutput:
+    """A step with nothing to run (the step counter does not advance)."""
+    return SchedulerOutput(
+        step=step,
+        prefill_seq_ids=[],
+        prefill_starts=[],
+        prefill_lens=[],
+        decode_seq_ids=[],
+        decode_context_lens=[],
+        sample_seq_ids=[],
+        finished_seq_ids=[],
+        preempted_seq_ids=[],
+        block_copies=[],
+    )
+
+
+@dataclass
+class StepPlan:
+    """The work one ``schedule`` call has decided so far, and the token budget left."""
+
+    budget: int
+    decodes: list[Request] = field(default_factory=list)
+    prefill_seq_ids: list[int] = field(default_factory=list)
+    prefill_starts: list[int] = field(default_factory=list)
+    prefill_lens: list[int] = field(default_factory=list)
+    prefill_token_ids: list[list[int]] = field(default_factory=list)
+    final_prefill_seq_ids: list[int] = field(default_factory=list)  # sampled this step
+    forks: list[Fork] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefill_seq_ids
+
+
+def export_block_tables(tables: BlockTables, seq_ids: list[int]) -> np.ndarray:
+    """int32 [len(seq_ids), widest table]: the sequences' block tables, padded (holes and
+    padding are -1). Pure."""
+    width = tables.max_num_blocks(seq_ids)
+    out = np.empty((len(seq_ids), width), dtype=np.int32)
+    tables.export_into(seq_ids, out, width)
+    return out
