@@ -133,6 +133,27 @@ class WorkloadConfig:
 
 
 @dataclass
+class ServeConfig:
+    """The HTTP server (``python -m enginekit.serve``); every other entry point ignores it.
+
+    ``max_waiting`` bounds the requests accepted but not yet running (the server's queue and
+    the scheduler's waiting ones): one more is answered 503 with ``Retry-After:
+    retry_after_s``. ``time_scale`` paces ``executor=sim`` in wall-clock time: a step of
+    simulated time t takes t / time_scale wall seconds (1: real time; 10: ten times faster).
+    On shutdown, live requests have ``shutdown_timeout_s`` to finish; the rest are aborted.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (the server prints the one it took)
+    served_model_name: str | None = None  # None: model.path when set, else model.name
+    max_waiting: int = 1024
+    retry_after_s: int = 1
+    time_scale: float = 1.0
+    shutdown_timeout_s: float = 30.0
+    log_level: str = "info"  # uvicorn's: critical | error | warning | info | debug | trace
+
+
+@dataclass
 class EngineConfig:
     allocator: AllocatorConfig = field(default_factory=lambda: AllocatorConfig(name="paged"))
     prefix: PrefixConfig = field(default_factory=lambda: PrefixConfig(name="block_hash"))
@@ -144,6 +165,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     executor: str = "sim"  # sim | torch
     device: str = "cpu"  # torch executor: cpu | cuda | cuda:N
     kernels: str = "auto"  # torch executor: auto (triton on CUDA) | triton | reference

@@ -1,0 +1,23 @@
+"""The HTTP front end: an OpenAI-compatible server (FastAPI on uvicorn) over any plugin
+combination, with Prometheus metrics.
+
+``python -m enginekit.serve [overrides]`` serves from the command line; from Python::
+
+    from enginekit.app import compose_config
+    from enginekit.serve import BackgroundServer, Server
+
+    with BackgroundServer(Server(compose_config(["model=tiny", "serve.port=0"]))) as running:
+        print(running.url)  # point an OpenAI client at running.url + "/v1"
+
+Modules: ``server`` (the engine, tokenizer, loop and metrics the routes use), ``api``
+(the routes), ``loop`` (the thread that owns the engine), ``generation`` (one HTTP
+request's engine requests and choices), ``text`` (tokenizer, chat template, streaming
+detokenization, stop strings), ``protocol`` (request bodies and OpenAI's error shape),
+``prometheus`` (the metrics), ``run`` (uvicorn in the foreground or on a thread).
+Needs the ``serve`` extra (fastapi, uvicorn, prometheus-client).
+"""
+
+from enginekit.serve.run import BackgroundServer
+from enginekit.serve.server import Server
+
+__all__ = ["BackgroundServer", "Server"]

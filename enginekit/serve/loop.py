@@ -1,0 +1,407 @@
+"""EngineLoop: the one thread that owns the engine.
+
+The engine is not thread-safe, and a step of the torch executor holds the CPU for as long
+as the model runs, so no HTTP handler touches it: handlers put commands in the loop's
+inbox (``submit``, ``abort``, ``finish``, ``call``; each thread-safe and non-blocking) and
+read their request's events from an asyncio queue of their own. The loop thread takes the
+inbox between steps, steps while any request is live, and sleeps on an event while none
+is. After each step it hands every touched request's new tokens to its queue, all in one
+``call_soon_threadsafe`` (one wake-up of the event loop per step, whatever the number of
+requests), and publishes a ``Snapshot`` of the engine's counters for ``/metrics`` (a
+frozen value swapped in whole: readers on other threads never see a half-made one).
+
+``executor=sim`` is paced: a step of simulated time t takes at least t / time_scale wall
+seconds, so clients see the simulated latencies (scaled).
+
+Ownership: the engine, ``_live`` and the counters behind the snapshot belong to the loop
+thread; the inbox and the backlog are the only state both sides touch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from enginekit.engine import Engine
+from enginekit.errors import EngineKitError
+from enginekit.request import RequestOutput, SamplingParams
+from enginekit.serve.prometheus import ServeMetrics, Snapshot
+
+_log = logging.getLogger("enginekit.serve")
+
+RATE_WINDOW_S = 10.0  # the window of the output-rate gauge, in wall seconds
+
+
+# ---- what handlers and the loop exchange ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The engine queued prompt ``index`` of the HTTP request."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The engine refused prompt ``index`` (``error`` says why: a 400), or the loop
+    failed (``is_server_error``: a 500)."""
+
+    index: int
+    error: Exception
+    is_server_error: bool = False
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """New output tokens of prompt ``index``, one list per sample (some may be empty);
+    ``final`` is the request's last output once it has ended (finished or aborted)."""
+
+    index: int
+    new_token_ids: list[list[int]]
+    final: RequestOutput | None = None
+
+
+Event = Accepted | Refused | Tokens
+
+
+@dataclass(eq=False)
+class Job:
+    """One engine request an HTTP request asks for: its events go to ``events``."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    index: int
+    events: asyncio.Queue[Event]
+    extra_key: str | None = None
+    received_at: float = field(default_factory=time.monotonic)
+
+
+class Backlog:
+    """The requests accepted but not running: those in the inbox and those the engine has
+    not started (or preempted). ``reserve`` (handlers) and ``update`` (the loop) hold one
+    lock, so that a request is counted on one side or the other, never neither."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._num_queued = 0
+        self._num_engine_waiting = 0
+
+    def reserve(self, num: int, limit: int) -> bool:
+        """Counts ``num`` more queued requests if the total stays within ``limit``."""
+        with self._lock:
+            if self._num_queued + self._num_engine_waiting + num > limit:
+                return False
+            self._num_queued += num
+            return True
+
+    def update(self, num_taken: int, num_engine_waiting: int) -> None:
+        """The loop took ``num_taken`` queued requests; the engine has this many waiting."""
+        with self._lock:
+            self._num_queued -= num_taken
+            self._num_engine_waiting = num_engine_waiting
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return self._num_queued + self._num_engine_waiting
+
+
+@dataclass(eq=False)
+class _Live:
+    job: Job
+    num_sent: list[int] = field(default_factory=list)  # tokens handed over, per sample
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+class EngineLoop:
+    """Steps ``engine`` on a thread of its own (see the module docstring).
+
+    ``pace`` is the wall seconds a second of engine time takes at least (1 / time_scale
+    for the simulator; None: unpaced, as for the torch executor, whose step times are
+    wall times already). ``metrics`` receives the histograms' samples.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        aio_loop: asyncio.AbstractEventLoop,
+        metrics: ServeMetrics,
+        backlog: Backlog,
+        pace: float | None = None,
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.backlog = backlog
+        self.snapshot = Snapshot()
+        self.error: BaseException | None = None  # set when the loop died
+        self._aio_loop = aio_loop
+        self._pace = pace
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="enginekit-engine", daemon=True)
+        self._live: dict[str, _Live] = {}
+        self._stop_requested = False
+        # Counters of finished requests (the loop's own), and the output-rate window.
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._finished_by_reason: dict[str, int] = {}
+        self._rate_window: deque[tuple[float, int]] = deque()  # (wall time, tokens)
+        self._publish(num_taken=0)
+
+    # -- any thread ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def submit(self, job: Job) -> None:
+        """Queues ``job``; its first event is Accepted or Refused."""
+        self._send("add", job)
+
+    def abort(self, request_id: str) -> None:
+        """Aborts the request if it is live (its blocks are released at once)."""
+        self._send("abort", request_id)
+
+    def finish(self, request_id: str) -> None:
+        """Ends the request as finished (stop), if it is live: its caller matched a stop."""
+        self._send("finish", request_id)
+
+    def call(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future[Any]:
+        """Runs ``fn(engine)`` on the loop thread between two steps; its result (or
+        exception) comes back through the future."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._send("call", (fn, future))
+        return future
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Aborts every live request (each gets its final event) and ends the thread;
+        returns once it has ended (or after ``timeout_s``)."""
+        self._send("stop", None)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _send(self, kind: str, payload: Any) -> None:
+        self._inbox.append((kind, payload))  # deque.append is atomic
+        self._wake.set()
+
+    # -- the loop thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop_requested:
+                self._take_inbox()
+                if self._stop_requested:
+                    break
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                else:
+                    self._wake.wait()
+                    self._wake.clear()
+            self._abort_all()
+        except BaseException as exc:  # a bug: every live request is told, health turns 503
+            _log.exception("the engine loop failed")
+            self.error = exc
+            self._fail_all(exc)
+
+    def _take_inbox(self) -> None:
+        if not self._inbox:
+            return
+        num_taken = 0
+        events: list[tuple[asyncio.Queue[Event], Event]] = []
+        while self._inbox:
+            kind, payload = self._inbox.popleft()
+            if kind == "add":
+                num_taken += 1
+                events.append(self._add(payload))
+            elif kind == "abort":
+                events += self._end(payload, self.engine.abort_request)
+            elif kind == "finish":
+                events += self._end(payload, self.engine.finish_request)
+            elif kind == "call":
+                fn, future = payload
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(self.engine))
+                    except Exception as exc:
+                        future.set_exception(exc)
+            elif kind == "stop":
+                self._stop_requested = True
+        self._post(events)
+        self._publish(num_taken)
+
+    def _add(self, job: Job) -> tuple[asyncio.Queue[Event], Event]:
+        try:
+            self.engine.add_request(
+                job.prompt_token_ids,
+                job.sampling,
+                request_id=job.request_id,
+                extra_key=job.extra_key,
+            )
+        except EngineKitError as exc:
+            return job.events, Refused(job.index, exc)
+        self._live[job.request_id] = _Live(job)
+        return job.events, Accepted(job.index)
+
+    def _end(
+        self, request_id: str, end: Callable[[str], bool]
+    ) -> list[tuple[asyncio.Queue[Event], Event]]:
+        """Ends a live request with ``end`` (abort or finish) and hands over its final
+        tokens; nothing for a request that is not live."""
+        if request_id not in self._live:
+            return []
+        end(request_id)
+        return self._collect({request_id: self.engine.output(request_id)}, [request_id])
+
+    def _step(self) -> None:
+        engine = self.engine
+        started = time.monotonic()
+        clock = engine.clock
+        finished = {output.request_id: output for output in engine.step()}
+        running = {(r.parent or r).request_id for r in engine.scheduler.running}
+        touched = [rid for rid in self._live if rid in running or rid in finished]
+        self._post(self._collect(finished, touched))
+        self._publish(num_taken=0)
+        if self._pace is not None:
+            delay = (engine.clock - clock) * self._pace - (time.monotonic() - started)
+            if delay > 0:
+                time.sleep(delay)
+
+    def _collect(
+        self, finished: dict[str, RequestOutput], request_ids: list[str]
+    ) -> list[tuple[asyncio.Queue[Event], Event]]:
+        """The events of ``request_ids`` after a step: their new tokens, and for those in
+        ``finished`` (which leave the engine and ``_live``) the final output. Observes the
+        latency histograms and counts the finished requests."""
+        now = time.monotonic()
+        events: list[tuple[asyncio.Queue[Event], Event]] = []
+        num_new_total = 0
+        for request_id in request_ids:
+            live = self._live[request_id]
+            final = finished.get(request_id)
+            output = final or self.engine.output(request_id)
+            if final is None and output.finish_reason is not None:
+                final = output  # ended between steps (abort, finish)
+            samples = output.samples
+            live.num_sent += [0] * (len(samples) - len(live.num_sent))
+            new = [s[n:] for s, n in zip(samples, live.num_sent, strict=True)]
+            num_new = sum(map(len, new))
+            if num_new:
+                num_new_total += num_new
+                live.num_sent = [len(s) for s in samples]
+                if live.first_token_at is None:
+                    self.metrics.time_to_first_token.observe(now - live.job.received_at)
+                elif live.last_token_at is not None:
+                    self.metrics.inter_token_latency.observe(now - live.last_token_at)
+                live.last_token_at = now
+                live.first_token_at = live.first_token_at or now
+            if final is not None:
+                self._count_finished(live, final, now)
+                del self._live[request_id]
+                self.engine.release_request(request_id)
+            if num_new or final is not None:
+                events.append((live.job.events, Tokens(live.job.index, new, final)))
+        if num_new_total:
+            self._rate_window.append((now, num_new_total))
+        return events
+
+    def _count_finished(self, live: _Live, final: RequestOutput, now: float) -> None:
+        reason = final.finish_reason or "abort"
+        self._finished_by_reason[reason] = self._finished_by_reason.get(reason, 0) + 1
+        if reason == "abort":
+            return
+        num_prompt = len(final.prompt_token_ids)
+        num_generated = sum(map(len, final.samples))
+        self._prompt_tokens += num_prompt
+        self._generation_tokens += num_generated
+        self.metrics.e2e_request_latency.observe(now - live.job.received_at)
+        self.metrics.request_prompt_tokens.observe(num_prompt)
+        self.metrics.request_generation_tokens.observe(num_generated)
+
+    def _post(self, events: list[tuple[asyncio.Queue[Event], Event]]) -> None:
+        """Hands ``events`` to their queues on the event loop's thread, in one wake-up."""
+        if not events:
+            return
+        try:
+            self._aio_loop.call_soon_threadsafe(_put_all, events)
+        except RuntimeError:  # the event loop has closed: nobody is listening any more
+            pass
+
+    def _publish(self, num_taken: int) -> None:
+        """Swaps in a new snapshot, and tells the backlog what the engine has waiting."""
+        engine = self.engine
+        running = engine.scheduler.running
+        num_running = len({id(r.parent or r) for r in running})
+        num_waiting = len(self._live) - num_running
+        usage = engine.cache.usage(running)
+        metrics = engine.metrics
+        block_bytes = engine.kv_spec.bytes_per_block
+        self.snapshot = Snapshot(
+            num_requests_running=num_running,
+            num_requests_waiting=num_waiting,
+            kv_num_blocks=usage.num_total_blocks,
+            kv_num_used_blocks=usage.num_used_blocks,
+            kv_num_table_slots=usage.num_table_slots,
+            kv_num_unused_slots=usage.num_unused_slots,
+            kv_pool_gb=usage.num_total_blocks * block_bytes / 1e9,
+            prefix_cache_queries=metrics.prefix_cache_queries,
+            prefix_cache_hits=metrics.prefix_cache_hits,
+            num_preemptions_by_kind=dict(metrics.num_preemptions_by_kind),
+            recomputed_tokens=metrics.recomputed_tokens_total,
+            swap_out_bytes=metrics.num_swapped_out_blocks * block_bytes,
+            swap_in_bytes=metrics.num_swapped_in_blocks * block_bytes,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            num_finished_by_reason=dict(self._finished_by_reason),
+            output_tokens_per_s=self._output_rate(),
+        )
+        self.backlog.update(num_taken, num_waiting)
+
+    def _output_rate(self) -> float:
+        """Tokens handed over in the last RATE_WINDOW_S wall seconds, per second of the
+        engine's time (wall seconds / pace for the simulator)."""
+        window = self._rate_window
+        now = time.monotonic()
+        while window and window[0][0] < now - RATE_WINDOW_S:
+            window.popleft()
+        engine_seconds = RATE_WINDOW_S / (self._pace or 1.0)
+        return sum(n for _, n in window) / engine_seconds
+
+    def _abort_all(self) -> None:
+        events: list[tuple[asyncio.Queue[Event], Event]] = []
+        for request_id in list(self._live):
+            events += self._end(request_id, self.engine.abort_request)
+        self._post(events)
+        self._publish(num_taken=0)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+        events: list[tuple[asyncio.Queue[Event], Event]] = [
+            (live.job.events, Refused(live.job.index, error, is_server_error=True))
+            for live in self._live.values()
+        ]
+        self._live.clear()
+        while self._inbox:  # requests queued behind the failure are told too
+            kind, payload = self._inbox.popleft()
+            if kind == "add":
+                events.append((payload.events, Refused(payload.index, error, True)))
+            elif kind == "call":
+                payload[1].set_exception(error)
+        self._post(events)
+
+
+def _put_all(events: list[tuple[asyncio.Queue[Event], Event]]) -> None:
+    for queue, event in events:
+        queue.put_nowait(event)

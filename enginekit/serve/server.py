@@ -1,0 +1,213 @@
+"""Server: one engine, its tokenizer, its engine loop and its metrics, as the HTTP routes
+(``enginekit.serve.api``) use them.
+
+The engine is built when the server is (so a bad config fails before any port is bound);
+the engine loop starts with the application's lifespan, on the event loop uvicorn runs,
+and stops with it: by then uvicorn has let live requests finish for
+``serve.shutdown_timeout_s`` and cancelled the rest, and the loop aborts whatever is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+
+from enginekit.config import EngineConfig
+from enginekit.engine import Engine
+from enginekit.errors import ConfigError, InvalidRequestError
+from enginekit.request import SamplingParams
+from enginekit.serve.generation import Generation
+from enginekit.serve.loop import Backlog, EngineLoop
+from enginekit.serve.prometheus import ServeMetrics, Snapshot
+from enginekit.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from enginekit.serve.text import TextCodec
+
+LOOP_STOP_TIMEOUT_S = 30.0  # the engine loop ends within one step of being told to
+_T = TypeVar("_T")
+
+
+class Server:
+    """What the routes serve: ``engine`` (touched only by ``loop``'s thread), ``codec``
+    (None for a model without a tokenizer), ``metrics``, and the ``serve`` config."""
+
+    def __init__(self, config: EngineConfig | DictConfig | None = None) -> None:
+        self.engine = Engine(config)
+        cfg = self.engine.config
+        self.config = cfg.serve
+        _check_serve_config(self.config)
+        self.codec = TextCodec.of_model_path(cfg.model.path)
+        self.model_name = str(cfg.serve.served_model_name or cfg.model.path or cfg.model.name)
+        self.created = int(time.time())
+        # The simulator's steps take simulated time: pace them in wall-clock time.
+        self.pace = 1.0 / float(self.config.time_scale) if cfg.executor == "sim" else None
+        self.backlog = Backlog()
+        self.loop: EngineLoop | None = None
+        self.is_stopping = False
+        infos = self.engine.plugin_infos
+        self.metrics = ServeMetrics(
+            self.engine.max_model_len,
+            {
+                group: {"name": i.name, "distribution": i.distribution, "version": i.version}
+                for group, i in infos.items()
+            },
+            {
+                "model": self.engine.shape.name,
+                "executor": str(cfg.executor),
+                "block_size": str(self.engine.kv_spec.block_size),
+                "max_model_len": str(self.engine.max_model_len),
+                "served_model_name": self.model_name,
+            },
+        )
+        self.metrics.read_from(self.snapshot)
+
+    def snapshot(self) -> Snapshot:
+        return self.loop.snapshot if self.loop is not None else Snapshot()
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any) -> AsyncIterator[None]:
+        """Starts the engine loop on the running event loop; on shutdown stops it (every
+        request still live is aborted) and waits for its thread."""
+        loop = EngineLoop(
+            self.engine, asyncio.get_running_loop(), self.metrics, self.backlog, self.pace
+        )
+        self.loop = loop
+        loop.start()
+        try:
+            yield
+        finally:
+            self.is_stopping = True
+            await asyncio.to_thread(loop.stop, LOOP_STOP_TIMEOUT_S)
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.loop is not None and self.loop.is_alive and not self.is_stopping
+
+    # -- for the routes --------------------------------------------------------------------
+
+    def check_request(self, body: CompletionRequest | ChatCompletionRequest) -> None:
+        """Raises ApiError: 404 for another model, 400 for a field enginekit does not
+        implement, 503 while the server stops or after its engine loop failed."""
+        if body.model != self.model_name:
+            raise ApiError(
+                404,
+                f"the model {body.model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        unsupported = body.unsupported()
+        if unsupported is not None:
+            raise unsupported
+        if not self.is_healthy:
+            raise ApiError(503, "the server is shutting down or its engine has failed")
+
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A completion prompt's token ids. Raises ApiError (400) for a text prompt to a
+        model without a tokenizer."""
+        if not isinstance(prompt, str):
+            return prompt
+        if self.codec is None:
+            raise ApiError(
+                400,
+                "text prompts need the model's tokenizer, which comes from its folder "
+                "(model.path=...); this model has none: send token ids",
+                param="prompt",
+            )
+        return self.codec.encode(prompt)
+
+    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The messages through the chat template. Raises ApiError (400) when the model
+        has no tokenizer or no template, or the template refuses the messages."""
+        if self.codec is None:
+            raise ApiError(
+                400,
+                "chat completions need the model's tokenizer and its chat template, which "
+                "come from its folder (model.path=...); this model has none",
+                param="messages",
+            )
+        try:
+            return self.codec.chat_prompt(messages)
+        except InvalidRequestError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+
+    def generation(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        body: CompletionRequest | ChatCompletionRequest,
+        id_prefix: str,
+    ) -> Generation:
+        assert self.loop is not None, "the server's lifespan has not started"
+        return Generation(
+            self.loop,
+            self.metrics,
+            self.codec,
+            prompts,
+            sampling,
+            body.stop_strings,
+            body.cache_salt,
+            id_prefix,
+        )
+
+    async def on_engine(self, fn: Callable[[Engine], _T]) -> _T:
+        """``fn(engine)`` run on the engine loop's thread, between two steps."""
+        if self.loop is None or not self.loop.is_alive:
+            raise ApiError(503, "the engine loop is not running")
+        result: _T = await asyncio.wrap_future(self.loop.call(fn))
+        return result
+
+    def model_card(self) -> dict[str, Any]:
+        cfg = self.engine.config
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "enginekit",
+            "root": str(cfg.model.path or cfg.model.name),
+            "max_model_len": self.engine.max_model_len,
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        """What SGLang's ``/model_info`` answers: the model's path (its name for a model
+        without a folder), its tokenizer's, and that it generates."""
+        cfg = self.engine.config
+        return {
+            "model_path": self.model_name,
+            "tokenizer_path": str(cfg.model.path) if cfg.model.path else None,
+            "is_generation": True,
+            "max_model_len": self.engine.max_model_len,
+            "vocab_size": self.engine.shape.vocab_size,
+        }
+
+    def server_info(self, engine: Engine) -> dict[str, Any]:
+        """What SGLang's ``/server_info`` answers, enginekit's way: the config, the
+        engine's ``describe()`` and the live load (run on the engine's thread)."""
+        snap = self.snapshot()
+        return {
+            "served_model_name": self.model_name,
+            "model_path": self.model_name,
+            "max_model_len": engine.max_model_len,
+            "config": OmegaConf.to_container(engine.config, resolve=True),
+            "engine": engine.describe(),
+            "num_requests_running": snap.num_requests_running,
+            "num_requests_waiting": snap.num_requests_waiting,
+            "kv_cache_usage_perc": snap.kv_cache_usage,
+        }
+
+
+def _check_serve_config(serve: DictConfig) -> None:
+    """Raises ConfigError naming the first ``serve.*`` key out of range."""
+    if not 0 <= serve.port <= 65535:
+        raise ConfigError(f"serve.port must be in [0, 65535], got {serve.port}")
+    if serve.max_waiting < 1:
+        raise ConfigError(f"serve.max_waiting must be >= 1, got {serve.max_waiting}")
+    if serve.retry_after_s < 0:
+        raise ConfigError(f"serve.retry_after_s must be >= 0, got {serve.retry_after_s}")
+    if not serve.time_scale > 0:
+        raise ConfigError(f"serve.time_scale must be > 0, got {serve.time_scale}")
+    if serve.shutdown_timeout_s < 0:
+        raise ConfigError(f"serve.shutdown_timeout_s must be >= 0, got {serve.shutdown_timeout_s}")
