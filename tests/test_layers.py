@@ -28,7 +28,10 @@ from enginekit.metrics import RunMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
-THIRD_PARTY_PLUGIN = ROOT / "tests" / "fixtures" / "mru_eviction"
+# The tests' third-party plugin packages: each a folder with a pyproject.toml and one module.
+THIRD_PARTY_PLUGINS = sorted(
+    p.parent for p in (ROOT / "tests" / "fixtures").glob("*/pyproject.toml")
+)
 CONTRACT_TYPES = {
     "layers": LayersContract,
     "forbidden": ForbiddenContract,
@@ -154,33 +157,52 @@ def test_a_contract_lets_an_allowed_import_through(
     assert (importer, imported) not in set(_links(check.metadata))
 
 
-def test_a_third_party_plugin_meets_the_plugin_rules(
+def test_the_third_party_plugins_meet_the_plugin_rules(
     config: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The test fixture's plugin (one module) is checked by the contracts the built-in
-    plugins meet, as the package grimp needs: its code as a package's ``__init__``."""
-    package = "third_party_plugin"
-    (tmp_path / package).mkdir()
-    code = (THIRD_PARTY_PLUGIN / "enginekit_mru_eviction.py").read_text(encoding="utf-8")
-    (tmp_path / package / "__init__.py").write_text(code, encoding="utf-8")
+    """Each test fixture's plugin (one module) is checked by the contracts the built-in
+    plugins meet, as the package grimp needs (its code as the ``__init__`` of a package
+    named as the module), and none imports another."""
+    packages = []
+    for folder in THIRD_PARTY_PLUGINS:
+        (module,) = folder.glob("*.py")
+        (tmp_path / module.stem).mkdir()
+        code = module.read_text(encoding="utf-8")
+        (tmp_path / module.stem / "__init__.py").write_text(code, encoding="utf-8")
+        packages.append(module.stem)
+    assert len(packages) >= 5
     monkeypatch.syspath_prepend(str(tmp_path))
-    roots = ["enginekit", package]
+    roots = ["enginekit", *packages]
     plugin_graph = grimp.build_graph(*roots, cache_dir=None)
-    assert plugin_graph.find_modules_directly_imported_by(package) >= {"enginekit.interfaces"}
     refused = {"plugins-public-api": "enginekit.kv", "plugins-not-root": "enginekit"}
-    for contract_id, forbidden in refused.items():
-        options = next(o for o in config["contracts_options"] if o.get("id") == contract_id)
-        for field in ("source_modules", "ignore_imports"):
-            if field in options:
-                renamed = [e.replace("enginekit_plugins", package) for e in options[field]]
-                options = {**options, field: renamed}
-        contract = CONTRACT_TYPES[options["type"]](
-            name=options["name"], session_options={"root_packages": roots}, contract_options=options
-        )
-        check = contract.check(copy.deepcopy(plugin_graph), verbose=False)
-        assert check.kept, (contract_id, sorted(set(_links(check.metadata))))
-        broken = contract.check(_with_import(plugin_graph, package, forbidden), verbose=False)
-        assert (package, forbidden) in set(_links(broken.metadata))
+    for package in packages:
+        imported = plugin_graph.find_modules_directly_imported_by(package)
+        assert imported >= {"enginekit.interfaces"}, package
+        for contract_id, forbidden in refused.items():
+            options = next(o for o in config["contracts_options"] if o.get("id") == contract_id)
+            for field in ("source_modules", "ignore_imports"):
+                if field in options:
+                    renamed = [e.replace("enginekit_plugins", package) for e in options[field]]
+                    options = {**options, field: renamed}
+            contract = CONTRACT_TYPES[options["type"]](
+                name=options["name"],
+                session_options={"root_packages": roots},
+                contract_options=options,
+            )
+            check = contract.check(copy.deepcopy(plugin_graph), verbose=False)
+            assert check.kept, (package, contract_id, sorted(set(_links(check.metadata))))
+            broken = contract.check(_with_import(plugin_graph, package, forbidden), verbose=False)
+            assert (package, forbidden) in set(_links(broken.metadata))
+    independent = IndependenceContract(
+        name="third-party plugins do not import each other",
+        session_options={"root_packages": roots},
+        contract_options={"modules": packages},
+    )
+    assert independent.check(copy.deepcopy(plugin_graph), verbose=False).kept
+    crossing = _with_import(plugin_graph, packages[0], packages[1])
+    assert (packages[0], packages[1]) in set(
+        _links(independent.check(crossing, verbose=False).metadata)
+    )
 
 
 # ---- cycles ----------------------------------------------------------------------------
