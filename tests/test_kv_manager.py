@@ -596,6 +596,36 @@ def test_a_windowed_hit_releases_the_matched_blocks_outside_the_window(native):
     assert free_and_evictable(manager) == (10, 3)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="KVCacheManager.admit takes a reference to every matched block before "
+    "make_room, while can_admit counts only the blocks the window keeps as pinned: a "
+    "matched block outside the window (released right after admission) cannot be evicted "
+    "to make the room can_admit counted on",
+)
+def test_a_windowed_hit_that_can_admit_allows_is_admitted(native):
+    # 4 blocks, the window's bound. A released 16-token prompt left blocks 0..3 evictable.
+    # Its 17-token continuation matches all 4 and keeps 0, 2, 3 (the query at 16 reaches
+    # from block 9 // 4 = 2): peak 4, 1 new block, which only block 1 (matched, out of the
+    # window) can give. can_admit: 4 evictable - 3 kept = 1 block of room.
+    manager = make_manager(native, num_blocks=4, window=8, sinks=4)
+    first = request(0, tokens(16))
+    admit(manager, first)
+    prefill(manager, first)
+    step_done(manager)
+    manager.release(first)
+    assert free_and_evictable(manager) == (0, 4)
+    second = request(1, tokens(17))
+    match = manager.match(second)
+    assert match == PrefixMatch([0, 1, 2, 3], 16)
+    assert manager.can_admit(second, match)
+    manager.admit(second, match)
+    manager.check_integrity()
+    assert manager.tables.block_ids(1) == [0, -1, 2, 3]
+    assert prefill(manager, second) == 1
+    assert manager.num_held_blocks(1) == 4
+
+
 def test_a_table_with_holes_is_swapped_back_with_its_holes_where_they_were(native):
     manager = make_manager(native, window=8, sinks=4, num_swap_blocks=8)
     r = request(0, tokens(24))
