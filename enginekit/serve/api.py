@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from enginekit.serve.generation import ChoiceUpdate, Generation
 from enginekit.serve.protocol import (
@@ -128,8 +128,8 @@ def build_app(server: Server) -> FastAPI:
         server.check_request(body)
         prompt = server.chat_prompt_ids([m.as_template_input() for m in body.messages])
         max_tokens = body.requested_max_tokens
-        if max_tokens is None:  # the reply may fill the context
-            max_tokens = max(1, server.engine.max_model_len - len(prompt))
+        if max_tokens is None:  # the reply may fill the context (or what the cache holds)
+            max_tokens = max(1, server.longest_servable - len(prompt))
         generation = server.generation([prompt], body.sampling(max_tokens), body, "chatcmpl")
         await generation.start(server.config.max_waiting, server.config.retry_after_s)
         created = int(time.time())
@@ -183,7 +183,7 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
 async def _until_done(generation: Generation, request: Request) -> bool:
     """Consumes ``generation`` to its end and returns True; if the client disconnects
     first, aborts it and returns False (nobody is left to answer). Raises ApiError if
-    the engine failed."""
+    the engine failed, or (503, the generation aborted) if a shutdown cancels the wait."""
 
     async def consume() -> None:
         async for _ in generation.updates():
@@ -193,6 +193,8 @@ async def _until_done(generation: Generation, request: Request) -> bool:
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server stops and its drain timed out
+        raise ApiError(503, "the server shut down before the request finished") from None
     finally:
         if not work.done():
             work.cancel()
@@ -303,9 +305,11 @@ async def _stream(
 
 class EventStream(StreamingResponse):
     """A server-sent-event response that calls ``on_close`` however it ends: completed,
-    cancelled by the client's disconnect, or failed while sending. Disconnects are watched
-    for the whole stream (not only when a chunk is written), so a request still waiting
-    for its first token is aborted as soon as its client leaves."""
+    cancelled by the client's disconnect, failed while sending, or cut by a shutdown.
+    Disconnects are watched for the whole stream (not only when a chunk is written), so a
+    request still waiting for its first token is aborted as soon as its client leaves. A
+    shutdown whose drain timed out (uvicorn cancels the response) ends the stream with an
+    error event and ``[DONE]``, so the client learns why."""
 
     def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
         super().__init__(
@@ -316,15 +320,39 @@ class EventStream(StreamingResponse):
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        stream = asyncio.ensure_future(self.stream_response(send))
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        stream = asyncio.ensure_future(self.stream_response(tracked))
         gone = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        cut = False
         try:
             await asyncio.wait({stream, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            cut = True
         finally:
             for task in (stream, gone):
                 task.cancel()
             self._on_close()
             await asyncio.gather(stream, gone, return_exceptions=True)
+        if cut:
+            await self._end_cut(send, started)
+            return
         exc = None if stream.cancelled() else stream.exception()
         if exc is not None and not isinstance(exc, OSError):  # OSError: the client left
             raise exc
+
+    async def _end_cut(self, send: Send, started: bool) -> None:
+        error = ApiError(503, "the server shut down before the request finished")
+        body = (_sse(error.body()) + "data: [DONE]\n\n").encode()
+        try:
+            if not started:
+                await send({"type": "http.response.start", "status": self.status_code,
+                            "headers": self.raw_headers})  # fmt: skip
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        except OSError:  # the client has gone too
+            pass

@@ -204,7 +204,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Sampled):
     """``POST /v1/chat/completions``: the messages through the model's chat template.
-    Without ``max_tokens`` (or ``max_completion_tokens``) a reply may fill the context."""
+    Without ``max_tokens`` (or ``max_completion_tokens``) a reply may fill the context,
+    or as much of it as the whole KV cache holds."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = None

@@ -45,6 +45,7 @@ class Server:
         self.created = int(time.time())
         # The simulator's steps take simulated time: pace them in wall-clock time.
         self.pace = 1.0 / float(self.config.time_scale) if cfg.executor == "sim" else None
+        self.longest_servable = _longest_servable(self.engine)
         self.backlog = Backlog()
         self.loop: EngineLoop | None = None
         self.is_stopping = False
@@ -197,6 +198,23 @@ class Server:
             "num_requests_waiting": snap.num_requests_waiting,
             "kv_cache_usage_perc": snap.kv_cache_usage,
         }
+
+
+def _longest_servable(engine: Engine) -> int:
+    """The most tokens (prompt + output) one sequence may reach: the model's context, or
+    less where the whole cache cannot hold that many (admission's bound). Read before the
+    engine loop starts (the bound depends on the config alone)."""
+    cache = engine.cache
+    low, high = 1, engine.max_model_len
+    if cache.max_blocks_held(high) <= cache.num_blocks:
+        return high
+    while low < high:  # the largest total whose blocks fit (monotone in the total)
+        middle = (low + high + 1) // 2
+        if cache.max_blocks_held(middle) <= cache.num_blocks:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _check_serve_config(serve: DictConfig) -> None:

@@ -1,0 +1,100 @@
+"""The HTTP server on the simulator, through the real ``openai`` client on loopback: a full
+queue answers 503 with Retry-After and the requests queued before it complete, steps are
+paced in wall-clock time by the simulated step time (``serve.time_scale``), a chat
+request to a tokenizer without a chat template gets a clear 400, and a chat reply without
+``max_tokens`` runs to what the whole cache holds."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from test_serve import save_model_folder, scrape, wait_until_idle
+
+from enginekit.app import compose_config
+from enginekit.serve import BackgroundServer, Server
+
+SIM = ["executor=sim", "model=tiny", "progress=false", "serve.port=0"]
+
+
+def serve(*overrides: str) -> BackgroundServer:
+    return BackgroundServer(Server(compose_config([*SIM, *overrides])))
+
+
+def test_a_full_queue_answers_503_and_what_was_queued_completes():
+    # One sequence runs at a time; 2 may wait. Steps of ~1 ms wall (time_scale 0.03).
+    with serve("scheduler.max_num_seqs=1", "serve.max_waiting=2", "serve.retry_after_s=3",
+               "serve.time_scale=0.03") as running:  # fmt: skip
+        url = running.url
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        long = client.completions.create(
+            model="tiny", prompt=[5, 6, 7], max_tokens=2000, stream=True
+        )
+        first = next(iter(long))  # it runs: the one sequence is taken
+        assert first.choices[0].finish_reason is None
+        results: list[openai.types.Completion] = []
+        queued = [
+            threading.Thread(
+                target=lambda p=p: results.append(
+                    client.completions.create(model="tiny", prompt=p, max_tokens=5)
+                )
+            )
+            for p in ([8, 9], [10, 11])
+        ]
+        for thread in queued:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while scrape(url)["enginekit:num_requests_waiting"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.completions.create(model="tiny", prompt=[12], max_tokens=5)
+        assert caught.value.status_code == 503
+        assert caught.value.response.headers["Retry-After"] == "3"
+        assert caught.value.body["code"] == "queue_full"
+        long.close()  # the client leaves: its sequence is released, the queue moves
+        for thread in queued:
+            thread.join(timeout=20)
+        assert sorted(len(r.choices) for r in results) == [1, 1]
+        assert all(r.usage.completion_tokens == 5 for r in results)
+        metrics = wait_until_idle(url)
+        assert metrics['enginekit:request_rejected_total{reason="queue_full"}'] == 1
+        assert metrics["enginekit:kv_cache_usage_perc"] == 0
+
+
+def test_simulated_steps_take_their_time_scaled_in_wall_clock():
+    with serve("serve.time_scale=0.02") as running:
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+        started = time.monotonic()
+        client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=40)
+        wall = time.monotonic() - started
+        busy = httpx.get(f"{running.url}/summary").json()["summary"]["busy_time_s"]
+    assert busy > 0
+    assert wall >= busy / 0.02  # each step slept out its simulated time, scaled
+
+
+def test_chat_needs_a_template_and_fills_what_the_cache_holds(tmp_path):
+    plain = save_model_folder(tmp_path / "plain", weights=False, chat_template=False)
+    templated = save_model_folder(tmp_path / "templated", weights=False)
+    messages = [{"role": "user", "content": "w7 w8 w9"}]
+    with serve(f"model.path={plain}") as running:
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=str(plain), messages=messages)
+        assert caught.value.body["param"] == "messages"
+        assert "no chat template" in caught.value.body["message"]
+        # completions still take text there
+        done = client.completions.create(model=str(plain), prompt="w7 w8", max_tokens=3)
+        assert done.usage.prompt_tokens == 2
+    # 24 blocks of 4 tokens: a reply fills the 96 tokens the cache can hold
+    with serve(f"model.path={templated}", "cache.block_size=4", "cache.num_blocks=24",
+               "cache.watermark=0", "serve.time_scale=1000") as running:  # fmt: skip
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(model=str(templated), messages=messages)
+        prompt = 5  # "w4 w7 w8 w9 w5": the user's role, the message, the assistant's role
+        assert reply.usage.prompt_tokens == prompt
+        assert reply.usage.completion_tokens == 96 - prompt
+        assert reply.choices[0].finish_reason == "length"
