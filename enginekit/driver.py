@@ -3,113 +3,279 @@
 It uses the engine's public API only: it adds the workload's requests, steps the engine,
 and adds each later turn of a multi-turn session once the turn it follows has finished
 (its think time after that, with the earlier turn's prompt and output in front of its
-own message). ``python -m enginekit``, the claims and the benchmarks run workloads
-through it.
+own message, unless the turn's prompt is complete). ``python -m enginekit``, the claims
+and the benchmarks run workloads through it.
+
+Streaming (``stream``; by default for workloads of more than ``STREAM_ABOVE`` requests):
+requests are drawn from the workload as the run needs them and each is released from
+the engine when it finishes (its metrics stay counted), so memory holds the live
+requests only. The driver keeps every request that has arrived in the engine, up to
+``scheduler.max_num_seqs + 1`` waiting ones (the scheduler admits at most
+``max_num_seqs`` a step, from the front of its queue), and the next future arrival, so
+the engine schedules exactly what it would with every request added up front. Only
+``num_waiting_peak`` differs: it counts the requests the driver has handed over.
+Without streaming, every first turn is added by ``add_workload`` and every request stays
+in the engine (``RunResult.outputs``, ``Engine.outputs()``).
+
+Every run also feeds its requests to an ``enginekit.reuse.ReuseTracker`` in the order they
+join the engine's queue (their arrival, or when streaming handed them over if that is
+later: a request held back can reuse what was computed while it waited), with their
+scripted outputs: the summary's ideal hits come from it (one streamed pass, released
+requests included; without streaming the same as ``Engine.ideal_prefix_hit_tokens``
+whenever the outputs are the scripted ones, as in the simulator), and it adds the keys
+of ``metric_keys.ADDED_BY_DRIVER``: the missed prompt tokens by cause, the hit-rate curve
+over cache sizes and its value at the run's pool.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+from enginekit import metric_keys as mk
 from enginekit.engine import Engine, RunResult
 from enginekit.errors import RequestRejectedError
 from enginekit.request import RequestOutput, SamplingParams
-from enginekit.workloads import WorkloadRequest, make_workload
+from enginekit.reuse import ReuseTracker
+from enginekit.workloads.sources import open_workload
+from enginekit.workloads.traffic import TrafficRequest, Workload
 
 _log = logging.getLogger("enginekit")
 
+STREAM_ABOVE = 10_000  # workloads of more requests stream unless told otherwise
+
 
 class WorkloadDriver:
-    """Owns the turns that wait on an earlier turn (request id -> the turns after it)."""
+    """Owns the workload's stream, the turns that wait on an earlier turn (request id ->
+    the turns after it) and the reuse tracker of the run."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, stream: bool | None = None) -> None:
         self.engine = engine
-        self._followers: dict[str, list[WorkloadRequest]] = {}
+        self.stream = stream
+        self.workload: Workload | None = None
+        self._items: Iterator[TrafficRequest] = iter(())
+        self._next: TrafficRequest | None = None  # the next first turn to add
+        self._followers: dict[str, list[TrafficRequest]] = {}
+        self._latest_arrival = float("-inf")  # of the first turns added
+        self._num_added_since_step = 0
+        self.tracker = ReuseTracker(engine.kv_spec.block_size)
+        # (arrival, order, id, prompt, scripted output, salt): added, not yet tracked
+        self._untracked: list[tuple[float, int, str, Sequence[int], Sequence[int], Any]] = []
+        self._order = itertools.count()
+        self._num_accepted = 0
+        self._num_rejected = 0
+        self._first_rejection: str | None = None
+        self._last_rejection: str | None = None
+
+    # ---- adding -------------------------------------------------------------------------
 
     def add_workload(self) -> int:
-        """Queues the configured workload's requests; returns how many were accepted.
+        """Opens the configured workload and queues its requests (streaming: the first
+        ones; the rest as ``step`` needs them); returns how many were accepted so far.
 
-        A request that can never be served is counted (``num_requests_rejected``) and
-        logged, and the rest run: one oversized request does not void a sweep's job."""
+        A request that can never be served is counted (``num_requests_rejected``), with
+        the turns that follow it, and logged, and the rest run: one oversized request
+        does not void a sweep's job."""
         engine = self.engine
-        requests = make_workload(
-            engine.config.workload, engine.shape.vocab_size, engine.max_model_len
+        self.workload = open_workload(
+            engine.config.workload,
+            engine.shape.vocab_size,
+            engine.max_model_len,
+            self._encoder,
         )
-        num_accepted = 0
-        rejections: list[str] = []
-        for item in requests:
-            if item.follows is not None:
-                self._followers.setdefault(item.follows, []).append(item)
-                continue
-            try:
-                engine.add_request(
-                    item.prompt_token_ids,
-                    _sampling_of(item),
-                    request_id=item.request_id,
-                    arrival_time=item.arrival_time,
-                    scripted_output_ids=item.output_token_ids,
-                )
-                num_accepted += 1
-            except RequestRejectedError as exc:
-                rejections.append(str(exc))
-        if rejections:
-            _log.warning(
-                "%d of %d requests rejected; the first: %s",
-                len(rejections),
-                len(requests),
-                rejections[0],
-            )
+        if self.stream is None:
+            self.stream = self.workload.num_requests > STREAM_ABOVE
+        self._items = iter(self.workload)
+        self._advance()
+        if self.stream:
+            num_accepted = self._top_up()
+        else:
+            num_accepted = 0
+            while self._next is not None:
+                num_accepted += self._add_next()
+            self._log_rejections()
         return num_accepted
 
+    def _encoder(self) -> Any:
+        from enginekit.tokenizer import Tokenizer
+
+        return Tokenizer.for_workload(self.engine.config.model.path)
+
+    def _advance(self) -> None:
+        """Reads the workload up to its next first turn; the later turns read on the way
+        wait for the turn they follow."""
+        for item in self._items:
+            if item.follows is None:
+                self._next = item
+                return
+            self._followers.setdefault(item.follows, []).append(item)
+        self._next = None
+
+    def _add_next(self) -> int:
+        item = self._next
+        assert item is not None
+        self._advance()
+        self._latest_arrival = max(self._latest_arrival, item.arrival_time)
+        return self._add(item, item.prompt_token_ids, item.arrival_time)
+
+    def _add(self, item: TrafficRequest, prompt: Sequence[int], arrival_time: float) -> int:
+        """Adds one request; 1 if accepted, 0 if rejected (counted, its followers too)."""
+        try:
+            self.engine.add_request(
+                prompt,
+                _sampling_of(item),
+                request_id=item.request_id,
+                arrival_time=arrival_time,
+                extra_key=item.extra_key,
+                scripted_output_ids=item.output_token_ids,
+            )
+        except RequestRejectedError as exc:
+            self._num_rejected += 1
+            self._last_rejection = str(exc)
+            self._first_rejection = self._first_rejection or self._last_rejection
+            self._drop_followers(item.request_id)
+            return 0
+        self._num_accepted += 1
+        # Tracked in the order requests join the engine's queue: at their arrival, or
+        # when the driver hands them over if that is later (streaming held them back).
+        entry = (
+            max(0.0, arrival_time, self.engine.clock),
+            next(self._order),
+            item.request_id,
+            prompt,
+            item.output_token_ids,
+            item.extra_key,
+        )
+        heapq.heappush(self._untracked, entry)
+        return 1
+
+    def _top_up(self) -> int:
+        """Streaming: adds the first turns that have arrived while fewer than
+        ``max_num_seqs + 1`` wait, and the next future arrival (with its ties) when the
+        engine has none. Returns how many were accepted."""
+        engine = self.engine
+        target = engine.config.scheduler.max_num_seqs + 1
+        num_accepted = 0
+        while self._next is not None:
+            arrival = self._next.arrival_time
+            if engine.num_waiting + self._num_added_since_step >= target:
+                break
+            if arrival > engine.clock and self._latest_arrival > engine.clock:
+                if arrival > self._latest_arrival:
+                    break  # the engine already holds an earlier future arrival
+            num_accepted += self._add_next()
+            self._num_added_since_step += 1
+        return num_accepted
+
+    # ---- running ------------------------------------------------------------------------
+
     def step(self) -> list[RequestOutput]:
-        """One engine step; the turns that follow the requests it finished are queued."""
+        """One engine step (streaming: topped up first); the requests that arrived by
+        its end are tracked, and the turns that follow the requests it finished are
+        queued. Streaming releases the finished requests."""
+        if self.stream:
+            self._top_up()
         finished = self.engine.step()
+        self._num_added_since_step = 0
+        self._track(self.engine.clock)
+        token_granular = self.engine.cache.prefix.token_granular
         for output in finished:
+            self.tracker.finish(output.request_id, output.num_cached_tokens, token_granular)
             self._add_followers(output)
+            if self.stream:
+                self.engine.release_request(output.request_id)
         return finished
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether the engine or the workload still holds requests."""
+        return self.engine.has_unfinished_requests() or self._next is not None
 
     def run(self, progress: bool = False) -> RunResult:
         """Steps until every request, later turns included, has finished."""
-        engine = self.engine
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=None, unit="req", desc="enginekit", leave=False)
-        while engine.has_unfinished_requests():
+            total = self.workload.num_requests if self.workload is not None else None
+            bar = tqdm(total=total, unit="req", desc="enginekit", leave=False)
+        while self.has_unfinished_requests():
             finished = self.step()
             if bar is not None and finished:
                 bar.update(len(finished))
         if bar is not None:
             bar.close()
-        return RunResult(engine.outputs(), engine.summary())
+        if self.stream:
+            self._log_rejections()
+        return RunResult(self.engine.outputs(), self.summary())
+
+    def summary(self) -> dict[str, Any]:
+        """The engine's summary with the ideal of every request added (released ones
+        included) and the keys of ``metric_keys.ADDED_BY_DRIVER``."""
+        engine = self.engine
+        self._track(float("inf"))
+        token_granular = engine.cache.prefix.token_granular
+        summary = engine.summary(ideal_hit_tokens=self.tracker.ideal_hit_tokens(token_granular))
+        misses = self.tracker.miss_counts()
+        total = misses.num_prompt_tokens
+        for key, count in (
+            (mk.PREFIX_CACHE_MISS_CAPACITY, misses.num_capacity),
+            (mk.PREFIX_CACHE_MISS_GRANULARITY, misses.num_granularity),
+            (mk.PREFIX_CACHE_MISS_OTHER_KEY, misses.num_other_key),
+            (mk.PREFIX_CACHE_MISS_COMPULSORY, misses.num_compulsory),
+        ):
+            summary[key.key] = count / total if total else None
+        pool = int(summary[mk.KV_CACHE_NUM_BLOCKS.key] or 0)
+        curve = self.tracker.hit_rate_curve(self.tracker.num_prompt_tokens, (pool,))
+        predicted = curve.at(pool) if curve.num_blocks and pool else None
+        summary[mk.PREFIX_CACHE_HIT_RATE_PREDICTED.key] = predicted
+        summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key] = [
+            [size, rate] for size, rate in zip(curve.num_blocks, curve.hit_rate, strict=True)
+        ]
+        summary[mk.WORKLOAD_SOURCE.key] = self.workload.source if self.workload else None
+        return summary
+
+    def _track(self, until: float) -> None:
+        """Feeds the tracker, in the order they joined the engine's queue, the added
+        requests that joined it by ``until`` (a later addition joins after the engine's
+        clock)."""
+        untracked = self._untracked
+        while untracked and untracked[0][0] <= until:
+            _, _, request_id, prompt, output, key = heapq.heappop(untracked)
+            self.tracker.add(request_id, prompt, output, key)
 
     def _add_followers(self, finished: RequestOutput) -> None:
-        """Queues the turns that follow ``finished``: each arrives its think time from now,
-        with ``finished``'s prompt and output in front of its own message."""
+        """Queues the turns that follow ``finished``: each arrives its think time from now
+        (or at its own arrival time, if later), with ``finished``'s prompt and output in
+        front of its own message unless its prompt is complete."""
         for item in self._followers.pop(finished.request_id, ()):
-            try:
-                self.engine.add_request(
-                    finished.prompt_token_ids
-                    + finished.output_token_ids
-                    + list(item.prompt_token_ids),
-                    _sampling_of(item),
-                    request_id=item.request_id,
-                    arrival_time=self.engine.clock + item.think_time_s,
-                    scripted_output_ids=item.output_token_ids,
-                )
-            except RequestRejectedError as exc:
-                _log.warning("rejected %s", exc)
-                self._drop_followers(item.request_id)
+            prompt: Sequence[int] = item.prompt_token_ids
+            if item.prepend_context:
+                prompt = finished.prompt_token_ids + finished.output_token_ids + list(prompt)
+            arrival = max(item.arrival_time, self.engine.clock + item.think_time_s)
+            if not self._add(item, prompt, arrival):
+                _log.warning("rejected %s", self._last_rejection)
 
     def _drop_followers(self, request_id: str) -> None:
         """The turns after a rejected turn never come: counted as rejected too."""
         for item in self._followers.pop(request_id, ()):
             self.engine.metrics.on_request_rejected()
+            self._num_rejected += 1
             self._drop_followers(item.request_id)
 
+    def _log_rejections(self) -> None:
+        if self._num_rejected:
+            _log.warning(
+                "%d of %d requests rejected; the first: %s",
+                self._num_rejected,
+                self._num_rejected + self._num_accepted,
+                self._first_rejection,
+            )
 
-def _sampling_of(item: WorkloadRequest) -> SamplingParams:
+
+def _sampling_of(item: TrafficRequest) -> SamplingParams:
     """A generated request runs to its scripted length (its random tokens may hold EOS)."""
     return SamplingParams(
         max_tokens=item.max_tokens, ignore_eos=True, n=item.n, beam_width=item.beam_width

@@ -228,6 +228,13 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._pending) or self.scheduler.num_unfinished > 0
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests in the scheduler's queue: arrived (at an earlier step) and not
+        running, preempted ones included. The scheduler admits from its front, at most
+        ``scheduler.max_num_seqs`` a step."""
+        return len(self.scheduler.waiting)
+
     def abort_request(self, request_id: str) -> bool:
         """Ends the request now, with all its samples or beams, wherever it is: not yet
         arrived, waiting, swapped out or running (its blocks are released at once; the
@@ -357,13 +364,16 @@ class Engine:
     def output(self, request_id: str) -> RequestOutput:
         return RequestOutput.of(self._requests[request_id])
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, *, ideal_hit_tokens: int | None = None) -> dict[str, Any]:
         """The run's metrics. The ideal hit count is at the prefix cache's own granularity:
-        tokens for a token-granular cache (radix), whole blocks otherwise."""
+        tokens for a token-granular cache (radix), whole blocks otherwise; computed over
+        the requests the engine still holds, unless the caller, who saw every request
+        (released ones too), passes ``ideal_hit_tokens`` at that granularity."""
         token_granular = self.cache.prefix.token_granular
+        if ideal_hit_tokens is None:
+            ideal_hit_tokens = self.ideal_prefix_hit_tokens(1 if token_granular else None)
         summary = self.metrics.summary(
-            self.kv_spec.bytes_per_block,
-            ideal_hit_tokens=self.ideal_prefix_hit_tokens(1 if token_granular else None),
+            self.kv_spec.bytes_per_block, ideal_hit_tokens=ideal_hit_tokens
         )
         summary["prefix_cache_ideal_granularity"] = "token" if token_granular else "block"
         return summary

@@ -2,15 +2,17 @@
 what it means.
 
 ``RunMetrics.summary()`` writes these keys (the engine adds
-``PREFIX_CACHE_IDEAL_GRANULARITY``); the text report, the sweep's table and plots and the
-claims read them from here, never from string literals. Each constant is named as its key in
+``PREFIX_CACHE_IDEAL_GRANULARITY``, the workload driver ``ADDED_BY_DRIVER``); the text
+report, the sweep's table and plots and the claims read them from here, never from string
+literals. Each constant is named as its key in
 capitals. ``SUMMARY_KEYS`` lists every entry in the summary's order, ``BY_KEY`` finds one
 by its key, ``LATENCY_KEYS`` are the three latency distributions.
 
 The unit says how a value reads and prints: ``COUNT`` is a bare number whose label names
 what is counted (a mapping of counts by name included), ``FRACTION`` a share in [0, 1]
 shown as a percentage, ``LATENCY`` a ``latency_stats`` dict (count, mean, p50, p90, p99)
-in seconds, ``UNIT_NAME`` the name of a unit ("token", "block"); the others are quantities
+in seconds, ``UNIT_NAME`` the name of a unit ("token", "block"), ``TEXT`` a line of
+text, ``CURVE`` a list of [cache blocks, hit rate] points; the others are quantities
 printed with the unit's symbol (its value). A value with no sample is None.
 
 Plain values only (layer 1): this module imports nothing from enginekit.
@@ -31,6 +33,8 @@ class Unit(Enum):
     FRACTION = "fraction"
     LATENCY = "latency"
     UNIT_NAME = "unit name"
+    TEXT = "text"  # a line of text, printed as it is
+    CURVE = "curve"  # [[cache blocks, hit rate], ...], printed as its own table
     TOKENS = "tokens"
     BLOCKS = "blocks"
     BYTES = "bytes"
@@ -155,6 +159,55 @@ PREFIX_CACHE_IDEAL_GRANULARITY = MetricKey(
     "ideal counted in",
     Unit.UNIT_NAME,
     "whether the ideal counts matched tokens or whole blocks (set by the engine)",
+)
+
+PREFIX_CACHE_MISS_CAPACITY = MetricKey(
+    "prefix_cache_miss_capacity",
+    "missed: capacity",
+    Unit.FRACTION,
+    "share of first-admission prompt tokens missed that an unbounded cache of the same "
+    "granularity and salt would hit (evicted, or not yet computed by a running request)",
+)
+PREFIX_CACHE_MISS_GRANULARITY = MetricKey(
+    "prefix_cache_miss_granularity",
+    "missed: granularity",
+    Unit.FRACTION,
+    "share of first-admission prompt tokens missed that were reusable to the token but "
+    "not in whole blocks",
+)
+PREFIX_CACHE_MISS_OTHER_KEY = MetricKey(
+    "prefix_cache_miss_other_key",
+    "missed: other key",
+    Unit.FRACTION,
+    "share of first-admission prompt tokens missed that an earlier request computed "
+    "under another extra key (salt)",
+)
+PREFIX_CACHE_MISS_COMPULSORY = MetricKey(
+    "prefix_cache_miss_compulsory",
+    "missed: compulsory",
+    Unit.FRACTION,
+    "share of first-admission prompt tokens no cache could hit: never computed before "
+    "under any key, and each prompt's last token",
+)
+PREFIX_CACHE_HIT_RATE_PREDICTED = MetricKey(
+    "prefix_cache_hit_rate_predicted",
+    "hit rate at this pool, LRU stack prediction",
+    Unit.FRACTION,
+    "the hit-rate curve at the pool's size (None when not computed)",
+)
+PREFIX_CACHE_HIT_RATE_CURVE = MetricKey(
+    "prefix_cache_hit_rate_curve",
+    "hit rate by cache size",
+    Unit.CURVE,
+    "[blocks, hit rate] of an LRU block_hash cache of that many blocks on the run's "
+    "block accesses (LRU stack distances), up to the size that holds every reuse",
+)
+WORKLOAD_SOURCE = MetricKey(
+    "workload_source",
+    "workload",
+    Unit.TEXT,
+    "where the requests came from (a generator and seed, ShareGPT and its tokenizer, a "
+    "trace file)",
 )
 
 # ---- KV cache -----------------------------------------------------------------------------
@@ -302,6 +355,13 @@ SUMMARY_KEYS: tuple[MetricKey, ...] = (
     PREFIX_CACHE_HITS_IDEAL,
     PREFIX_CACHE_HIT_RATE_IDEAL,
     PREFIX_CACHE_IDEAL_GRANULARITY,
+    PREFIX_CACHE_MISS_CAPACITY,
+    PREFIX_CACHE_MISS_GRANULARITY,
+    PREFIX_CACHE_MISS_OTHER_KEY,
+    PREFIX_CACHE_MISS_COMPULSORY,
+    PREFIX_CACHE_HIT_RATE_PREDICTED,
+    PREFIX_CACHE_HIT_RATE_CURVE,
+    WORKLOAD_SOURCE,
     KV_CACHE_NUM_BLOCKS,
     KV_CACHE_BLOCK_BYTES,
     KV_CACHE_POOL_GB,
@@ -335,5 +395,17 @@ LATENCY_KEYS: tuple[MetricKey, ...] = (
     TIME_PER_OUTPUT_TOKEN_SECONDS,
     E2E_REQUEST_LATENCY_SECONDS,
 )
+
+ADDED_BY_DRIVER: tuple[MetricKey, ...] = (
+    PREFIX_CACHE_MISS_CAPACITY,
+    PREFIX_CACHE_MISS_GRANULARITY,
+    PREFIX_CACHE_MISS_OTHER_KEY,
+    PREFIX_CACHE_MISS_COMPULSORY,
+    PREFIX_CACHE_HIT_RATE_PREDICTED,
+    PREFIX_CACHE_HIT_RATE_CURVE,
+    WORKLOAD_SOURCE,
+)
+"""The keys ``enginekit.driver.WorkloadDriver`` adds to the engine's summary of a
+workload run (from ``enginekit.reuse``), after the engine's own."""
 
 BY_KEY: Mapping[str, MetricKey] = MappingProxyType({m.key: m for m in SUMMARY_KEYS})

@@ -1,11 +1,16 @@
 """Text in and out: the tokenizer that ships in a model's Hugging Face folder.
 
 Loaded from ``model.path`` only, never from the network. Models without a folder (the
-presets, ``tiny``) take token ids.
+presets, ``tiny``) take token ids. Workloads made of text (ShareGPT) take
+``Tokenizer.for_workload``: the folder's tokenizer when ``model.path`` has one, otherwise
+``SentencePieceTokenizer``, Mistral-7B's 32,000-token SentencePiece vocabulary as the
+``mistral-common`` package ships it (``tokenizer.model.v1``), loaded with
+``sentencepiece`` (the ``data`` extra), never from the network.
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +42,76 @@ class Tokenizer:
             )
         return cls(path)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._inner.encode(text))
+    @classmethod
+    def for_workload(cls, path: str | None) -> Tokenizer | SentencePieceTokenizer:
+        """The folder's tokenizer when ``path`` is a folder with one, otherwise the shipped
+        SentencePiece vocabulary (``SentencePieceTokenizer``). ConfigError when neither
+        can be loaded (naming the extra to install)."""
+        if path and Path(path).is_dir():
+            try:
+                return cls(path)
+            except ConfigError:
+                pass
+        return SentencePieceTokenizer()
+
+    @property
+    def name(self) -> str:
+        """What the tokens come from, for reports."""
+        return f"{type(self._inner).__name__} of the model folder"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(len(self._inner))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; with ``add_special_tokens`` the model's BOS (when its
+        tokenizer adds one) comes first."""
+        return list(self._inner.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._inner.decode(token_ids, skip_special_tokens=True))
+
+
+SENTENCEPIECE_PACKAGE = "mistral_common"
+SENTENCEPIECE_MODEL = "data/tokenizer.model.v1"  # Mistral-7B v0.1's, 32,000 pieces
+DATA_EXTRA_HINT = "install the data extra: pip install 'enginekit[data]'"
+
+
+class SentencePieceTokenizer:
+    """Mistral-7B's SentencePiece vocabulary (32,000 ids; BOS 1, EOS 2), read from the
+    ``mistral-common`` package with ``sentencepiece``. ``encode`` puts BOS first when
+    ``add_special_tokens``, as Mistral's and Llama-2's tokenizers do. ConfigError at
+    construction when either package is missing."""
+
+    def __init__(self) -> None:
+        try:
+            import sentencepiece
+
+            model = resources.files(SENTENCEPIECE_PACKAGE).joinpath(SENTENCEPIECE_MODEL)
+            proto = model.read_bytes()
+        except (ImportError, FileNotFoundError, ModuleNotFoundError) as exc:
+            raise ConfigError(
+                f"text workloads without model.path need a SentencePiece vocabulary "
+                f"({type(exc).__name__}: {exc}); {DATA_EXTRA_HINT}"
+            ) from None
+        self._inner: Any = sentencepiece.SentencePieceProcessor(model_proto=proto)
+        self.bos_token_id = int(self._inner.bos_id())
+
+    @property
+    def name(self) -> str:
+        return "Mistral-7B SentencePiece (mistral-common tokenizer.model.v1)"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._inner.get_piece_size())
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = list(self._inner.encode(text))
+        return [self.bos_token_id, *ids] if add_special_tokens else ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """``encode(text, add_special_tokens=False)`` of each text, in one call."""
+        return [list(ids) for ids in self._inner.encode(texts)]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._inner.decode(token_ids))
