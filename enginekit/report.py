@@ -50,6 +50,10 @@ def _format(metric: mk.MetricKey) -> _Fmt:
         return lambda value: _num(value) + "s"
     if unit is mk.Unit.LATENCY:
         raise ValueError(f"{metric.key}: latencies are printed in their own table")
+    if unit is mk.Unit.TEXT:
+        return _num
+    if unit is mk.Unit.CURVE:
+        raise ValueError(f"{metric.key}: curves are printed in their own table")
     return _unit(unit.value)
 
 
@@ -63,6 +67,7 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
     (
         "tokens",
         _fields(
+            mk.WORKLOAD_SOURCE,
             mk.NUM_REQUESTS,
             mk.NUM_REQUESTS_REJECTED,
             mk.NUM_REQUESTS_FINISHED,
@@ -85,6 +90,11 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
             mk.PREFIX_CACHE_IDEAL_GRANULARITY,
             mk.PREFIX_CACHE_HITS_IDEAL,
             mk.PREFIX_CACHE_HIT_RATE_IDEAL,
+            mk.PREFIX_CACHE_MISS_CAPACITY,
+            mk.PREFIX_CACHE_MISS_GRANULARITY,
+            mk.PREFIX_CACHE_MISS_OTHER_KEY,
+            mk.PREFIX_CACHE_MISS_COMPULSORY,
+            mk.PREFIX_CACHE_HIT_RATE_PREDICTED,
         ),
     ),
     (
@@ -156,17 +166,53 @@ def _latency_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines + [""]
 
 
+CURVE_TABLE_ROWS = 12  # the hit-rate curve's rows in the text report
+
+
+def curve_rows(curve: Any, pool_blocks: Any, rows: int = CURVE_TABLE_ROWS) -> list[list[Any]]:
+    """About ``rows`` points of a hit-rate curve ([[blocks, hit rate], ...], sizes
+    ascending), evenly spaced along it, with its last point and the point at
+    ``pool_blocks`` when the curve has one."""
+    points = [list(p) for p in curve or []]
+    if len(points) <= rows:
+        return points
+    step = (len(points) - 1) / (rows - 1)
+    chosen = {round(i * step) for i in range(rows)}
+    chosen |= {i for i, p in enumerate(points) if p[0] == pool_blocks}
+    return [points[i] for i in sorted(chosen)]
+
+
+def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
+    curve = summary.get(mk.PREFIX_CACHE_HIT_RATE_CURVE.key)
+    if not curve:
+        return []
+    pool = summary.get(mk.KV_CACHE_NUM_BLOCKS.key)
+    block_bytes = summary.get(mk.KV_CACHE_BLOCK_BYTES.key)
+    lines = [
+        "== hit rate by cache size (LRU stack distances of this run's block accesses) ==",
+        f"  {'blocks':>12}{'GB':>10}{'hit rate':>12}",
+    ]
+    for blocks, rate in curve_rows(curve, pool):
+        gb = "-" if not block_bytes else f"{blocks * block_bytes / 1e9:,.2f}"
+        mark = "  <- this pool" if blocks == pool else ""
+        lines.append(f"  {blocks:>12,}{gb:>10}{_perc(rate):>12}{mark}")
+    return lines + [""]
+
+
 def render_report(summary: Mapping[str, Any], header: Mapping[str, Any]) -> str:
     """The run as a plain-text report: a "run" section from ``header`` (plugins, model,
-    hardware, executor, anything else it holds), then tokens, prefix cache, KV cache,
-    preemption, latency (mean/p50/p90/p99 in ms) and throughput; keys it does not know
-    go under "other". Pure."""
+    hardware, executor, anything else it holds), then tokens, prefix cache (with the
+    missed tokens by cause and the hit-rate curve's table, when the summary has them),
+    KV cache, preemption, latency (mean/p50/p90/p99 in ms) and throughput; keys it does
+    not know go under "other". Pure."""
     lines = _rows("run", [(str(key), _num(value)) for key, value in header.items()])
-    placed: set[str] = set(_LATENCY_KEYS)
+    placed: set[str] = set(_LATENCY_KEYS) | {mk.PREFIX_CACHE_HIT_RATE_CURVE.key}
     for title, fields in _SECTIONS:
         rows = [(label, fmt(summary[key])) for key, label, fmt in fields if key in summary]
         placed.update(key for key, _, _ in fields)
         lines += _rows(title, rows)
+        if title == "prefix cache":
+            lines += _curve_lines(summary)
         if title == "preemption":
             lines += _latency_lines(summary)
     other = [(key, _num(value)) for key, value in summary.items() if key not in placed]
@@ -187,13 +233,57 @@ def write_json(
     error: str | None = None,
 ) -> None:
     """Writes ``{"status": status, "error": error, "header": header, "summary": summary}``
-    as strict JSON (NaN refused) to ``path``, creating parent folders. A job that could
+    as strict JSON (NaN refused) to ``path``, creating parent folders, and, when the
+    summary has a hit-rate curve, ``hit_rate_curve.png`` beside it
+    (``draw_hit_rate_curve``). A job that could
     not run writes ``status=STATUS_FAILED``, its error message and an empty summary."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"status": status, "error": error, "header": header, "summary": summary}
     text = json.dumps(data, indent=2, allow_nan=False)
     path.write_text(text + "\n", encoding="utf-8")
+    if summary.get(mk.PREFIX_CACHE_HIT_RATE_CURVE.key):
+        draw_hit_rate_curve(summary, path.parent / CURVE_PNG)
+
+
+CURVE_PNG = "hit_rate_curve.png"
+
+
+def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
+    """Draws the summary's hit-rate curve (hit rate against cache blocks, log scale) as
+    a PNG at ``path``, with the run's pool marked: its size, the hit rate the curve
+    predicts there and the one the run measured at first admissions, and the ideal.
+    Returns the path. Headless (matplotlib's Agg canvas)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    curve = summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key]
+    sizes = [p[0] for p in curve]
+    rates = [100 * p[1] for p in curve]
+    figure = Figure(figsize=(7, 4.2))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.plot(sizes, rates, color="tab:blue", label="LRU block_hash, predicted")
+    ideal = summary.get(mk.PREFIX_CACHE_HIT_RATE_IDEAL.key)
+    if ideal is not None:
+        axes.axhline(100 * ideal, color="gray", linestyle=":", label="ideal (unbounded)")
+    pool = summary.get(mk.KV_CACHE_NUM_BLOCKS.key)
+    if pool:
+        axes.axvline(pool, color="tab:red", linestyle="--", label=f"this pool: {pool:,} blocks")
+        measured = summary.get(mk.PREFIX_CACHE_FIRST_HIT_RATE.key)
+        if measured is not None:
+            axes.plot([pool], [100 * measured], "o", color="tab:red", label="measured")
+    axes.set_xscale("log")
+    axes.set_xlabel("cache size (blocks)")
+    axes.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
+    axes.set_ylim(0, 100)
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="upper left", fontsize=8)
+    axes.set_title("What more memory would buy: hit rate by cache size")
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=110)
+    return path
 
 
 def read_json(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
