@@ -263,12 +263,6 @@ def test_matched_evictable_blocks_count_against_the_room(native):
     assert free_and_evictable(manager) == (6, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KVCacheManager.admit, on OutOfBlocksError, gives the matched blocks back in "
-    "match order, which reverses their LRU order: the chain's head becomes the next "
-    "block evicted, and what stays resident can no longer be matched",
-)
 def test_a_failed_admission_leaves_the_eviction_order_as_it_was(native):
     manager = _evictable_prefix_and_a_holder(native)
     too_long = request(2, tokens(16) + tokens(25, 100))
@@ -596,18 +590,13 @@ def test_a_windowed_hit_releases_the_matched_blocks_outside_the_window(native):
     assert free_and_evictable(manager) == (10, 3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KVCacheManager.admit takes a reference to every matched block before "
-    "make_room, while can_admit counts only the blocks the window keeps as pinned: a "
-    "matched block outside the window (released right after admission) cannot be evicted "
-    "to make the room can_admit counted on",
-)
-def test_a_windowed_hit_that_can_admit_allows_is_admitted(native):
+def test_a_windowed_hit_whose_held_blocks_leave_no_room_is_refused_and_no_hit_fits(native):
     # 4 blocks, the window's bound. A released 16-token prompt left blocks 0..3 evictable.
     # Its 17-token continuation matches all 4 and keeps 0, 2, 3 (the query at 16 reaches
-    # from block 9 // 4 = 2): peak 4, 1 new block, which only block 1 (matched, out of the
-    # window) can give. can_admit: 4 evictable - 3 kept = 1 block of room.
+    # from block 9 // 4 = 2): peak 4, 1 new block, which only block 1 could give; but admit
+    # holds every matched block while it makes room (block 1 is released only after), so
+    # the hit has no room: can_admit refuses it rather than let admit fail. Without the
+    # hit, the request takes 4 fresh blocks by evicting all 4 cached ones.
     manager = make_manager(native, num_blocks=4, window=8, sinks=4)
     first = request(0, tokens(16))
     admit(manager, first)
@@ -618,12 +607,12 @@ def test_a_windowed_hit_that_can_admit_allows_is_admitted(native):
     second = request(1, tokens(17))
     match = manager.match(second)
     assert match == PrefixMatch([0, 1, 2, 3], 16)
-    assert manager.can_admit(second, match)
-    manager.admit(second, match)
+    assert not manager.can_admit(second, match)
+    assert manager.can_admit(second, NO_MATCH)
+    manager.admit(second, NO_MATCH)
     manager.check_integrity()
-    assert manager.tables.block_ids(1) == [0, -1, 2, 3]
-    assert prefill(manager, second) == 1
-    assert manager.num_held_blocks(1) == 4
+    assert free_and_evictable(manager) == (4, 0)  # evicted; all 4 promised to the prefill
+    assert manager.num_promised_blocks == 4
 
 
 def test_a_table_with_holes_is_swapped_back_with_its_holes_where_they_were(native):

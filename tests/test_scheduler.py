@@ -430,16 +430,11 @@ def test_abort_ends_every_sample_of_a_request(native):
     assert manager.pool.num_free_blocks == 16
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KVCacheManager.admit pins matched blocks outside the window that can_admit "
-    "counts as evictable: the admission fails every step, and with nothing running the "
-    "scheduler returns empty steps for ever",
-)
 def test_a_request_that_fits_the_empty_pool_is_admitted_after_a_windowed_hit(native):
     # Window 8, 4 sinks: a sequence holds at most 4 blocks, the whole pool. The first
-    # request leaves its 4 published blocks evictable; the second matches all 4 of them
-    # and needs 1 new block (see test_kv_manager's windowed hit test for the counts).
+    # request leaves its 4 published blocks evictable; the second matches all 4 of them,
+    # a hit with no room (see test_kv_manager's windowed hit test for the counts): it is
+    # admitted without the hit, prefilling all 17 tokens, rather than never.
     manager = make_manager(native, num_blocks=4, prefix="block_hash", window=8)
     scheduler = make_scheduler(manager, budget=32)
     limits = ServingLimits(MAX_MODEL_LEN, VOCAB, 4, "test", True, False)
@@ -452,8 +447,11 @@ def test_a_request_that_fits_the_empty_pool_is_admitted_after_a_windowed_hit(nat
     assert update.finished == [first]
     assert manager.pool.num_evictable_blocks == 4
     scheduler.add_request(second)
-    scheduled, update = step(scheduler)
-    assert (scheduled.prefill_seq_ids, scheduled.prefill_starts) == ([1], [16])
+    scheduled, update = step(scheduler)  # its 4 blocks hold the first 16 tokens
+    assert (scheduled.prefill_seq_ids, scheduled.prefill_starts) == ([1], [0])
+    assert (scheduled.prefill_lens, update.finished) == ([16], [])
+    scheduled, update = step(scheduler)  # the window moved on: a block came back
+    assert (scheduled.prefill_starts, scheduled.prefill_lens) == ([16], [1])
     assert update.finished == [second]
 
 

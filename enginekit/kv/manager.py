@@ -32,7 +32,6 @@ class _Admission(NamedTuple):
     partial: int | None  # partially matched block it copies (copy-on-write), or None
     peak: int  # most blocks it holds at once while it prefills
     num_new: int  # free blocks admission takes: promised, or allocated now
-    pinned: list[int]  # matched blocks it keeps referencing past admission
 
 
 class KVCacheManager:
@@ -152,8 +151,7 @@ class KVCacheManager:
             # Matched blocks outside the window are released as the request is admitted.
             peak = min(peak, self._window.max_blocks_per_sequence)
             kept = self._window.kept_blocks(shared, match.num_tokens)
-        pinned = kept if partial is None else [*kept, partial]
-        return _Admission(shared, partial, peak, max(0, peak - len(kept)), pinned)
+        return _Admission(shared, partial, peak, max(0, peak - len(kept)))
 
     def max_blocks_held(self, num_tokens: int) -> int:
         """Blocks a sequence of ``num_tokens`` tokens holds at most: what the allocator
@@ -173,13 +171,13 @@ class KVCacheManager:
         out: ``match`` is then NO_MATCH) leaves at least the watermark of blocks
         (``admission_watermark``) reclaimable beyond the prefill promises, its own included,
         and beyond what short promises still need. Matched blocks that are
-        evictable stop being reclaimable once the request holds them, so they count against
-        the room. Pure."""
+        evictable stop being reclaimable while the request holds them, so they count against
+        the room: all of them, those a window releases right after admission included
+        (they are held while admission makes room). Pure."""
         if self.is_swapped(request):
             num_needed, pinned = self._num_blocks_to_restore(request), []
         else:
-            plan = self._plan(request, match)
-            num_needed, pinned = plan.num_new, plan.pinned
+            num_needed, pinned = self._plan(request, match).num_new, match.block_ids
         pool = self.pool
         num_pinned_evictable = sum(1 for b in pinned if pool.ref_count(b) == 0)
         room = self.num_reclaimable_blocks() - num_pinned_evictable - self._num_short_promised()
@@ -226,7 +224,7 @@ class KVCacheManager:
                 )
             self.allocator.admit(request, plan.shared)
         except Exception:
-            pool.free(match.block_ids)
+            pool.free(match.block_ids[::-1])  # tail first, as a release gives them back
             raise
         if plan.partial is not None:
             num_slots = (len(plan.shared) + 1) * self.block_size

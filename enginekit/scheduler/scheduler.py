@@ -211,7 +211,8 @@ class Scheduler:
         """Admits ``request`` into the cache (restores it, if it is swapped out) if it fits
         now; returns whether. An admission that falls short of what ``can_admit`` estimated
         has still evicted cached blocks, so it is matched and tried once more against what
-        is left."""
+        is left. A hit that does not fit where no hit would (with a sliding window, the
+        matched blocks it releases at once are held while it makes room) is given up."""
         if is_restore:
             if not self.cache.can_admit(request, NO_MATCH):
                 return False
@@ -225,7 +226,9 @@ class Scheduler:
             if match.num_deferred_tokens and not plan.is_empty:
                 return False  # its prefix is being computed by this step: admit it next
             if not self.cache.can_admit(request, match):
-                return False
+                if not match.block_ids or not self.cache.can_admit(request, NO_MATCH):
+                    return False
+                match = NO_MATCH
             try:
                 self.cache.admit(request, match)
             except OutOfBlocksError:
