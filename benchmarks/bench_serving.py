@@ -8,12 +8,12 @@ and token throughput, and errors.
         workload.unique_prompt_len=64 workload.min_output_len=16 workload.max_output_len=64
 
 Prompts come from an enginekit workload (the overrides after ``--``, as ``python -m
-enginekit`` takes them: ``workload.*`` picks the requests, ``model.*`` the vocabulary and
-context they are drawn for) as token ids, each asking for its workload's output length
-with ``ignore_eos``; or, with ``--dataset``, from a ShareGPT JSON file (the first human
-turn of each conversation as a text prompt, the reply's word count as max_tokens; the
-server needs a tokenizer). Workloads whose later turns wait on earlier outputs
-(multiturn) are refused: each request here is independent.
+enginekit`` takes them: ``workload.*`` picks the requests, generated, ShareGPT
+(``workload=sharegpt``) or a trace, and ``model.*`` the vocabulary and context they are
+made for) as token ids sent to ``/v1/completions``, each asking for its workload's output
+length with ``ignore_eos``. Workloads whose later turns need earlier outputs in their
+prompts (multiturn, ShareGPT's multi mode) are refused: each request here is
+independent.
 
 Load: ``--request-rate`` requests per second (Poisson arrivals; inf: all at once),
 ``--max-concurrency`` requests in flight at most, ``--num-prompts`` requests, and
@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import math
-import random
 import sys
 import time
 from collections import Counter
@@ -42,7 +41,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Prompt:
-    prompt: str | list[int]
+    prompt: list[int]
     max_tokens: int
 
 
@@ -63,57 +62,47 @@ class Outcome:
 
 
 def workload_prompts(overrides: list[str], num_prompts: int) -> list[Prompt]:
-    """``num_prompts`` requests of the enginekit workload the overrides configure."""
+    """The first ``num_prompts`` requests of the enginekit workload the overrides
+    configure (generated, ShareGPT or a trace), as token ids."""
     from enginekit.app import compose_config
     from enginekit.executor.factory import model_shape
-    from enginekit.workloads import make_workload
+    from enginekit.tokenizer import Tokenizer
+    from enginekit.workloads import open_workload
 
     cfg = compose_config([*overrides, f"workload.num_requests={num_prompts}"])
     shape = model_shape(cfg.model)
-    requests = make_workload(cfg.workload, shape.vocab_size, shape.max_model_len)
-    if any(r.follows is not None for r in requests):
-        raise SystemExit(
-            f"error: workload {cfg.workload.name!r} has turns that wait on earlier outputs; "
-            "this benchmark sends independent requests"
-        )
-    return [Prompt(list(r.prompt_token_ids), r.max_tokens) for r in requests]
-
-
-def sharegpt_prompts(path: str, num_prompts: int, seed: int) -> list[Prompt]:
-    """``num_prompts`` conversations of a ShareGPT file, drawn with ``seed``: the first
-    human turn as the prompt, the reply's word count (at least 1) as max_tokens."""
-    with open(path, encoding="utf-8") as file:
-        conversations = json.load(file)
+    workload = open_workload(
+        cfg.workload,
+        shape.vocab_size,
+        shape.max_model_len,
+        lambda: Tokenizer.for_workload(cfg.model.path),
+    )
     prompts = []
-    for item in conversations:
-        turns = item.get("conversations") or []
-        if len(turns) >= 2 and turns[0].get("value") and turns[1].get("value"):
-            prompts.append(Prompt(turns[0]["value"], max(1, len(turns[1]["value"].split()))))
-    random.Random(seed).shuffle(prompts)
-    if len(prompts) < num_prompts:
-        raise SystemExit(f"error: {path} has {len(prompts)} usable conversations")
-    return prompts[:num_prompts]
+    for request in workload:
+        if request.follows is not None and request.prepend_context:
+            raise SystemExit(
+                f"error: workload {cfg.workload.name!r} has turns that wait on earlier "
+                "outputs; this benchmark sends independent requests"
+            )
+        prompts.append(Prompt([int(t) for t in request.prompt_token_ids], request.max_tokens))
+        if len(prompts) == num_prompts:
+            break
+    return prompts
 
 
 # ---- requests ---------------------------------------------------------------------------
 
 
-def request_body(prompt: Prompt, model: str, endpoint: str) -> dict[str, Any]:
-    body: dict[str, Any] = {
+def request_body(prompt: Prompt, model: str) -> dict[str, Any]:
+    return {
         "model": model,
+        "prompt": prompt.prompt,
         "max_tokens": prompt.max_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if endpoint == "chat":
-        if not isinstance(prompt.prompt, str):
-            raise SystemExit("error: --endpoint chat needs text prompts (--dataset)")
-        body["messages"] = [{"role": "user", "content": prompt.prompt}]
-    else:
-        body["prompt"] = prompt.prompt
-    return body
 
 
 async def send(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Outcome:
@@ -160,7 +149,6 @@ async def send(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Ou
 
 async def run_load(
     base_url: str,
-    endpoint: str,
     model: str,
     prompts: list[Prompt],
     request_rate: float,
@@ -171,7 +159,7 @@ async def run_load(
     """Sends ``prompts`` at ``request_rate`` (Poisson), at most ``max_concurrency`` at a
     time, within ``time_limit_s``; returns the outcomes (one per prompt started, in
     order) and the run's wall duration."""
-    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    path = "/v1/completions"
     rng = np.random.default_rng(seed)
     limit = max_concurrency or len(prompts) or 1
     gate = asyncio.Semaphore(limit)
@@ -183,7 +171,7 @@ async def run_load(
 
         async def one(prompt: Prompt) -> Outcome:
             async with gate:
-                return await send(client, path, request_body(prompt, model, endpoint))
+                return await send(client, path, request_body(prompt, model))
 
         start = time.perf_counter()
         deadline = start + time_limit_s
@@ -302,13 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     cut = args_in.index("--") if "--" in args_in else len(args_in)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     parser.add_argument("--model", default=None, help="default: the server's first model")
     parser.add_argument("--num-prompts", type=int, default=100)
     parser.add_argument("--request-rate", type=float, default=math.inf)
     parser.add_argument("--max-concurrency", type=int, default=None)
     parser.add_argument("--time-limit-s", type=float, default=600.0)
-    parser.add_argument("--dataset", default=None, help="a ShareGPT JSON file")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--result-json", default=None)
     args = parser.parse_args(args_in[:cut])
@@ -316,16 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     base_url = args.base_url.rstrip("/")
     if args.num_prompts < 1 or args.time_limit_s <= 0 or args.request_rate <= 0:
         parser.error("--num-prompts, --time-limit-s and --request-rate must be positive")
-    if args.dataset:
-        prompts = sharegpt_prompts(args.dataset, args.num_prompts, args.seed)
-    else:
-        prompts = workload_prompts(overrides, args.num_prompts)
+    prompts = workload_prompts(overrides, args.num_prompts)
     model = args.model or httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"]
     before = prefix_counters(base_url)
     outcomes, duration = asyncio.run(
         run_load(
             base_url,
-            args.endpoint,
             model,
             prompts,
             args.request_rate,
