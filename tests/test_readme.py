@@ -10,10 +10,12 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from conftest import REPO_ROOT, run_cli
+
+from enginekit.interfaces import KVContext, KVSpec
+from enginekit.kv.backend import make_backend
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -226,21 +228,23 @@ def test_shell_commands_outside_the_tutorial_name_what_exists_and_compose():
 
 def test_plugin_tutorial_installs_runs_and_uses_its_key(tmp_path):
     """The tutorial's files, written as it says, pip-install (into a folder of their own,
-    without dependencies: enginekit is the one under test) and run with its commands."""
+    without dependencies: enginekit is the one under test) and run with its commands; its
+    module is the tests' fixture allocator under its own names."""
     files = tutorial_files(BLOCKS)
-    assert set(files) == {"pyproject.toml", "enginekit_mru_example.py"}
+    assert set(files) == {"pyproject.toml", "enginekit_first_fit_example.py"}
     tutorial = [b for b in BLOCKS if b.section == TUTORIAL and b.info == ""]
     steps = [command for block in tutorial for command in commands(block)]
     assert [step[:4] for step in steps] == [
         ["python3", "-m", "pip", "install"],
-        ["python3", "-m", "enginekit", "+eviction=mru_example"],
+        ["python3", "-m", "enginekit", "+allocator=first_fit_example"],
     ]
+    assert "+eviction=sliding_window" in steps[1]
     package = tmp_path / steps[0][4]
     package.mkdir()
     for name, text in files.items():
         (package / name).write_text(text)
     project = tomllib.loads(files["pyproject.toml"])
-    entry_points = project["project"]["entry-points"]["enginekit.eviction"]
+    entry_points = project["project"]["entry-points"]["enginekit.allocator"]
 
     site = tmp_path / "site"
     subprocess.run(
@@ -248,56 +252,55 @@ def test_plugin_tutorial_installs_runs_and_uses_its_key(tmp_path):
          "--no-build-isolation", "--target", str(site), str(package)],
         check=True, cwd=tmp_path, capture_output=True,
     )  # fmt: skip
-    run = run_cli([*steps[1][3:], "hydra.run.dir=run"], tmp_path, extra_pythonpath=[site])
+    run = run_cli(
+        [*steps[1][3:], "progress=false", "hydra.run.dir=run"], tmp_path, extra_pythonpath=[site]
+    )
     assert run.returncode == 0, run.stderr
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     name, version = project["project"]["name"], project["project"]["version"]
-    assert report["header"]["eviction"] == f"mru_example ({name} {version})"
+    assert report["header"]["allocator"] == f"first_fit_example ({name} {version})"
+    assert report["header"]["eviction"].startswith("sliding_window ")
     assert report["summary"]["num_requests_finished"] == report["summary"]["num_requests"]
 
-    # the key it declares is the one its policy reads: the oldest blocks are spared
+    # the key it declares is the one its policy reads: free blocks 0, 3, 4 and 6 (6 freed
+    # last, which paged hands out first); runs of 1 take the lowest two, runs of 2 a pair
     sys.path.insert(0, str(site))
     try:
-        module = __import__("enginekit_mru_example")
+        module = __import__("enginekit_first_fit_example")
     finally:
         sys.path.remove(str(site))
 
-    def policy(block_ids: list[int], **config: int) -> Any:
-        kv = SimpleNamespace(pool=_Pool(block_ids))
-        return module.MRUEviction(module.MRUConfig(**config), kv)
+    def grown(**config: int) -> list[int]:
+        backend = make_backend(native=True)
+        spec = KVSpec(num_layers=1, num_kv_heads=1, head_dim=8, bits_per_element=16, block_size=4)
+        kv = KVContext(backend.new_block_pool(8), backend.new_block_tables(4), spec, 64, backend)
+        kv.pool.free([b for b in kv.pool.allocate(8) if b in (0, 3, 4, 6)])
+        allocator = module.FirstFitAllocator(module.FirstFitConfig(**config), kv)
+        kv.tables.add_sequence(0)
+        allocator.grow([0], [8])
+        return kv.tables.block_ids(0)
 
-    sparing = policy([10, 11, 12, 13, 14], keep_oldest=2)
-    assert sparing.evict(2) == [14, 13] and sparing.evict(3) == [12, 11, 10]
-    assert policy([10, 11, 12]).evict(2) == [12, 11]
+    assert grown(max_run_blocks=1) == [0, 3] and grown(max_run_blocks=2) == [3, 4]
     listed = run_cli([], tmp_path, extra_pythonpath=[site], module="enginekit.plugins")
     assert any(
-        line.split()[:4] == ["eviction", "mru_example", name, version]
+        line.split()[:4] == ["allocator", "first_fit_example", name, version]
         for line in listed.stdout.splitlines()
     ), listed.stdout
 
-    # its names are its own: installing it leaves the tests' fixture plugin unambiguous
+    # it is the tests' fixture allocator (module docstring and names aside)
+    fixture = REPO_ROOT / "tests" / "fixtures" / "first_fit_allocator" / "enginekit_first_fit.py"
+    code = files["enginekit_first_fit_example.py"].replace('"first_fit_example"', '"first_fit"')
+    assert code.split('"""', 2)[2].lstrip() == fixture.read_text().split('"""', 2)[2].lstrip()
+
+    # its names are its own: installing it leaves the tests' fixture plugins unambiguous
     for fixture in (REPO_ROOT / "tests" / "fixtures").glob("*/pyproject.toml"):
         other = tomllib.loads(fixture.read_text())["project"]
         assert other["name"] != name
         for group, names in other.get("entry-points", {}).items():
-            if group == "enginekit.eviction":
+            if group == "enginekit.allocator":
                 assert not set(names) & set(entry_points), fixture
         modules = set(tomllib.loads(fixture.read_text())["tool"]["setuptools"]["py-modules"])
         assert not modules & {Path(f).stem for f in files if f.endswith(".py")}
-
-
-class _Pool:
-    """The two pool calls an eviction policy makes, over a list of evictable block ids
-    (least recently released first)."""
-
-    def __init__(self, block_ids: list[int]) -> None:
-        self.block_ids = list(block_ids)
-
-    def evictable_block_ids(self) -> list[int]:
-        return list(self.block_ids)
-
-    def evict(self, block_id: int) -> None:
-        self.block_ids.remove(block_id)
 
 
 def test_set_up_says_what_a_new_machine_needs_before_its_commands():

@@ -23,3 +23,8 @@ class CacheView(Protocol):
     def num_held_blocks(self, seq_id: int) -> int:
         """Blocks the sequence's table holds (holes excluded): what a swap moves."""
         ...
+
+    @property
+    def num_free_swap_blocks(self) -> int:
+        """Host blocks the swap space has free: a swap of more falls back to recompute."""
+        ...

@@ -94,6 +94,11 @@ class KVCacheManager:
     def num_blocks(self) -> int:
         return self.context.num_blocks
 
+    @property
+    def num_free_swap_blocks(self) -> int:
+        """Host blocks the swap space has free (a swap-out of more is refused)."""
+        return self.swap_space.num_free_blocks
+
     def num_held_blocks(self, seq_id: int) -> int:
         """Blocks the sequence's table holds, holes excluded. Pure."""
         return self.tables.num_blocks(seq_id) - self.tables.num_holes(seq_id)
@@ -507,6 +512,12 @@ class KVCacheManager:
             raise KVCacheError(
                 f"the allocator counts {self.allocator.num_reserved_blocks()} reserved blocks "
                 f"but the tables hold {num_table_refs}"
+            )
+        num_holes = sum(tables.num_holes(s) for s in tables.seq_ids())
+        if self.allocator.num_hole_blocks() != num_holes:
+            raise KVCacheError(
+                f"the allocator counts {self.allocator.num_hole_blocks()} hole blocks but the "
+                f"tables have {num_holes}"
             )
         held = {s: self.num_held_blocks(s) for s in tables.seq_ids()}
         self._promises.check(pool.num_free_blocks, held)
