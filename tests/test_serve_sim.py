@@ -1,8 +1,9 @@
 """The HTTP server on the simulator, through the real ``openai`` client on loopback: a full
 queue answers 503 with Retry-After and the requests queued before it complete, steps are
 paced in wall-clock time by the simulated step time (``serve.time_scale``), a chat
-request to a tokenizer without a chat template gets a clear 400, and a chat reply without
-``max_tokens`` runs to what the whole cache holds."""
+request to a tokenizer without a chat template gets a clear 400, a chat reply without
+``max_tokens`` runs to what the whole cache holds, a failed engine loop answers 500 and
+then 503 (its health too), and preemptions count in ``/metrics`` as in the summary."""
 
 from __future__ import annotations
 
@@ -98,3 +99,51 @@ def test_chat_needs_a_template_and_fills_what_the_cache_holds(tmp_path):
         assert reply.usage.prompt_tokens == prompt
         assert reply.usage.completion_tokens == 96 - prompt
         assert reply.choices[0].finish_reason == "length"
+
+
+def test_an_engine_failure_answers_500_and_turns_health_to_503():
+    server = Server(compose_config(SIM))
+    with BackgroundServer(server) as running:
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+        assert client.completions.create(model="tiny", prompt=[5], max_tokens=2).choices
+
+        def broken_step() -> list:
+            raise RuntimeError("a step failed")
+
+        server.engine.step = broken_step  # the loop is idle: its next step is this one
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.completions.create(model="tiny", prompt=[5], max_tokens=2)
+        assert "a step failed" in caught.value.body["message"]
+        assert httpx.get(f"{running.url}/health").status_code == 503
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.completions.create(model="tiny", prompt=[5], max_tokens=2)
+        assert caught.value.status_code == 503
+
+
+def test_preemptions_under_a_small_pool_count_as_the_summary_counts_them():
+    # 12 blocks of 16 tokens for 8 requests that grow to 100 tokens each: preemptions
+    with serve("cache.num_blocks=12", "cache.watermark=0", "serve.time_scale=1000") as running:
+        url = running.url
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        done: list[openai.types.Completion] = []
+        threads = [
+            threading.Thread(
+                target=lambda i=i: done.append(
+                    client.completions.create(model="tiny", prompt=[3 + i] * 40, max_tokens=60)
+                )
+            )
+            for i in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(done) == 8 and all(d.usage.completion_tokens == 60 for d in done)
+        metrics = wait_until_idle(url)
+        summary = httpx.get(f"{url}/summary").json()["summary"]
+    assert summary["num_preemptions_total"] > 0
+    assert metrics["enginekit:num_preemptions_total"] == summary["num_preemptions_total"]
+    for kind, count in summary["num_preemptions_by_kind"].items():
+        assert metrics[f'enginekit:preemptions_by_kind_total{{kind="{kind}"}}'] == count
+    assert metrics["enginekit:recomputed_tokens_total"] == summary["recomputed_tokens_total"] > 0
+    assert metrics["enginekit:generation_tokens_total"] == summary["generation_tokens_total"] == 480

@@ -99,8 +99,8 @@ class Generation:
                 self._early.append(event)
         if refusal is not None:
             self.abort()
-            if refusal.is_server_error:
-                raise ApiError(500, f"the engine failed: {refusal.error}")
+            if refusal.status != 400:
+                raise ApiError(refusal.status, f"the engine cannot serve: {refusal.error}")
             invalid = isinstance(refusal.error, InvalidRequestError)
             reason = "invalid" if invalid else "unservable"
             self.metrics.request_rejected.labels(reason).inc()
@@ -118,7 +118,7 @@ class Generation:
             event = self._early.pop(0) if self._early else await self._events.get()
             if isinstance(event, Refused):  # the loop failed under us
                 self._live.discard(event.index)
-                raise ApiError(500, f"the engine failed: {event.error}")
+                raise ApiError(event.status, f"the engine cannot serve: {event.error}")
             if isinstance(event, Tokens):
                 yield self._apply(event)
 

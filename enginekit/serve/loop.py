@@ -14,7 +14,8 @@ frozen value swapped in whole: readers on other threads never see a half-made on
 seconds, so clients see the simulated latencies (scaled).
 
 Ownership: the engine, ``_live`` and the counters behind the snapshot belong to the loop
-thread; the inbox and the backlog are the only state both sides touch.
+thread; the inbox (behind its lock) and the backlog are the only state both sides touch. Once
+the loop has ended (stopped, or failed), whatever is sent to it is refused at once.
 """
 
 from __future__ import annotations
@@ -51,12 +52,12 @@ class Accepted:
 
 @dataclass(frozen=True)
 class Refused:
-    """The engine refused prompt ``index`` (``error`` says why: a 400), or the loop
-    failed (``is_server_error``: a 500)."""
+    """Prompt ``index`` did not run, or stopped running: the engine refused it (``error``
+    says why; ``status`` 400), the loop failed (500), or the loop had stopped (503)."""
 
     index: int
     error: Exception
-    is_server_error: bool = False
+    status: int = 400
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,8 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="enginekit-engine", daemon=True)
         self._live: dict[str, _Live] = {}
         self._stop_requested = False
+        self._lock = threading.Lock()  # orders sends against the loop's closing
+        self._closed = False
         # Counters of finished requests (the loop's own), and the output-rate window.
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -194,12 +197,18 @@ class EngineLoop:
             self._thread.join(timeout_s)
 
     def _send(self, kind: str, payload: Any) -> None:
-        self._inbox.append((kind, payload))  # deque.append is atomic
-        self._wake.set()
+        with self._lock:
+            if not self._closed:
+                self._inbox.append((kind, payload))
+                self._wake.set()
+                return
+        self._refuse([(kind, payload)], RuntimeError("the engine loop has stopped"), 503)
 
     # -- the loop thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        error: Exception = RuntimeError("the engine loop has stopped")
+        status = 503
         try:
             while not self._stop_requested:
                 self._take_inbox()
@@ -214,7 +223,20 @@ class EngineLoop:
         except BaseException as exc:  # a bug: every live request is told, health turns 503
             _log.exception("the engine loop failed")
             self.error = exc
-            self._fail_all(exc)
+            error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
+            status = 500
+            self._post([
+                (live.job.events, Refused(live.job.index, error, 500))
+                for live in self._live.values()
+            ])  # fmt: skip
+            self._live.clear()
+        finally:
+            # Whatever is sent from now on, or was left in the inbox, is refused at once.
+            with self._lock:
+                self._closed = True
+                left = list(self._inbox)
+                self._inbox.clear()
+            self._refuse(left, error, status)
 
     def _take_inbox(self) -> None:
         if not self._inbox:
@@ -386,18 +408,13 @@ class EngineLoop:
         self._post(events)
         self._publish(num_taken=0)
 
-    def _fail_all(self, exc: BaseException) -> None:
-        error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
-        events: list[tuple[asyncio.Queue[Event], Event]] = [
-            (live.job.events, Refused(live.job.index, error, is_server_error=True))
-            for live in self._live.values()
-        ]
-        self._live.clear()
-        while self._inbox:  # requests queued behind the failure are told too
-            kind, payload = self._inbox.popleft()
+    def _refuse(self, commands: list[tuple[str, Any]], error: Exception, status: int) -> None:
+        """Answers commands the loop will never run: adds are refused, calls fail."""
+        events: list[tuple[asyncio.Queue[Event], Event]] = []
+        for kind, payload in commands:
             if kind == "add":
-                events.append((payload.events, Refused(payload.index, error, True)))
-            elif kind == "call":
+                events.append((payload.events, Refused(payload.index, error, status)))
+            elif kind == "call" and payload[1].set_running_or_notify_cancel():
                 payload[1].set_exception(error)
         self._post(events)
 
