@@ -183,7 +183,13 @@ class WorkloadDriver:
         self._track(self.engine.clock)
         token_granular = self.engine.cache.prefix.token_granular
         for output in finished:
-            self.tracker.finish(output.request_id, output.num_cached_tokens, token_granular)
+            self.tracker.finish(
+                output.request_id,
+                output.num_cached_tokens,
+                token_granular,
+                output.first_token_time,
+                output.finish_time or self.engine.clock,
+            )
             self._add_followers(output)
             if self.stream:
                 self.engine.release_request(output.request_id)

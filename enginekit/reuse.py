@@ -25,14 +25,22 @@ to the any-salt ideal (the same tokens under another salt), and **compulsory** f
 rest: misses an unbounded cache takes too (no earlier request computed them, and each
 prompt's last token).
 
-The block accesses: every request touches the nodes of its prompt's and output's whole
-blocks, deepest first (a cache releases a sequence's blocks tail first, so a prefix is
-always more recent than the blocks that extend it). ``hit_rate_curve`` computes the LRU
-stack distance of every access in one offline pass (``stack_distances``) and from them
-the hit rate at every cache size: a request hits the leading prompt blocks (up to the
-cap) whose distance, at its arrival, is below the size. The stream is ``block_hash``'s
-(block-granular, whole blocks only): for ``radix`` the curve leaves out its partial-block
-matches and its node-level eviction.
+The block accesses, in the order of the run: a request touches its prompt's whole blocks
+when it is admitted (its lookup, placed at its first token's time, before the blocks the
+same step releases) and every whole block of its prompt and output when it finishes (its
+release), deepest first both times (a cache releases a sequence's blocks tail first, so a
+prefix is always more recent than the blocks that extend it). So blocks that running
+requests hold stay near the top of the stack, as a pool pins them; the output blocks
+running requests write are not in the stream until they finish, so each lookup's
+distances also count the output blocks the requests running then had written (each
+writes its output at an even pace from its lookup to its release). ``hit_rate_curve``
+computes the LRU stack distance of every access in one offline pass (``stack_distances``)
+and from them the hit rate at every cache size: a request hits the leading prompt blocks
+(up to the cap) whose distance at its lookup is below the size. At the largest size the
+curve is every reuse the run's timing allowed (an output is reusable once its request
+has finished), at most the ideal. The stream is ``block_hash``'s (block-granular, whole
+blocks only): for ``radix`` the curve leaves out its partial-block matches and its
+node-level eviction; preempted requests' second admissions are not in it.
 """
 
 from __future__ import annotations
@@ -72,8 +80,8 @@ class MissCounts(NamedTuple):
 
 class HitRateCurve(NamedTuple):
     """The hit rate an LRU cache of ``num_blocks[i]`` blocks would get, ``hit_rate[i]``
-    (a share of prompt tokens), sizes ascending; from ``num_blocks[-1]`` on it is the
-    block-granular ideal (``ideal_hit_rate``)."""
+    (a share of prompt tokens), sizes ascending; from ``num_blocks[-1]`` on it is
+    ``ideal_hit_rate``, every reuse the stream allows."""
 
     num_blocks: tuple[int, ...]
     hit_rate: tuple[float, ...]
@@ -120,9 +128,17 @@ class ReuseTracker:
         self.num_prompt_tokens = 0
         self._misses = [0] * 6
         self._token_granular_misses: bool | None = None
+        # per request added, until it finishes: its blocks' nodes (in order), how many
+        # are the prompt's, how many may hit, and its place in the order of addition
+        self._paths: dict[str, tuple[array, int, int, int]] = {}
+        self._num_added = 0
+        # the accesses, a lookup and a release per finished request (module docstring)
         self._access_ids = array("i")
-        self._num_accesses = array("i")  # per request: blocks touched
-        self._num_eligible = array("i")  # per request: leading blocks that may hit
+        self._event_time = array("d")
+        self._event_kind = array("b")  # 0: lookup, 1: release (after lookups at a time)
+        self._event_order = array("q")  # the request's place in the order of addition
+        self._event_length = array("i")  # blocks touched
+        self._event_eligible = array("i")  # lookups: leading blocks that may hit
 
     # ---- the trees ------------------------------------------------------------------
 
@@ -225,22 +241,49 @@ class ReuseTracker:
         self._ideals[request_id] = _Ideal(block, token, any_key, n)
         self.ideal_block_tokens += block
         self.ideal_token_tokens += token
-        path.reverse()
-        self._access_ids.extend(path)
-        self._num_accesses.append(len(path))
-        self._num_eligible.append(max_hit_blocks)
+        self._paths[request_id] = (
+            array("i", path),
+            num_prompt_blocks,
+            max_hit_blocks,
+            self._num_added,
+        )
+        self._num_added += 1
 
     def ideal_hit_tokens(self, token_granular: bool) -> int:
         """The ideal hits of every request added: to the token, or in whole blocks."""
         return self.ideal_token_tokens if token_granular else self.ideal_block_tokens
 
-    def finish(self, request_id: str, num_hit_tokens: int, token_granular: bool) -> None:
+    def finish(
+        self,
+        request_id: str,
+        num_hit_tokens: int,
+        token_granular: bool,
+        admitted_at: float | None = None,
+        finished_at: float = 0.0,
+    ) -> None:
         """Classifies the prompt tokens ``request_id`` missed at its first admission, of
-        a cache that hit ``num_hit_tokens`` of them and is ``token_granular`` or not
-        (module docstring). A request never added is ignored."""
+        a cache that hit ``num_hit_tokens`` of them and is ``token_granular`` or not, and
+        records its lookup at ``admitted_at`` (its first token's time; None:
+        ``finished_at``) and its release at ``finished_at`` (module docstring). A request
+        never added is ignored."""
         ideal = self._ideals.pop(request_id, None)
-        if ideal is None:
+        path = self._paths.pop(request_id, None)
+        if ideal is None or path is None:
             return
+        nodes, num_prompt_blocks, max_hit_blocks, order = path
+        lookup = nodes[:num_prompt_blocks]
+        lookup.reverse()
+        nodes.reverse()
+        for time, kind, touched, eligible in (
+            (finished_at if admitted_at is None else admitted_at, 0, lookup, max_hit_blocks),
+            (finished_at, 1, nodes, 0),
+        ):
+            self._access_ids.extend(touched)
+            self._event_time.append(time)
+            self._event_kind.append(kind)
+            self._event_order.append(order)
+            self._event_length.append(len(touched))
+            self._event_eligible.append(eligible)
         hit = min(num_hit_tokens, ideal.num_prompt_tokens)
         own = ideal.token if token_granular else ideal.block
         capacity = max(hit, own)
@@ -259,27 +302,65 @@ class ReuseTracker:
 
     # ---- the curve ------------------------------------------------------------------
 
+    def _output_blocks_held(self) -> np.ndarray:
+        """For each finished request's lookup (in finish order), the output blocks the
+        requests running then had written: each request writes its output blocks at an
+        even pace from its lookup to its release, and holds them until that release
+        (counted at a lookup in the step of its release)."""
+        times = np.frombuffer(self._event_time, dtype=np.float64)
+        lengths = np.frombuffer(self._event_length, dtype=np.int32)
+        admitted, finished = times[0::2], times[1::2]
+        written = (lengths[1::2] - lengths[0::2]).astype(np.float64)
+        span = finished - admitted
+        slope = np.divide(written, span, out=np.zeros_like(written), where=span > 0)
+        by_admission, by_finish = np.argsort(admitted), np.argsort(finished)
+
+        def running_sums(order: np.ndarray, values: np.ndarray, count: np.ndarray) -> np.ndarray:
+            sums = np.concatenate([[0.0], np.cumsum(values[order])])
+            return sums[count]
+
+        started = np.searchsorted(admitted[by_admission], admitted, "right")
+        ended = np.searchsorted(finished[by_finish], admitted, "left")  # released before
+        rate = running_sums(by_admission, slope, started) - running_sums(by_finish, slope, ended)
+        offset = running_sums(by_admission, slope * admitted, started)
+        offset -= running_sums(by_finish, slope * admitted, ended)
+        return np.maximum(0.0, admitted * rate - offset)
+
     def hit_rate_curve(
         self, num_prompt_tokens: int, extra_sizes: Sequence[int] = ()
     ) -> HitRateCurve:
         """The hit rate (hit tokens / ``num_prompt_tokens``) at cache sizes on a
         geometric grid from 1 block to the size that holds every reuse, plus
         ``extra_sizes`` (e.g. the run's pool)."""
-        ids = np.frombuffer(self._access_ids, dtype=np.int32)
-        num_accesses = np.frombuffer(self._num_accesses, dtype=np.int32).astype(np.int64)
-        num_eligible = np.frombuffer(self._num_eligible, dtype=np.int32).astype(np.int64)
-        if not len(ids) or not num_prompt_tokens:
+        if not len(self._access_ids) or not num_prompt_tokens:
             return HitRateCurve((), (), 0.0)
-        starts = np.cumsum(num_accesses) - num_accesses
-        # position of each access within its request's (deepest-first) emission
-        within = np.arange(len(ids), dtype=np.int64) - np.repeat(starts, num_accesses)
-        block_index = np.repeat(num_accesses, num_accesses) - 1 - within
-        eligible = block_index < np.repeat(num_eligible, num_accesses)
+        lengths = np.frombuffer(self._event_length, dtype=np.int32).astype(np.int64)
+        starts = np.cumsum(lengths) - lengths
+        events = np.lexsort(
+            (
+                np.frombuffer(self._event_order, dtype=np.int64),
+                np.frombuffer(self._event_kind, dtype=np.int8),
+                np.frombuffer(self._event_time, dtype=np.float64),
+            )
+        )
+        held = np.repeat(self._output_blocks_held(), 2)[events]  # lookups' (at releases: 0)
+        lengths, starts = lengths[events], starts[events]
+        eligible_blocks = np.frombuffer(self._event_eligible, dtype=np.int32)[events]
+        del events
+        # position of each access within its event's (deepest-first) touches
+        within = np.arange(int(lengths.sum()), dtype=np.int64)
+        within -= np.repeat(np.cumsum(lengths) - lengths, lengths)
+        ids = np.frombuffer(self._access_ids, dtype=np.int32)[np.repeat(starts, lengths) + within]
+        eligible = np.repeat(lengths, lengths) - 1 - within < np.repeat(eligible_blocks, lengths)
+        del starts, eligible_blocks
         distances = stack_distances(ids, eligible)
+        del ids
         finite = eligible & (distances >= 0)
-        # a request's own deeper blocks, touched just before, are not in the distance
+        # a request's own deeper blocks, touched just before, are not in the distance;
+        # the outputs running requests have written so far hold pool blocks besides it
         true = distances[finite] - within[finite]
-        del within, block_index, eligible, distances
+        true += np.rint(np.repeat(held, lengths)[finite]).astype(np.int64)
+        del within, eligible, distances
         bs = self.block_size
         ideal = float(len(true) * bs / num_prompt_tokens)
         if not len(true):
@@ -329,15 +410,15 @@ def stack_distances(ids: np.ndarray, query: np.ndarray | None = None) -> np.ndar
     previous = prev[positions]
     counts = np.zeros(len(positions), dtype=np.int64)
     width = n + 2
-    values = prev + 1  # 0 for a first access
+    values = (prev + 1).astype(np.int32)  # 0 for a first access
     del prev
     keys = np.empty(n, dtype=np.int64)
-    index = np.arange(n, dtype=np.int64)
     for level in range((n - 1).bit_length()):
         has = ((positions >> level) & 1).astype(bool)
         if not has.any():
             continue
-        np.right_shift(index, level, out=keys)
+        keys[:] = np.arange(n, dtype=np.int64)
+        keys >>= level
         keys *= width
         keys += values
         keys.sort()
