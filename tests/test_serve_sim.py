@@ -147,3 +147,29 @@ def test_preemptions_under_a_small_pool_count_as_the_summary_counts_them():
         assert metrics[f'enginekit:preemptions_by_kind_total{{kind="{kind}"}}'] == count
     assert metrics["enginekit:recomputed_tokens_total"] == summary["recomputed_tokens_total"] > 0
     assert metrics["enginekit:generation_tokens_total"] == summary["generation_tokens_total"] == 480
+
+
+def test_the_engine_calls_the_server_relies_on_finish_and_release():
+    from enginekit import Engine, InvalidRequestError, SamplingParams
+
+    engine = Engine.from_overrides(["model=tiny", "progress=false", "cache.num_blocks=64"])
+    stopped = engine.add_request([5, 6, 7], SamplingParams(max_tokens=50, n=2))
+    other = engine.add_request([8, 9], SamplingParams(max_tokens=3))
+    for _ in range(4):
+        engine.step()
+    with pytest.raises(InvalidRequestError, match="has not finished"):
+        engine.release_request(stopped)
+    assert engine.finish_request(stopped)  # a stop string its caller saw
+    assert not engine.finish_request(stopped)
+    output = engine.release_request(stopped)
+    assert output.finish_reason == "stop" and [len(s) for s in output.samples] == [4, 4]
+    with pytest.raises(KeyError):
+        engine.output(stopped)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.check_integrity()
+    summary = engine.summary()
+    assert summary["num_requests_finished"] == 2  # the finished one counts, released or not
+    assert summary["generation_tokens_total"] == 8 + 3
+    assert engine.cache.usage(engine.scheduler.running).num_used_blocks == 0
+    assert [o.request_id for o in engine.outputs()] == [other]
