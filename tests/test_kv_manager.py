@@ -434,6 +434,31 @@ def test_copy_on_write_without_room_copies_nothing_and_the_last_writer_needs_non
     assert [manager.pool.ref_count(b) for b in (0, 1, 2)] == [1, 1, 1]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="SharedTails.fork records a shared tail only when the parent's computed tokens "
+    "end inside a block; a parent holding an empty block for its next token (swap_in grows "
+    "one) shares it with the child, and both write their next token into it uncopied",
+)
+def test_a_fork_does_not_share_the_block_held_for_the_next_token(native):
+    manager = make_manager(native, prefix="none", num_swap_blocks=4)
+    parent = request(0, tokens(8))
+    admit(manager, parent)
+    prefill(manager, parent)
+    step_done(manager)
+    parent.token_ids.append(50)  # decoding: 8 computed, its token 8 opens block index 2
+    assert manager.swap_out(parent) == 2
+    assert manager.swap_in(parent) == 2  # and a block for token 8
+    step_done(manager)
+    assert manager.tables.block_ids(0) == [0, 1, 2]
+    child = request(1, tokens(8))
+    child.token_ids.append(60)
+    manager.fork(parent, child)
+    decode(manager, [parent, child])
+    # Both wrote position 8, a different token each: not into one block.
+    assert manager.tables.block_id_at(0, 2) != manager.tables.block_id_at(1, 2)
+
+
 # -- swapping ------------------------------------------------------------------------------
 
 
@@ -730,8 +755,17 @@ class _Driver:
                         self._sample(r, pick)
         elif op == "fork":
             # A beam's fork: the child copies the parent's computed tokens and shares its
-            # blocks; each then has its own next token to compute.
-            decodes = [r for r in running if not r.is_prefilling and r.num_tokens_to_compute]
+            # blocks; each then has its own next token to compute. As the scheduler forks,
+            # the parent's table ends with its computed tokens (a parent holding a block
+            # for its next token: see test_a_fork_does_not_share_the_block_held_for_the_
+            # next_token).
+            decodes = [
+                r
+                for r in running
+                if not r.is_prefilling
+                and r.num_tokens_to_compute
+                and m.tables.num_blocks(r.seq_id) == SPEC.num_blocks_for(r.num_computed_tokens)
+            ]
             if decodes:
                 parent = decodes[pick % len(decodes)]
                 child = request(self.next_seq_id, parent.prompt_token_ids)

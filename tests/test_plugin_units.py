@@ -511,11 +511,13 @@ def test_sliding_window_refuses_by_capability():
 
 
 class StandInCache:
-    """A CacheView: the blocks each sequence holds, as the test says."""
+    """A CacheView: the blocks each sequence holds, as the test says, and a swap space
+    that always has room (the built-in policies decide without asking)."""
 
     def __init__(self, context: KVContext, held: dict[int, int]) -> None:
         self._context = context
         self._held = held
+        self.num_free_swap_blocks = 1 << 20
 
     @property
     def spec(self) -> KVSpec:
