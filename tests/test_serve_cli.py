@@ -23,7 +23,7 @@ SERVER = [
     "model=tiny",
     "serve.port=0",
     "serve.time_scale=0.01",  # ~3 ms a step: a 1500-token stream outlives the drain
-    "serve.shutdown_timeout_s=1.5",
+    "serve.shutdown_timeout_s=3",
     "serve.log_level=warning",
 ]
 
@@ -88,16 +88,19 @@ def test_the_command_line_serves_benchmarks_and_shuts_down_cleanly(tmp_path):
         short: list[openai.types.Completion] = []
         asker = threading.Thread(
             target=lambda: short.append(
-                client.completions.create(model="tiny", prompt=[10, 11], max_tokens=30)
+                client.completions.create(model="tiny", prompt=[10, 11], max_tokens=100)
             )
         )
         asker.start()
-        time.sleep(0.05)  # the short request is in flight
+        deadline = time.monotonic() + 10
+        while "enginekit:num_requests_running 2.0" not in httpx.get(f"{url}/metrics").text:
+            assert time.monotonic() < deadline and not short
+            time.sleep(0.01)  # until the short request runs beside the long one
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         asker.join(timeout=10)
         reader.join(timeout=10)
-        assert short and short[0].usage.completion_tokens == 30
+        assert short and short[0].usage.completion_tokens == 100
         assert "length" not in long_chunks  # it did not run to its end
         errors.seek(0)
         assert "Traceback" not in errors.read()
