@@ -243,7 +243,7 @@ class EngineLoop:
             return
         num_taken = 0
         events: list[tuple[asyncio.Queue[Event], Event]] = []
-        while self._inbox:
+        for _ in range(len(self._inbox)):  # what is there now: later sends wait a step
             kind, payload = self._inbox.popleft()
             if kind == "add":
                 num_taken += 1
