@@ -434,12 +434,6 @@ def test_copy_on_write_without_room_copies_nothing_and_the_last_writer_needs_non
     assert [manager.pool.ref_count(b) for b in (0, 1, 2)] == [1, 1, 1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SharedTails.fork records a shared tail only when the parent's computed tokens "
-    "end inside a block; a parent holding an empty block for its next token (swap_in grows "
-    "one) shares it with the child, and both write their next token into it uncopied",
-)
 def test_a_fork_does_not_share_the_block_held_for_the_next_token(native):
     manager = make_manager(native, prefix="none", num_swap_blocks=4)
     parent = request(0, tokens(8))

@@ -38,14 +38,17 @@ class SharedTails:
 
     def fork(self, parent: Request, child: Request) -> None:
         """Gives ``child`` the parent's blocks, shared (through the allocator), and its
-        computed tokens. If the parent's last block is only partly filled, both will write
-        into it."""
+        computed tokens. Both will write into every block past the parent's full ones: a
+        partly filled last block, and any block already held for tokens to come (a
+        sequence swapped in mid-decode holds one for its next token)."""
         self._allocator.fork(parent.seq_id, child.seq_id)
         child.num_computed_tokens = parent.num_computed_tokens
-        index, slot = divmod(parent.num_computed_tokens, self._tables.block_size)
-        if slot:
-            tail = self._tables.block_id_at(parent.seq_id, index)
-            self._writers.setdefault(tail, {parent.seq_id}).add(child.seq_id)
+        tables = self._tables
+        first = parent.num_computed_tokens // tables.block_size
+        for index in range(first, tables.num_blocks(parent.seq_id)):
+            block_id = tables.block_id_at(parent.seq_id, index)
+            if block_id >= 0:
+                self._writers.setdefault(block_id, {parent.seq_id}).add(child.seq_id)
 
     def tail_writes(self, decodes: Sequence[Request]) -> list[TailWrite]:
         """The decodes about to write into a block another sequence writes into too. Pure."""
@@ -54,9 +57,11 @@ class SharedTails:
         found = []
         block_size = self._tables.block_size
         for request in decodes:
-            index, slot = divmod(request.num_computed_tokens, block_size)
-            if slot == 0:
-                continue  # writes at the start of a fresh block
+            # The table has grown to hold the token: its block is a fresh one unless it
+            # was shared by a fork.
+            index = request.num_computed_tokens // block_size
+            if index >= self._tables.num_blocks(request.seq_id):
+                continue  # not grown yet: its block will be a fresh one
             block_id = self._tables.block_id_at(request.seq_id, index)
             writers = self._writers.get(block_id)
             if writers is not None and request.seq_id in writers:

@@ -489,8 +489,14 @@ class KVCacheManager:
 
     def drop_swapped(self, request: Request) -> None:
         """Forgets a swapped-out request that will never resume (aborted): its host blocks
-        are freed."""
+        are freed (the prefix cache let go of it when it was swapped out)."""
         self.swap_space.take(request.seq_id)
+
+    def forget(self, request: Request) -> None:
+        """A waiting request that holds no blocks and has no computed tokens (never
+        admitted, or preempted by recompute) will never be admitted (aborted): the prefix
+        cache drops what it keeps for it (a match's memoized hashes)."""
+        self.prefix.on_released(request)
 
     # -- checks --------------------------------------------------------------------------
 

@@ -111,6 +111,8 @@ class Scheduler:
                 self.cache.release(request)
             elif self.cache.is_swapped(request):
                 self.cache.drop_swapped(request)
+            else:
+                self.cache.forget(request)
             request.status = RequestStatus.ABORTED
             self._by_seq_id.pop(request.seq_id, None)
             self._finished_seq_ids.append(request.seq_id)
