@@ -33,7 +33,7 @@ import heapq
 import itertools
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from enginekit import metric_keys as mk
 from enginekit.engine import Engine, RunResult
@@ -41,7 +41,7 @@ from enginekit.errors import RequestRejectedError
 from enginekit.request import RequestOutput, SamplingParams
 from enginekit.reuse import ReuseTracker
 from enginekit.workloads.sources import open_workload
-from enginekit.workloads.traffic import TrafficRequest, Workload
+from enginekit.workloads.traffic import TokenIds, TrafficRequest, Workload
 
 _log = logging.getLogger("enginekit")
 
@@ -63,7 +63,7 @@ class WorkloadDriver:
         self._num_added_since_step = 0
         self.tracker = ReuseTracker(engine.kv_spec.block_size)
         # (arrival, order, id, prompt, scripted output, salt): added, not yet tracked
-        self._untracked: list[tuple[float, int, str, Sequence[int], Sequence[int], Any]] = []
+        self._untracked: list[tuple[float, int, str, TokenIds, TokenIds, Any]] = []
         self._order = itertools.count()
         self._num_accepted = 0
         self._num_rejected = 0
@@ -121,16 +121,16 @@ class WorkloadDriver:
         self._latest_arrival = max(self._latest_arrival, item.arrival_time)
         return self._add(item, item.prompt_token_ids, item.arrival_time)
 
-    def _add(self, item: TrafficRequest, prompt: Sequence[int], arrival_time: float) -> int:
+    def _add(self, item: TrafficRequest, prompt: TokenIds, arrival_time: float) -> int:
         """Adds one request; 1 if accepted, 0 if rejected (counted, its followers too)."""
         try:
-            self.engine.add_request(
-                prompt,
+            self.engine.add_request(  # int arrays are token ids to add_request too
+                cast(Sequence[int], prompt),
                 _sampling_of(item),
                 request_id=item.request_id,
                 arrival_time=arrival_time,
                 extra_key=item.extra_key,
-                scripted_output_ids=item.output_token_ids,
+                scripted_output_ids=cast(Sequence[int], item.output_token_ids),
             )
         except RequestRejectedError as exc:
             self._num_rejected += 1
@@ -257,7 +257,7 @@ class WorkloadDriver:
         (or at its own arrival time, if later), with ``finished``'s prompt and output in
         front of its own message unless its prompt is complete."""
         for item in self._followers.pop(finished.request_id, ()):
-            prompt: Sequence[int] = item.prompt_token_ids
+            prompt: TokenIds = item.prompt_token_ids
             if item.prepend_context:
                 prompt = finished.prompt_token_ids + finished.output_token_ids + list(prompt)
             arrival = max(item.arrival_time, self.engine.clock + item.think_time_s)

@@ -206,8 +206,7 @@ WORKLOAD_SOURCE = MetricKey(
     "workload_source",
     "workload",
     Unit.TEXT,
-    "where the requests came from (a generator and seed, ShareGPT and its tokenizer, a "
-    "trace file)",
+    "where the requests came from (a generator and seed, ShareGPT and its tokenizer, a trace file)",
 )
 
 # ---- KV cache -----------------------------------------------------------------------------

@@ -186,8 +186,8 @@ class ReuseTracker:
     def add(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
-        output_token_ids: Sequence[int] = (),
+        prompt_token_ids: Sequence[int] | np.ndarray,
+        output_token_ids: Sequence[int] | np.ndarray = (),
         extra_key: str | bytes | None = None,
     ) -> None:
         """The next request in arrival order. Its ideal hits count at once; its prompt

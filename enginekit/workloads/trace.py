@@ -220,7 +220,7 @@ def _scan(path: Path, requested: str, vocab_size: int) -> tuple[str, list[_Line]
     return fmt, lines
 
 
-def _replay_order(lines: list[_Line]) -> list[tuple[int, str | None]]:
+def _replay_order(lines: list[_Line]) -> list[tuple[int, int | None]]:
     """(line index, the request id it follows) in the order of the module docstring."""
     sessions: dict[str, list[int]] = {}
     firsts: list[int] = []
@@ -239,7 +239,7 @@ def _replay_order(lines: list[_Line]) -> list[tuple[int, str | None]]:
         session = lines[i].session
         groups.append([i] if session is None else sessions[session])
     groups.sort(key=lambda g: lines[g[0]].arrival_time)  # stable: ties keep file order
-    return [(i, None if k == 0 else g[k - 1]) for g in groups for k, i in enumerate(g)]  # type: ignore[misc]
+    return [(i, None if k == 0 else g[k - 1]) for g in groups for k, i in enumerate(g)]
 
 
 def _read_line(stream: IO[bytes], offset: int) -> dict[str, Any]:

@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
+import numpy as np
+
 SHAREGPT, TRACE = "sharegpt", "trace"
+TokenIds = Sequence[int] | np.ndarray  # token ids: a sequence, or an int array
 TRAFFIC_WORKLOADS: tuple[str, ...] = (SHAREGPT, TRACE)
 
 
@@ -35,8 +38,8 @@ class TrafficRequest(NamedTuple):
     """
 
     request_id: str
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
+    prompt_token_ids: TokenIds
+    output_token_ids: TokenIds
     arrival_time: float
     max_tokens: int
     follows: str | None = None
