@@ -90,6 +90,7 @@ class RunMetrics:
         self.prefix_cache_readmission_hits = 0
         self.num_preemptions_by_kind: dict[str, int] = {}
         self.recomputed_tokens_total = 0
+        self.recomputed_tokens_by_kind: dict[str, int] = {}
         self.num_steps = 0
         self.num_prefill_tokens_computed = 0
         self.num_decode_tokens_computed = 0
@@ -166,6 +167,8 @@ class RunMetrics:
         by_kind = self.num_preemptions_by_kind
         by_kind[kind] = by_kind.get(kind, 0) + 1
         self.recomputed_tokens_total += num_recomputed_tokens
+        recomputed = self.recomputed_tokens_by_kind
+        recomputed[kind] = recomputed.get(kind, 0) + num_recomputed_tokens
 
     def on_fragmentation(self, num_unusable_free_blocks: int) -> None:
         """A sample of external fragmentation: free blocks no allocation can use."""

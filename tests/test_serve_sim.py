@@ -146,6 +146,12 @@ def test_preemptions_under_a_small_pool_count_as_the_summary_counts_them():
     for kind, count in summary["num_preemptions_by_kind"].items():
         assert metrics[f'enginekit:preemptions_by_kind_total{{kind="{kind}"}}'] == count
     assert metrics["enginekit:recomputed_tokens_total"] == summary["recomputed_tokens_total"] > 0
+    by_kind = {
+        name.split('"')[1]: value
+        for name, value in metrics.items()
+        if name.startswith("enginekit:recomputed_tokens_by_kind_total{")
+    }
+    assert sum(by_kind.values()) == summary["recomputed_tokens_total"]
     assert metrics["enginekit:generation_tokens_total"] == summary["generation_tokens_total"] == 480
 
 

@@ -382,6 +382,7 @@ class EngineLoop:
             prefix_cache_hits=metrics.prefix_cache_hits,
             num_preemptions_by_kind=dict(metrics.num_preemptions_by_kind),
             recomputed_tokens=metrics.recomputed_tokens_total,
+            recomputed_tokens_by_kind=dict(metrics.recomputed_tokens_by_kind),
             swap_out_bytes=metrics.num_swapped_out_blocks * block_bytes,
             swap_in_bytes=metrics.num_swapped_in_blocks * block_bytes,
             prompt_tokens=self._prompt_tokens,

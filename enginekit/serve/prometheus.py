@@ -13,7 +13,8 @@ process never share series):
 - counters, from the same snapshot, so that they equal the engine's summary:
   ``prefix_cache_queries_total`` and ``prefix_cache_hits_total`` (tokens),
   ``num_preemptions_total``, ``preemptions_by_kind_total{kind}``,
-  ``recomputed_tokens_total``, ``swap_out_bytes_total``, ``swap_in_bytes_total``,
+  ``recomputed_tokens_total`` (and ``recomputed_tokens_by_kind_total{kind}``),
+  ``swap_out_bytes_total``, ``swap_in_bytes_total``,
   ``prompt_tokens_total`` and ``generation_tokens_total`` (of the requests that finished,
   aborted ones apart), ``request_success_total{finished_reason}`` (aborts included, as
   ``abort``), and ``request_rejected_total{reason}`` (``invalid`` bad input,
@@ -83,6 +84,7 @@ class Snapshot:
     prefix_cache_hits: int = 0
     num_preemptions_by_kind: dict[str, int] = field(default_factory=dict)
     recomputed_tokens: int = 0
+    recomputed_tokens_by_kind: dict[str, int] = field(default_factory=dict)
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
     prompt_tokens: int = 0
@@ -207,6 +209,14 @@ class _SnapshotCollector(Collector):
         for kind, count in sorted(snap.num_preemptions_by_kind.items()):
             by_kind.add_metric([kind], count)
         yield by_kind
+        recomputed = CounterMetricFamily(
+            PREFIX + "recomputed_tokens_by_kind",
+            "KV tokens preemptions threw away to compute again, by preemption kind.",
+            labels=["kind"],
+        )
+        for kind, count in sorted(snap.recomputed_tokens_by_kind.items()):
+            recomputed.add_metric([kind], count)
+        yield recomputed
         success = CounterMetricFamily(
             PREFIX + "request_success",
             "Requests ended, by finish reason (stop, length, abort).",
