@@ -14,8 +14,9 @@ holds only under conditions the row names) and ``no``. Every figure behind a row
 its ``figures`` (claims.json), by name.
 
 The scenarios live in ``enginekit.claims.prefix`` (prefix-cache hit and TTFT),
-``enginekit.claims.memory`` (paging, GQA and quantized bytes, per-token bytes) and
-``enginekit.claims.swap`` (swap against recompute).
+``enginekit.claims.memory`` (paging, GQA and quantized bytes, per-token bytes),
+``enginekit.claims.swap`` (swap against recompute) and ``enginekit.claims.sharegpt``
+(PagedAttention's ShareGPT utilisation and sharing figures, on ShareGPT itself).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def run_claims(quick: bool = False) -> list[Section]:
     the time it takes: nothing is printed or written."""
     from enginekit.claims.memory import bytes_section, paging_section
     from enginekit.claims.prefix import prefix_section
+    from enginekit.claims.sharegpt import sharegpt_section
     from enginekit.claims.swap import swap_section
 
     return [
@@ -47,6 +49,7 @@ def run_claims(quick: bool = False) -> list[Section]:
         paging_section(quick),
         bytes_section(),
         swap_section(quick),
+        sharegpt_section(quick),
     ]
 
 
