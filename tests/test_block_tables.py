@@ -104,10 +104,23 @@ def test_sequence_lifecycle(impl) -> None:
     pool.free([3, 4])
     assert tables.block_ids(3) == [2, -1, -1]
     tables.check_integrity(pool)
+    # append_blocks puts blocks of the caller's choosing after the holes, changing no
+    # ref_count: the table takes over the references the caller held.
+    run = pool.allocate_run(2)
+    counts = pool.ref_counts()
+    tables.append_blocks(3, run)
+    tables.append_blocks(3, [])
+    assert pool.ref_counts() == counts
+    assert tables.block_ids(3) == [2, -1, -1, *run]
+    assert (tables.num_blocks(3), tables.num_holes(3)) == (5, 2)
+    tables.check_integrity(pool)
     assert tables.remove_sequence(7) == [0, 1]
     pool.free([0, 1])
     assert tables.seq_ids() == [3]
     tables.check_integrity(pool)
+    assert tables.remove_sequence(3) == [2, *run]
+    pool.free([2, *run])
+    assert pool.num_used_blocks == 0
     pool.check_integrity()
 
 
@@ -120,6 +133,8 @@ def test_sequence_errors(impl) -> None:
     ru(KVCacheError, lambda: tables.add_sequence(1, [5]))
     for unknown in (0, 99):
         ru(KVCacheError, lambda s=unknown: tables.remove_sequence(s))
+        ru(KVCacheError, lambda s=unknown: tables.append_blocks(s, [5]))
+        ru(KVCacheError, lambda s=unknown: tables.append_blocks(s, [-1]))  # unknown first
         ru(KVCacheError, lambda s=unknown: tables.fork(s, 50))
         ru(KVCacheError, lambda s=unknown: tables.set_block(s, 0, 5))
         ru(KVCacheError, lambda s=unknown: tables.block_ids(s))
@@ -157,8 +172,40 @@ def test_fork_and_copy_on_write(impl) -> None:
     assert tables.block_ids(2) == [0, 1, 3]
     # The fork is a copy: changing the parent does not change the child.
     assert tables.grow(pool, [1], [16]) == 1
+    tables.append_blocks(1, pool.allocate(1))
+    assert tables.block_ids(1) == [0, 1, 2, 4, 5]
     assert tables.block_ids(2) == [0, 1, 3]
     tables.check_integrity(pool)
+    pool.check_integrity()
+
+
+def test_append_blocks_takes_over_the_callers_references(impl) -> None:
+    """append_blocks changes no ref_count: each id listed stands for one reference the caller
+    holds, which the table hands back on removal and release."""
+    Pool, Tables = impl
+    pool, tables = Pool(8), Tables(4)
+    tables.add_sequence(1, pool.allocate(2))
+    tables.add_sequence(2)
+    # A block shared with sequence 1: the caller increfs it first, and once more for the
+    # second time it is listed.
+    pool.incref(1)
+    pool.incref(1)
+    (fresh,) = pool.allocate(1)
+    tables.append_blocks(2, [1, fresh, 1])
+    assert pool.ref_counts()[:3] == [1, 3, 1]
+    assert tables.block_ids(2) == [1, fresh, 1]
+    tables.check_integrity(pool)
+    assert tables.release_range(2, 2, 3) == [1]
+    pool.free([1])
+    assert tables.remove_sequence(2) == [1, fresh]
+    pool.free([1, fresh])
+    assert pool.ref_counts()[:3] == [1, 1, 0]
+    tables.check_integrity(pool)
+    # Appending a block the caller does not hold leaves a table check_integrity refuses.
+    tables.append_blocks(1, [fresh])
+    with pytest.raises(KVCacheError):
+        tables.check_integrity(pool)
+    tables.check_integrity()
     pool.check_integrity()
 
 
@@ -215,6 +262,8 @@ def test_ids_and_counts_the_stub_leaves_open(impl) -> None:
     ru = lambda exc, fn: raises_unchanged(pool, tables, exc, fn)  # noqa: E731
     for bad in (-1, 2**31):
         ru(ValueError, lambda b=bad: tables.add_sequence(2, [0, b]))
+        ru(ValueError, lambda b=bad: tables.append_blocks(1, [b]))
+        ru(ValueError, lambda b=bad: tables.append_blocks(1, [1, b]))  # nothing appended
         ru(ValueError, lambda b=bad: tables.set_block(1, 0, b))
     for bad in (-1, 2**64):
         ru(ValueError, lambda s=bad: tables.add_sequence(s))
@@ -463,6 +512,7 @@ def test_list_arguments_are_lists_or_tuples(impl, kind: str) -> None:
     bad = NOT_A_LIST[kind]
     ru = lambda fn: raises_unchanged(pool, tables, TypeError, fn)  # noqa: E731
     ru(lambda: tables.add_sequence(2, bad()))
+    ru(lambda: tables.append_blocks(1, bad()))
     ru(lambda: tables.num_blocks_to_grow(bad(), [8]))
     ru(lambda: tables.num_blocks_to_grow([1], bad()))
     ru(lambda: tables.grow(pool, bad(), [8]))
@@ -492,7 +542,8 @@ def test_none_is_not_a_default(impl) -> None:
 def test_tuples_are_accepted_where_lists_are(impl) -> None:
     Pool, Tables = impl
     pool, tables = Pool(8), Tables(4)
-    tables.add_sequence(1, tuple(pool.allocate(2)))
+    tables.add_sequence(1, tuple(pool.allocate(1)))
+    tables.append_blocks(1, (pool.allocate(1)[0],))
     assert tables.num_blocks_to_grow((1,), (12,)) == 1
     assert tables.grow(pool, (1,), (12,)) == 1
     assert tables.cache_blocks(pool, 1, 0, (5, 6)) == 2
@@ -517,6 +568,12 @@ def test_check_integrity(impl) -> None:
     tables.set_block(1, 1, fresh)
     tables.check_integrity(pool)
     tables.add_sequence(2, [4])  # outside the pool
+    with pytest.raises(KVCacheError):
+        tables.check_integrity(pool)
+    tables.check_integrity()
+    assert tables.remove_sequence(2) == [4]
+    tables.check_integrity(pool)
+    tables.append_blocks(1, [4])  # outside the pool
     with pytest.raises(KVCacheError):
         tables.check_integrity(pool)
     tables.check_integrity()
@@ -610,6 +667,17 @@ class TablesTwins(RuleBasedStateMachine):
         if kind == "raised":
             return
         kind, _ = self.both(lambda p, t: t.add_sequence(seq_id, ids), f"add_sequence({seq_id})")
+        if kind == "raised":
+            self.release(ids)
+
+    @rule(data=st.data(), k=st.integers(0, 2))
+    @precondition(has_sequences)
+    def append_blocks(self, data: st.DataObject, k: int) -> None:
+        seq_id = self.seq(data)
+        ids = self.allocate(k)
+        if ids is None:
+            return
+        kind, _ = self.both(lambda p, t: t.append_blocks(seq_id, ids), f"append({seq_id})")
         if kind == "raised":
             self.release(ids)
 

@@ -205,6 +205,23 @@ class BlockTables(Protocol[PoolT]):
         """
         ...
 
+    def append_blocks(self, seq_id: int, block_ids: IntList) -> None:
+        """Appends these blocks to the end of the sequence's table, in order (after any
+        holes, which keep their slots): the way to put blocks of the caller's choosing
+        (``pool.allocate_run``'s, for instance) into a table, where ``grow`` takes the
+        pool's next free ones. Mutates the table only: no ref_count changes. The caller
+        must hold one reference on each id (a block listed twice needs two) and hands it
+        over to the table: from then on it is handed back by remove_sequence and
+        release_range for the caller to free, like the references of the table's other
+        blocks (or listed by fork for the caller to incref). Nothing is checked against a
+        pool here: check_integrity(pool) reports a block outside it or at ref_count 0.
+
+        Raises KVCacheError for an unknown seq_id, then ValueError for a block id not in
+        [0, 2**31) (TypeError if block_ids is not a list or tuple of ints); on error the
+        table is unchanged and the references stay the caller's.
+        """
+        ...
+
     def append_holes(self, seq_id: int, num_holes: int) -> None:
         """Appends num_holes holes: logical slots that hold no block.
 

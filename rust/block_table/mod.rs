@@ -132,6 +132,16 @@ impl BlockTables {
         }
     }
 
+    /// Appends existing blocks to the table, in order. The tables hold no references: each
+    /// id stands for a reference the caller holds and hands over, which `remove_sequence` or
+    /// `release_range` hands back. Errors (`Value`) for a block id above [`MAX_BLOCK_ID`].
+    pub fn append_blocks(&mut self, seq_id: u64, block_ids: &[u32]) -> KvResult<()> {
+        let t = self.table_mut(seq_id)?;
+        check_block_ids(block_ids)?;
+        t.entries.extend_from_slice(block_ids);
+        Ok(())
+    }
+
     /// Appends `num_holes` holes: logical slots that hold no block (a sequence restored with
     /// the blocks it had released still released). Errors (`Value`) if the table would pass
     /// [`MAX_TABLE_LEN`] entries, (`Memory`) if the host cannot hold them.

@@ -58,7 +58,7 @@ fn new_and_basic_queries() {
 }
 
 #[test]
-fn add_remove() {
+fn add_remove_append() {
     let (mut bt, _) = setup();
     assert_eq!(msg(bt.add_sequence(1, &[])), "sequence 1 already exists");
     assert_eq!(
@@ -66,9 +66,14 @@ fn add_remove() {
         "block id 2147483648 is not in [0, 2**31)"
     );
     assert!(!bt.seq_ids().contains(&7));
-    assert_eq!(bt.remove_sequence(3).unwrap(), Vec::<u32>::new());
-    bt.add_sequence(3, &[7, 8]).unwrap();
+    bt.append_blocks(3, &[7, 8]).unwrap();
     assert_eq!(bt.block_ids(3).unwrap(), &[7, 8]);
+    assert!(value_msg(bt.append_blocks(3, &[9, u32::MAX])).starts_with("block id"));
+    assert!(value_msg(bt.append_blocks(3, &[MAX_BLOCK_ID + 1])).starts_with("block id"));
+    assert_eq!(bt.block_ids(3).unwrap(), &[7, 8]);
+    assert_eq!(msg(bt.append_blocks(9, &[1])), "unknown sequence 9");
+    assert!(!bt.seq_ids().contains(&9));
+    bt.append_blocks(3, &[]).unwrap();
     assert_eq!(bt.remove_sequence(3).unwrap(), vec![7, 8]);
     assert_eq!(msg(bt.remove_sequence(3)), "unknown sequence 3");
     assert_eq!(bt.num_sequences(), 2);
@@ -372,15 +377,19 @@ fn append_holes_adds_counted_slots() {
     assert!(value_msg(bt.append_holes(3, u64::MAX)).contains("at most"));
     assert_eq!(msg(bt.append_holes(9, 1)), "unknown sequence 9");
     assert_eq!(bt.num_blocks(3).unwrap(), 4);
-    assert_eq!(bt.remove_sequence(3).unwrap(), vec![3, 4]);
+    // Appended blocks go after the holes, which keep their slots and their count.
+    bt.append_blocks(3, &pool.allocate(1).unwrap()).unwrap();
+    assert_eq!(bt.block_ids(3).unwrap(), &[HOLE, HOLE, 3, 4, 5]);
+    assert_eq!(bt.num_holes(3).unwrap(), 2);
+    bt.check_integrity(Some(&pool)).unwrap();
+    assert_eq!(bt.remove_sequence(3).unwrap(), vec![3, 4, 5]);
 }
 
 #[test]
 fn integrity_against_pool() {
     let (mut bt, pool) = setup();
     bt.check_integrity(Some(&pool)).unwrap();
-    bt.remove_sequence(3).unwrap();
-    bt.add_sequence(3, &[9]).unwrap();
+    bt.append_blocks(3, &[9]).unwrap();
     assert_eq!(
         msg(bt.check_integrity(Some(&pool))),
         "block tables integrity: sequence 3 block 0 holds block 9 with ref_count 0"

@@ -117,6 +117,18 @@ impl PyBlockTables {
         })
     }
 
+    fn append_blocks(
+        &mut self,
+        seq_id: &Bound<'_, PyAny>,
+        block_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        guard(|| {
+            let s = self.existing_seq_arg(seq_id)?;
+            let ids = table_block_ids(block_ids)?;
+            self.inner.append_blocks(s, &ids).map_err(to_py)
+        })
+    }
+
     fn release_range(
         &mut self,
         seq_id: &Bound<'_, PyAny>,

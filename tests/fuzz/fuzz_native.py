@@ -235,6 +235,14 @@ class Fuzz:
         if ok:
             self.free(ids)
 
+    def op_append(self) -> None:
+        seq, ids = self.seq_id(), self.allocate(self.b.int(0, 3))
+        if ids is None:
+            return
+        ok, _ = self.call(f"append({seq})", lambda w: w.tables.append_blocks(seq, ids))
+        if not ok:
+            self.free(ids)
+
     def op_release_range(self) -> None:
         seq = self.seq_id()
         length = len(self.table(seq))
@@ -406,6 +414,7 @@ class Fuzz:
             calls += [
                 ("free", lambda w: w.pool.free(arg())),
                 ("add_sequence", lambda w: w.tables.add_sequence(seq, arg())),
+                ("append_blocks", lambda w: w.tables.append_blocks(seq, arg())),
                 ("grow", lambda w: w.tables.grow(w.pool, [seq], arg())),
                 ("insert", lambda w: w.tree.insert(arg(), [0] * 8)),
             ]
@@ -434,6 +443,7 @@ Fuzz.OPS = [
     Fuzz.op_add,
     Fuzz.op_add,
     Fuzz.op_remove,
+    Fuzz.op_append,
     Fuzz.op_release_range,
     Fuzz.op_release_range,
     Fuzz.op_append_holes,

@@ -149,6 +149,13 @@ class PyBlockTables:
         del self._num_holes[operator.index(seq_id)]
         return _held(table)
 
+    def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None:
+        """Appends existing blocks, in order; each id stands for a reference the caller holds
+        and hands over (no ref_count changes). Raises ValueError for a block id not in
+        [0, 2**31), changing nothing."""
+        table = self._table(seq_id)
+        table.extend(self._entries(block_ids))
+
     def append_holes(self, seq_id: int, num_holes: int) -> None:
         """Appends num_holes holes: logical slots that hold no block (a sequence restored with
         the blocks it had released still released).
