@@ -76,7 +76,7 @@ def sharegpt_section(quick: bool = False) -> Section:
     from enginekit.errors import ConfigError
 
     title = "PagedAttention on ShareGPT: KV utilisation and sharing"
-    num_requests = 100 if quick else 200
+    num_requests = 60 if quick else 200
     try:
         requests = _requests(num_requests)
     except ConfigError as exc:
