@@ -22,6 +22,7 @@ SERVER = [
     "executor=sim",
     "model=tiny",
     "serve.port=0",
+    "cache.num_blocks=4096",
     "serve.time_scale=0.01",  # ~3 ms a step: a 1500-token stream outlives the drain
     "serve.shutdown_timeout_s=3",
     "serve.log_level=warning",
@@ -111,9 +112,9 @@ def test_the_command_line_serves_benchmarks_and_shuts_down_cleanly(tmp_path):
 
 
 def test_a_bad_override_is_refused_before_serving(capsys):
-    assert main(["model=tiny", "serve.prot=8000"]) == 2
+    assert main(["model=tiny", "cache.num_blocks=64", "serve.prot=8000"]) == 2
     assert "did you mean 'serve.port'?" in capsys.readouterr().err
-    assert main(["model=tiny", "serve.max_waiting=0"]) == 2
+    assert main(["model=tiny", "cache.num_blocks=64", "serve.max_waiting=0"]) == 2
     assert "serve.max_waiting must be >= 1" in capsys.readouterr().err
     assert main(["--help"]) == 0
     assert "serve.time_scale" in capsys.readouterr().out

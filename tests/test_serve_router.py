@@ -32,7 +32,8 @@ def free_port() -> int:
 def test_a_conversation_stays_on_the_replica_that_holds_its_prefix(tmp_path):
     folder = save_model_folder(tmp_path / "model", weights=False)
     overrides = ["executor=sim", f"model.path={folder}", "+prefix=radix", "progress=false",
-                 "serve.port=0", f"serve.served_model_name={MODEL}"]  # fmt: skip
+                 "cache.num_blocks=4096", "serve.port=0",
+                 f"serve.served_model_name={MODEL}"]  # fmt: skip
     replicas = [BackgroundServer(Server(compose_config(overrides))) for _ in range(2)]
     urls = [replica.start() for replica in replicas]
     port = free_port()

@@ -19,10 +19,14 @@ from enginekit.app import compose_config
 from enginekit.serve import BackgroundServer, Server
 
 SIM = ["executor=sim", "model=tiny", "progress=false", "serve.port=0"]
+SMALL_POOL = "cache.num_blocks=4096"
 
 
 def serve(*overrides: str) -> BackgroundServer:
-    return BackgroundServer(Server(compose_config([*SIM, *overrides])))
+    """A simulated server; 4,096 blocks unless an override says (tiny's default pool on a
+    simulated H200 has 16 million, half a GB of bookkeeping per engine)."""
+    pool = [] if any(o.startswith("cache.num_blocks=") for o in overrides) else [SMALL_POOL]
+    return BackgroundServer(Server(compose_config([*SIM, *pool, *overrides])))
 
 
 def test_a_full_queue_answers_503_and_what_was_queued_completes():

@@ -229,4 +229,4 @@ def test_multi_turn_sessions_hit_what_their_earlier_turns_wrote() -> None:
 
 def test_a_model_whose_vocabulary_is_too_small_is_refused() -> None:
     with pytest.raises(ConfigError, match="32,000 ids"):
-        _run("workload=sharegpt", "model=tiny", "workload.num_requests=4")
+        _run("workload=sharegpt", "model=tiny", "cache.num_blocks=64", "workload.num_requests=4")
