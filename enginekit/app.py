@@ -47,12 +47,12 @@ _KEY_OVERRIDE = re.compile(r"^(?P<prefix>[+~]{0,2})(?P<key>[A-Za-z_][\w.]*)(?P<r
 def preset_names() -> dict[str, list[str]]:
     from enginekit.spec.hardware import HARDWARE_PRESETS
     from enginekit.spec.model import MODEL_PRESETS
-    from enginekit.workloads import WORKLOADS
+    from enginekit.workloads import ALL_WORKLOADS
 
     return {
         "model": sorted(MODEL_PRESETS),
         "hardware": sorted(HARDWARE_PRESETS),
-        "workload": sorted(WORKLOADS),
+        "workload": sorted(ALL_WORKLOADS),
     }
 
 

@@ -24,6 +24,9 @@ EXPECTED_KEYS = {
     "bytes_per_token",
     "bytes_4k_tokens",
     "swap_vs_recompute",
+    "sharegpt_kv_utilisation",
+    "sharegpt_parallel_saving",
+    "sharegpt_beam_saving",
     "swap_small_blocks",
 }
 
