@@ -208,11 +208,31 @@ def kernels_section() -> str:
     )
 
 
-def build_section(quick: bool, command: str) -> str:
-    """The whole Results section, markers included."""
+# Sections measured by long runs this generator does not repeat (30 minutes and more on two
+# cores): each is carried over from the README as it stands, and says its own commands.
+CARRIED_HEADINGS = (
+    "### Simulator at scale: ShareGPT, 1,000 to 1,000,000 requests",
+    "### What more memory would buy: the hit-rate curve against reruns",
+)
+
+
+def carried_section(readme: str, heading: str) -> str:
+    """The README's section under ``heading`` (up to the next ``###`` heading or the end
+    marker), or "" when the README has none."""
+    start = readme.find(heading + "\n")
+    if start < 0:
+        return ""
+    ends = [i for i in (readme.find("\n### ", start + 1), readme.find(END, start)) if i >= 0]
+    return readme[start : min(ends)].rstrip("\n") + "\n"
+
+
+def build_section(quick: bool, command: str, readme: str = "") -> str:
+    """The whole Results section, markers included; ``readme``: the current README, whose
+    long-run sections (``CARRIED_HEADINGS``) are kept as they are."""
     parts = [
         bookkeeping_section(quick),
         simulator_section(quick),
+        *filter(None, (carried_section(readme, h) for h in CARRIED_HEADINGS)),
         capacity_section(),
         quality_section(),
         claims_section(quick),
@@ -254,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = "python3 benchmarks/results.py" + " --quick" * args.quick
     start = time.perf_counter()
-    section = build_section(args.quick, command)
+    section = build_section(args.quick, command, args.readme.read_text())
     if args.print:
         print(section, end="")
     else:

@@ -77,6 +77,19 @@ def test_readme_kernels_paragraph_is_what_the_generator_writes(monkeypatch):
     assert "GPU" not in section  # no kernel figures: no benchmark, whatever the machine
 
 
+def test_the_generator_keeps_the_long_run_sections_it_does_not_repeat(monkeypatch):
+    monkeypatch.syspath_prepend(str(RESULTS.parent))
+    sys.modules.pop("results", None)
+    import results
+
+    readme = README.read_text(encoding="utf-8")
+    for heading in results.CARRIED_HEADINGS:
+        section = results.carried_section(readme, heading)
+        assert section.startswith(heading + "\n") and "| --- |" in section
+        assert section in readme and "### " not in section[len(heading) :]
+    assert results.carried_section("no such section", results.CARRIED_HEADINGS[0]) == ""
+
+
 # ---- code blocks ------------------------------------------------------------------------
 
 TUTORIAL = "Writing a plugin package"
