@@ -23,9 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
 from enginekit.errors import ConfigError, InvalidRequestError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
-from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.eviction import AttentionSpan
-from enginekit.kv.backend import make_backend
+from enginekit.kv.backend import make_backend, make_context
 from enginekit.kv.manager import KVCacheManager
 from enginekit.metrics import RunMetrics
 from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
@@ -109,15 +108,9 @@ class Engine:
         self.executor, num_blocks = build_executor(
             cfg, self.shape, self.kv_spec, model_bits, swap_space_gib
         )
-        backend = make_backend(cfg.cache.native)
-        context = KVContext(
-            backend.new_block_pool(num_blocks),
-            backend.new_block_tables(cfg.cache.block_size),
-            self.kv_spec,
-            self.max_model_len,
-            backend,
-            self.shape.sliding_window,
-            self.shape.attention_sinks,
+        attention = AttentionSpan(self.shape.sliding_window, self.shape.attention_sinks)
+        context = make_context(
+            make_backend(cfg.cache.native), num_blocks, self.kv_spec, self.max_model_len, attention
         )
         self.cache = KVCacheManager(
             context,

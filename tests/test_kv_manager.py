@@ -24,9 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enginekit.errors import OutOfBlocksError
-from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
-from enginekit.kv.backend import make_backend
+from enginekit.kv.backend import make_backend, make_context
 from enginekit.kv.manager import KVCacheManager
 from enginekit.request import Request, SamplingParams
 from enginekit.spec.kv import KVSpec
@@ -64,16 +63,8 @@ def make_manager(
         eviction_config = SlidingWindowConfig(
             window=window, sink_tokens=sinks, strict_bound=strict_bound
         )
-    span = eviction_cls.attention(eviction_config, None)
-    context = KVContext(
-        backend.new_block_pool(num_blocks),
-        backend.new_block_tables(BLOCK),
-        SPEC,
-        MAX_MODEL_LEN,
-        backend,
-        span.window,
-        span.sinks,
-    )
+    attention = eviction_cls.attention(eviction_config, None)
+    context = make_context(backend, num_blocks, SPEC, MAX_MODEL_LEN, attention)
     return KVCacheManager(
         context,
         PagedAllocator(PagedConfig(), context),

@@ -13,41 +13,26 @@ import itertools
 from collections.abc import Sequence
 
 import pytest
-from enginekit_plugins.allocator.paged import PagedAllocator, PagedConfig
-from enginekit_plugins.eviction.lru import LRUConfig, LRUEviction
-from enginekit_plugins.eviction.sliding_window import SlidingWindowConfig, SlidingWindowEviction
+import test_kv_manager as kv_manager_tests
 from enginekit_plugins.preemption.recompute import RecomputeConfig, RecomputePreemption
 from enginekit_plugins.preemption.swap import SwapConfig, SwapPreemption
-from enginekit_plugins.prefix.block_hash import BlockHashConfig, BlockHashPrefixCache
-from enginekit_plugins.prefix.none import NoPrefixCache, NoPrefixConfig
-from enginekit_plugins.prefix.radix import RadixConfig, RadixPrefixCache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enginekit.config import SchedulerConfig
 from enginekit.errors import RequestRejectedError
-from enginekit.interfaces.context import KVContext
-from enginekit.kv.backend import make_backend
 from enginekit.kv.manager import KVCacheManager
 from enginekit.metrics import PreemptionEvent, PrefixQuery
 from enginekit.request import Request, RequestStatus, SamplingParams
 from enginekit.scheduler.admission import ServingLimits, check_servable
 from enginekit.scheduler.scheduler import Scheduler, StepUpdate
-from enginekit.spec.kv import KVSpec
-from enginekit.spec.model import model_preset
 from enginekit.spec.restore_cost import RestoreCost
 from enginekit.step import BlockCopy, BlockSwap, Fork, ModelOutput, SchedulerOutput
 
-BLOCK = 4
-SPEC = KVSpec.of(model_preset("tiny"), bits_per_element=32, block_size=BLOCK)
-MAX_MODEL_LEN = 64
+BLOCK = kv_manager_tests.BLOCK  # 4-token blocks of the tiny model
+MAX_MODEL_LEN = kv_manager_tests.MAX_MODEL_LEN
 VOCAB = 10_000
 FIRST_FORK_ID = 100  # seq ids of forked samples: 100, 101, ...
-PREFIXES = {
-    "none": lambda context: NoPrefixCache(NoPrefixConfig(), context),
-    "block_hash": lambda context: BlockHashPrefixCache(BlockHashConfig(), context),
-    "radix": lambda context: RadixPrefixCache(RadixConfig(), context),
-}
 # swap: 2 x 0.1 s per block held; recompute: 1 s per computed token. Swapping is cheaper.
 SWAP_CHEAPER = RestoreCost(swap_s_per_block=0.1, prefill_s_per_token=1.0, attention_s_per_pair=0.0)
 # swap: 2 x 1 s per block held; recompute: 0.1 s per computed token. Recompute is cheaper
@@ -63,27 +48,12 @@ def make_manager(
     num_swap_blocks: int = 0,
     watermark: float = 0.0,
 ) -> KVCacheManager:
-    backend = make_backend(native)
-    if window is None:
-        eviction_cls, eviction_config = LRUEviction, LRUConfig()
-    else:
-        eviction_cls = SlidingWindowEviction
-        eviction_config = SlidingWindowConfig(window=window)
-    span = eviction_cls.attention(eviction_config, None)
-    context = KVContext(
-        backend.new_block_pool(num_blocks),
-        backend.new_block_tables(BLOCK),
-        SPEC,
-        MAX_MODEL_LEN,
-        backend,
-        span.window,
-        span.sinks,
-    )
-    return KVCacheManager(
-        context,
-        PagedAllocator(PagedConfig(), context),
-        PREFIXES[prefix](context),
-        eviction_cls(eviction_config, context),  # type: ignore[arg-type]
+    """test_kv_manager's manager (paged, 4-token blocks), with no prefix cache by default."""
+    return kv_manager_tests.make_manager(
+        native,
+        num_blocks,
+        prefix,
+        window,
         watermark=watermark,
         num_swap_blocks=num_swap_blocks,
     )

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from enginekit.interfaces.backend import Backend
+from enginekit.interfaces.context import KVContext
+from enginekit.interfaces.eviction import AttentionSpan
+from enginekit.spec.kv import KVSpec
 
 
 def make_backend(native: bool) -> Backend:
@@ -32,4 +35,24 @@ def make_backend(native: bool) -> Backend:
         hashing.ROOT_HASH,
         hashing.hash_block,
         hashing.hash_blocks,
+    )
+
+
+def make_context(
+    backend: Backend,
+    num_blocks: int,
+    spec: KVSpec,
+    max_model_len: int,
+    attention: AttentionSpan,
+) -> KVContext:
+    """The structures the plugins share: an empty pool of ``num_blocks`` blocks and empty
+    block tables of ``backend``'s kind, with the attention the eviction policy resolved."""
+    return KVContext(
+        backend.new_block_pool(num_blocks),
+        backend.new_block_tables(spec.block_size),
+        spec,
+        max_model_len,
+        backend,
+        attention.window,
+        attention.sinks,
     )
