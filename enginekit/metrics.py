@@ -202,10 +202,6 @@ class RunMetrics:
         ``step_time_s``), with the cache's state after it. ``usage.num_table_blocks``
         counts the blocks of every table, a shared block once per table (so
         ``num_used_blocks / num_table_blocks`` is what sharing leaves of the memory)."""
-        num_used_blocks, num_total_blocks = usage.num_used_blocks, usage.num_total_blocks
-        num_unused_slots = usage.num_unused_slots
-        num_table_blocks = usage.num_table_blocks
-        num_reserved_slots = usage.num_table_slots
         self.num_steps += 1
         if self.first_step_time is None:
             self.first_step_time = time - step_time_s
@@ -213,18 +209,17 @@ class RunMetrics:
         self.busy_time_s += step_time_s
         self.num_prefill_tokens_computed += num_prefill_tokens
         self.num_decode_tokens_computed += num_decode_tokens
-        used = num_used_blocks / num_total_blocks if num_total_blocks else 0.0
+        total = usage.num_total_blocks
+        used = usage.num_used_blocks / total if total else 0.0
         self._usage_step_sum += used
         self._usage_time_sum += used * step_time_s
-        if used > self.kv_cache_usage_peak:
-            self.kv_cache_usage_peak = used
-        self.num_total_blocks = num_total_blocks
-        self._unused_slots_sum += num_unused_slots
-        self._reserved_slots_sum += num_reserved_slots
-        self._table_blocks_sum += num_table_blocks
-        self._used_blocks_sum += num_used_blocks
-        if num_unused_slots > self.num_unused_slots_peak:
-            self.num_unused_slots_peak = num_unused_slots
+        self.kv_cache_usage_peak = max(self.kv_cache_usage_peak, used)
+        self.num_total_blocks = total
+        self._unused_slots_sum += usage.num_unused_slots
+        self._reserved_slots_sum += usage.num_table_slots
+        self._table_blocks_sum += usage.num_table_blocks
+        self._used_blocks_sum += usage.num_used_blocks
+        self.num_unused_slots_peak = max(self.num_unused_slots_peak, usage.num_unused_slots)
         self._running_sum += num_running
         if num_running > self.num_running_peak:
             self.num_running_peak = num_running
