@@ -10,13 +10,16 @@ the same operations and the same data:
    ``radix``: match a prompt in the tree, insert a sequence);
 2. steps with 256 running sequences: one decode step at the KV-structure level (how many
    blocks the batch needs, grow every table by one token, export the batch's block
-   tables), with a block boundary crossed by 1 in 16 sequences; then one whole engine step
-   (schedule, simulated execute, update, metrics) with 256 running decodes, native
-   structures against the reference ones, for both prefix caches.
+   tables), with a block boundary crossed by 1 in 16 sequences; the scheduler's
+   ``schedule()`` + ``update()`` alone (the executor's tokens given, no cost model, no
+   metrics); then one whole engine step (schedule, simulated execute, update, metrics),
+   each with 256 running decodes, native structures against the reference ones, for both
+   prefix caches.
 
-Goals: structures <= 100 us per step with Rust, and Rust >= 20x faster than Python.
-Absolute times are this machine's only; the ratios are what carries over. About half a
-minute with the defaults.
+Times are CPU time of this process (``time.process_time``: these machines are shared, so
+wall time counts other work). Goals: structures <= 100 us per step with Rust, schedule +
+update <= 50 us, and Rust >= 20x faster than Python on the structures. Absolute times are
+this machine's only; the ratios are what carries over. About a minute with the defaults.
 
     python benchmarks/bench_bookkeeping.py [--steps 2000] [--rounds 5]
 """
@@ -34,6 +37,7 @@ import numpy as np
 from enginekit import Engine, SamplingParams, _native
 from enginekit.kv.pyref import PyBlockPool, PyBlockTables, PyRadixTree
 from enginekit.kv.pyref import hashing as pyhash
+from enginekit.step import ModelOutput
 
 NUM_SEQS = 256
 BLOCK_SIZE = 16
@@ -214,26 +218,48 @@ def structure_step(impl: Impl, num_calls: int) -> Callable[[], None]:
     return step
 
 
+def _decoding_engine(prefix: str, impl: Impl) -> Engine:
+    """An engine whose NUM_SEQS requests have all been prefilled and decode from now on."""
+    engine = Engine.from_overrides(
+        [
+            "progress=false",
+            f"+prefix={prefix}",
+            f"cache.native={impl is RUST}",
+            f"scheduler.max_num_seqs={NUM_SEQS}",
+            "cache.num_blocks=200000",
+        ]
+    )
+    for i in range(NUM_SEQS):
+        prompt = [(i * 7919 + j) % 32000 + 1 for j in range(CONTEXT + i % BLOCK_SIZE)]
+        engine.add_request(prompt, SamplingParams(max_tokens=4000, ignore_eos=True))
+    while len(engine.scheduler.running) < NUM_SEQS or any(
+        r.num_output_tokens == 0 for r in engine.scheduler.running
+    ):
+        engine.step()
+    return engine
+
+
+def scheduler_step(prefix: str) -> Case:
+    """``schedule()`` + ``update()`` with NUM_SEQS running decodes, the tokens given."""
+
+    def make(impl: Impl, num_calls: int) -> Callable[[], None]:
+        scheduler = _decoding_engine(prefix, impl).scheduler
+        tokens = [(7 * i) % 31000 + 1 for i in range(NUM_SEQS)]
+
+        def call() -> None:
+            scheduled = scheduler.schedule()
+            scheduler.update(scheduled, ModelOutput(tokens[: len(scheduled.sample_seq_ids)], 0.0))
+
+        return call
+
+    return make
+
+
 def engine_step(prefix: str) -> Case:
     """One engine step with NUM_SEQS running decodes, on native or reference structures."""
 
     def make(impl: Impl, num_calls: int) -> Callable[[], None]:
-        engine = Engine.from_overrides(
-            [
-                "progress=false",
-                f"+prefix={prefix}",
-                f"cache.native={impl is RUST}",
-                f"scheduler.max_num_seqs={NUM_SEQS}",
-                "cache.num_blocks=200000",
-            ]
-        )
-        for i in range(NUM_SEQS):
-            prompt = [(i * 7919 + j) % 32000 + 1 for j in range(CONTEXT)]
-            engine.add_request(prompt, SamplingParams(max_tokens=4000, ignore_eos=True))
-        while len(engine.scheduler.running) < NUM_SEQS or any(
-            r.num_output_tokens == 0 for r in engine.scheduler.running
-        ):
-            engine.step()
+        engine = _decoding_engine(prefix, impl)
 
         def call() -> None:
             engine.step()
@@ -245,16 +271,18 @@ def engine_step(prefix: str) -> Case:
 
 STEPS: tuple[tuple[str, Case], ...] = (
     ("structures: count + grow + export", structure_step),
+    ("schedule + update, block_hash", scheduler_step("block_hash")),
+    ("schedule + update, radix", scheduler_step("radix")),
     ("engine step, block_hash (schedule+sim+update)", engine_step("block_hash")),
     ("engine step, radix (schedule+sim+update)", engine_step("radix")),
 )
 
 
 def time_per_call(call: Callable[[], None], num_calls: int) -> float:
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(num_calls):
         call()
-    return (time.perf_counter() - start) / num_calls
+    return (time.process_time() - start) / num_calls
 
 
 def side_by_side(case: Case, rust_calls: int, rounds: int) -> tuple[float, float]:

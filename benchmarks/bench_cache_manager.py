@@ -16,7 +16,7 @@ scheduler or an executor, with the calls ``enginekit.scheduler.Scheduler`` and
    chunk (``reserve_prefill``, ``on_computed``); no chunked prefill and no token budget;
    admission stops at the first request that does not fit (or, with ``radix``, whose
    match waits on what this step computes);
-3. the step's output: ``on_computed`` for each decode whose block it fills,
+3. the step's output: ``on_decodes_computed`` for the decodes whose block it fills,
    ``take_block_ops``; then the update: ``on_step_executed``, each decode and each
    request just prefilled appends its next scripted token, the finished ones (scripted
    output exhausted) are ``release``d, ``release_out_of_window`` and the metrics'
@@ -443,8 +443,7 @@ def replay(
             if num_computed % block_size == 0:
                 filled.append(request)
         start = clock()
-        for request in filled:
-            cache.on_computed(request, request.num_computed_tokens)
+        cache.on_decodes_computed(filled, [r.num_computed_tokens for r in filled])
         cache.take_block_ops()
         phase_ns["output"] += clock() - start
         start = clock()

@@ -11,7 +11,8 @@ rest: constructors, limits, functions, and the methods only tests and benchmarks
 
 Argument types, the same in both: a list of ids, counts, hashes or tokens (``IntList``) is a
 ``list`` or ``tuple`` of ints; anything else (bytes, str, dict, set, a generator, a numpy
-array, None) raises TypeError, as does an ``extra_key`` that is not ``bytes`` or None and None
+array, None) raises TypeError (the block tables' batch calls also take a 1-D int64 array:
+``IntBatch``), as does an ``extra_key`` that is not ``bytes`` or None and None
 where an int is due. A host allocation that fails raises MemoryError.
 
 Limits (rust/error.rs, and the twins): a pool holds at most ``MAX_BLOCKS`` = 2**26 blocks
@@ -23,7 +24,7 @@ many blocks gives each about 2.1 KB, less than one token's KV in any production 
 
 from typing import Any
 
-from enginekit.interfaces.structures import InsertResult, IntList, RadixMatch, RadixNode
+from enginekit.interfaces.structures import InsertResult, IntBatch, IntList, RadixMatch, RadixNode
 
 ROOT_HASH: int
 """Parent hash of a sequence's first block."""
@@ -114,8 +115,8 @@ class BlockTables:
     def block_ids(self, seq_id: int) -> list[int]: ...
     def block_id_at(self, seq_id: int, index: int) -> int: ...
     def num_blocks(self, seq_id: int) -> int: ...
-    def num_blocks_to_grow(self, seq_ids: IntList, num_tokens: IntList) -> int: ...
-    def grow(self, pool: BlockPool, seq_ids: IntList, num_tokens: IntList) -> int: ...
+    def num_blocks_to_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> int: ...
+    def grow(self, pool: BlockPool, seq_ids: IntBatch, num_tokens: IntBatch) -> int: ...
     def cache_blocks(
         self, pool: BlockPool, seq_id: int, first_index: int, block_hashes: IntList
     ) -> int: ...

@@ -388,9 +388,11 @@ class Engine:
         return info
 
     def check_integrity(self) -> None:
-        """Raises KVCacheError if any cache structure is inconsistent."""
+        """Raises KVCacheError if any cache structure is inconsistent, RuntimeError if the
+        scheduler's running requests are."""
         self.cache.check_integrity()
         self.scheduler.preemption.check_integrity()
+        self.scheduler.check_integrity()
 
     def ideal_prefix_hit_tokens(self, block_size: int | None = None) -> int:
         """Hits a perfect, unbounded prefix cache of ``block_size`` granularity (default:

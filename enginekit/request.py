@@ -184,7 +184,8 @@ class RequestStatus(enum.Enum):
         )
 
 
-@dataclass(eq=False)
+# slots: the scheduler writes a field of every running request at every step
+@dataclass(eq=False, slots=True)
 class Request:
     """One request and its evolving state.
 

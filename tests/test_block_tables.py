@@ -503,6 +503,35 @@ def test_append_holes_past_the_limit_is_refused_up_front(impl) -> None:
     assert tables.num_blocks(1) == 5
 
 
+def test_batch_calls_take_int64_arrays(impl) -> None:
+    """num_blocks_to_grow and grow read a 1-D C-contiguous int64 array as the list of its
+    values; a negative value, another dtype, a 2-D or a strided array is refused, changing
+    nothing."""
+    Pool, Tables = impl
+    pool, tables = Pool(16), Tables(4)
+    tables.add_sequence(1, pool.allocate(1))
+    tables.add_sequence(2, pool.allocate(2))
+    seq_ids, num_tokens = np.array([1, 2], dtype=np.int64), np.array([9, 8], dtype=np.int64)
+    assert tables.num_blocks_to_grow(seq_ids, num_tokens) == 2
+    assert tables.num_blocks_to_grow(seq_ids, [9, 8]) == 2
+    assert tables.grow(pool, seq_ids, num_tokens) == 2
+    assert [tables.num_blocks(1), tables.num_blocks(2)] == [3, 2]
+    ru = lambda exc, fn: raises_unchanged(pool, tables, exc, fn)  # noqa: E731
+    ru(KVCacheError, lambda: tables.grow(pool, np.array([-1, 2]), num_tokens))
+    with pytest.raises(KVCacheError, match="unknown sequence -1"):
+        tables.grow(pool, np.array([-1, 2]), num_tokens)
+    ru(ValueError, lambda: tables.grow(pool, seq_ids, np.array([12, -3])))
+    with pytest.raises(ValueError, match="num_tokens must be non-negative, got -3"):
+        tables.grow(pool, seq_ids, np.array([12, -3]))
+    ru(KVCacheError, lambda: tables.grow(pool, np.array([1, 7]), num_tokens))
+    ru(ValueError, lambda: tables.grow(pool, seq_ids, np.array([99], dtype=np.int64)))
+    ru(TypeError, lambda: tables.grow(pool, seq_ids.reshape(1, 2), num_tokens))
+    ru(TypeError, lambda: tables.grow(pool, np.array([1, 0, 2])[::2], num_tokens))
+    ru(TypeError, lambda: tables.grow(pool, seq_ids, num_tokens.astype(np.uint64)))
+    ru(TypeError, lambda: tables.num_blocks_to_grow(seq_ids.astype(np.int32), num_tokens))
+    tables.check_integrity(pool)
+
+
 @pytest.mark.parametrize("kind", NOT_A_LIST)
 def test_list_arguments_are_lists_or_tuples(impl, kind: str) -> None:
     Pool, Tables = impl
@@ -513,10 +542,13 @@ def test_list_arguments_are_lists_or_tuples(impl, kind: str) -> None:
     ru = lambda fn: raises_unchanged(pool, tables, TypeError, fn)  # noqa: E731
     ru(lambda: tables.add_sequence(2, bad()))
     ru(lambda: tables.append_blocks(1, bad()))
+    if kind == "numpy":  # the batch calls take int64 arrays, but no other dtype
+        bad = lambda: np.array([0, 1], dtype=np.int32)  # noqa: E731
     ru(lambda: tables.num_blocks_to_grow(bad(), [8]))
     ru(lambda: tables.num_blocks_to_grow([1], bad()))
     ru(lambda: tables.grow(pool, bad(), [8]))
     ru(lambda: tables.grow(pool, [1], bad()))
+    bad = NOT_A_LIST[kind]
     ru(lambda: tables.cache_blocks(pool, 1, 0, bad()))
     ru(lambda: tables.max_num_blocks(bad()))
     ru(lambda: tables.export_into(bad(), out, 2))
@@ -750,8 +782,14 @@ class TablesTwins(RuleBasedStateMachine):
         if data.draw(st.integers(0, 5)) == 0:  # lengths that differ: ValueError
             num_tokens = num_tokens[:-1] if num_tokens else [1]
         args = f"({seq_ids}, {num_tokens})"
-        self.both(lambda p, t: t.num_blocks_to_grow(seq_ids, num_tokens), "to_grow" + args)
-        self.both(lambda p, t: t.grow(p, seq_ids, num_tokens), "grow" + args)
+        ids: Any = seq_ids
+        tokens_arg: Any = num_tokens
+        fits = all(-(2**63) <= s < 2**63 for s in seq_ids)
+        if fits and data.draw(st.booleans()):  # the scheduler's form: int64 arrays
+            ids, tokens_arg = np.array(seq_ids, np.int64), np.array(num_tokens, np.int64)
+            args = f"(arrays {seq_ids}, {num_tokens})"
+        self.both(lambda p, t: t.num_blocks_to_grow(ids, tokens_arg), "to_grow" + args)
+        self.both(lambda p, t: t.grow(p, ids, tokens_arg), "grow" + args)
 
     @rule(data=st.data())
     @precondition(has_sequences)

@@ -8,7 +8,7 @@ from typing import ClassVar
 from enginekit.config import AllocatorConfig
 from enginekit.interfaces.base import Plugin
 from enginekit.interfaces.context import KVContext
-from enginekit.interfaces.structures import IntList
+from enginekit.interfaces.structures import IntBatch, IntList
 from enginekit.request import Request
 
 
@@ -42,13 +42,14 @@ class Allocator(Plugin, ABC):
         over. Mutates pool and tables."""
 
     @abstractmethod
-    def num_blocks_to_grow(self, seq_ids: IntList, num_tokens: IntList) -> int:
+    def num_blocks_to_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> int:
         """Free blocks that ``grow`` would take. Pure."""
 
     @abstractmethod
-    def grow(self, seq_ids: IntList, num_tokens: IntList) -> None:
-        """Extends each sequence's table so that num_tokens[i] tokens fit. All or nothing.
-        Mutates pool and tables."""
+    def grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> None:
+        """Extends each sequence's table so that num_tokens[i] tokens fit (each argument a
+        list, a tuple or a 1-D int64 array: the scheduler hands its decode batch as arrays).
+        All or nothing. Mutates pool and tables."""
 
     @abstractmethod
     def release(self, seq_id: int) -> None:

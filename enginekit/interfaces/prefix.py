@@ -65,6 +65,17 @@ class PrefixCache(Plugin, ABC):
         reads, so requests scheduled later in the same step may share them). Publishes the
         blocks this completes. Mutates the cache's index."""
 
+    def on_decodes_computed(
+        self, requests: Sequence[Request], num_computed_tokens: Sequence[int]
+    ) -> None:
+        """``on_computed`` for the decoding requests whose last block the step being
+        scheduled fills: ``requests[i]``'s first ``num_computed_tokens[i]`` tokens (a
+        multiple of the block size) are scheduled, one more than at the call before. The
+        default calls ``on_computed`` for each in order; a cache may do them in one pass.
+        Mutates the cache's index."""
+        for request, num_computed in zip(requests, num_computed_tokens, strict=True):
+            self.on_computed(request, num_computed)
+
     def on_step_executed(self) -> None:  # noqa: B027 - optional hook
         """The step last scheduled has run: every token scheduled so far is computed.
         Called before that step's finished requests are released."""

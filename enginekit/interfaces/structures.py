@@ -13,7 +13,9 @@ Conventions shared by every method:
   included) raises ``KVCacheError``; a bad value (a negative count, a token or block id out
   of range) raises ``ValueError``.
 - A list argument (``IntList``) is a ``list`` or a ``tuple`` of ints; anything else (bytes,
-  str, dict, set, a generator, a numpy array, None) raises ``TypeError``.
+  str, dict, set, a generator, a numpy array, None) raises ``TypeError``. The block tables'
+  batch calls (``num_blocks_to_grow``, ``grow``: once per step for every decode) also take
+  a 1-D C-contiguous int64 numpy array (``IntBatch``), read without a Python call per item.
 - Sizes past the limits (2**26 blocks in a pool, 2**26 entries in a table) raise
   ``ValueError`` before anything is allocated; a host allocation that fails raises
   ``MemoryError``.
@@ -26,10 +28,14 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 __all__ = [
     "BlockPool",
     "BlockTables",
     "InsertResult",
+    "IntBatch",
     "IntList",
     "RadixMatch",
     "RadixNode",
@@ -38,6 +44,9 @@ __all__ = [
 
 IntList: TypeAlias = list[int] | tuple[int, ...]
 """A list of ids, counts, hashes or tokens: a list or a tuple of ints, nothing else."""
+
+IntBatch: TypeAlias = list[int] | tuple[int, ...] | npt.NDArray[np.int64]
+"""The ids or counts of a batch call: an ``IntList``, or a 1-D C-contiguous int64 array."""
 
 
 class BlockPool(Protocol):
@@ -274,7 +283,7 @@ class BlockTables(Protocol[PoolT]):
         """Logical length of the table: holes count."""
         ...
 
-    def num_blocks_to_grow(self, seq_ids: IntList, num_tokens: IntList) -> int:
+    def num_blocks_to_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> int:
         """Sum over the batch of max(0, ceil(num_tokens / block_size) - num_blocks(seq)).
 
         A sequence listed twice counts twice, so this is an upper bound on what grow
@@ -283,7 +292,7 @@ class BlockTables(Protocol[PoolT]):
         """
         ...
 
-    def grow(self, pool: PoolT, seq_ids: IntList, num_tokens: IntList) -> int:
+    def grow(self, pool: PoolT, seq_ids: IntBatch, num_tokens: IntBatch) -> int:
         """Allocates from ``pool`` and appends so that each sequence holds at least
         ceil(num_tokens / block_size) blocks; returns the number of blocks allocated.
 

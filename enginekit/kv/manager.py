@@ -12,7 +12,7 @@ from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
 from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.eviction import BlockRange
 from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
-from enginekit.interfaces.structures import IntList
+from enginekit.interfaces.structures import IntBatch
 from enginekit.kv.block_ops import BlockOps
 from enginekit.kv.forks import SharedTails
 from enginekit.kv.promises import PrefillPromises
@@ -289,7 +289,7 @@ class KVCacheManager:
                 )
         return end - start
 
-    def try_grow(self, seq_ids: IntList, num_tokens: IntList) -> bool:
+    def try_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> bool:
         """Makes each sequence's table hold num_tokens[i] tokens, evicting if needed.
         Returns False, changing nothing, if the blocks are not there."""
         num_needed = self.allocator.num_blocks_to_grow(seq_ids, num_tokens)
@@ -326,6 +326,14 @@ class KVCacheManager:
         """The request's first ``num_computed_tokens`` tokens are scheduled into its
         blocks: the prefix cache may publish the full ones."""
         self.prefix.on_computed(request, num_computed_tokens)
+
+    def on_decodes_computed(
+        self, requests: Sequence[Request], num_computed_tokens: Sequence[int]
+    ) -> None:
+        """``on_computed`` for decoding requests whose last block the step fills, in one
+        call to the prefix cache."""
+        if requests:
+            self.prefix.on_decodes_computed(requests, num_computed_tokens)
 
     def release(self, request: Request) -> int:
         """Drops every block reference of the request, and its prefill promise; returns how

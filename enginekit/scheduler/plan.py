@@ -32,7 +32,8 @@ class StepPlan:
     """The work one ``schedule`` call has decided so far, and the token budget left."""
 
     budget: int
-    decodes: list[Request] = field(default_factory=list)
+    num_batched: int = 0  # decodes of the scheduler's DecodeBatch: all its members
+    decodes: list[Request] = field(default_factory=list)  # other decodes (beams, restored)
     prefill_seq_ids: list[int] = field(default_factory=list)
     prefill_starts: list[int] = field(default_factory=list)
     prefill_lens: list[int] = field(default_factory=list)
@@ -42,7 +43,7 @@ class StepPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.decodes and not self.prefill_seq_ids
+        return not self.num_batched and not self.decodes and not self.prefill_seq_ids
 
 
 def export_block_tables(tables: BlockTables, seq_ids: list[int]) -> np.ndarray:

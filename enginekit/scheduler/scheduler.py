@@ -27,10 +27,12 @@ from enginekit.config import SchedulerConfig
 from enginekit.errors import ConfigError, OutOfBlocksError
 from enginekit.interfaces.preemption import PreemptionMode
 from enginekit.interfaces.prefix import NO_MATCH
+from enginekit.interfaces.structures import IntBatch
 from enginekit.kv.manager import KVCacheManager
 from enginekit.metrics import PreemptionEvent, PrefixQuery, SchedulerStats
 from enginekit.request import Request, RequestStatus
 from enginekit.scheduler.beams import choose_continuations
+from enginekit.scheduler.decode_batch import DecodeBatch
 from enginekit.scheduler.forks import Forker, num_sequences_to_fork
 from enginekit.scheduler.plan import StepPlan, empty_output, export_block_tables
 from enginekit.step import Fork, ModelOutput, SchedulerOutput
@@ -52,7 +54,14 @@ class Scheduler:
     """Owns the waiting queue, the running list and the requests' states (status, computed
     tokens). ``running`` is in priority order (first admitted first); a preempted request
     goes back to the front of ``waiting``. Preemption is the plugin's decision (which
-    victim, swap or recompute) and this class's act."""
+    victim, swap or recompute) and this class's act.
+
+    The running requests are split in two: those that decode and are not beams sit in a
+    ``DecodeBatch`` (joined once a token of theirs is appended and only that one is left to
+    compute), whose steps run as whole-batch operations; the rest (prefills, beams, and
+    requests restored mid-decode until their next token is appended) are handled one by
+    one. Between steps the two together hold exactly the running requests
+    (``check_integrity``)."""
 
     def __init__(
         self,
@@ -80,6 +89,11 @@ class Scheduler:
         self._stats = SchedulerStats()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._batch = DecodeBatch(eos_token_id)
+        self._unbatched: list[Request] = []  # running requests not in the batch, in order
+        # (batch version, members) the last step scheduled, checked by update
+        self._scheduled_batch: tuple[int, int] | None = None
+        self._max_num_batched_tokens = config.max_num_batched_tokens  # read once
         self._by_seq_id: dict[int, Request] = {}
         self._finished_seq_ids: list[int] = []
         self._preempted_seq_ids: list[int] = []
@@ -117,6 +131,8 @@ class Scheduler:
             self._by_seq_id.pop(request.seq_id, None)
             self._finished_seq_ids.append(request.seq_id)
         self.running = [r for r in self.running if id(r) not in members]
+        self._unbatched = [r for r in self._unbatched if id(r) not in members]
+        self._batch.remove(group)
         self.waiting = deque(r for r in self.waiting if id(r) not in members)
         return group
 
@@ -132,10 +148,11 @@ class Scheduler:
         preempted until something runs. An empty step (nothing arrived yet) hands the
         executor nothing: its block operations and finished or preempted sequences wait for
         the next step that runs."""
-        plan = StepPlan(self.config.max_num_batched_tokens)
+        plan = StepPlan(self._max_num_batched_tokens)
         decodes, prefills = self._reserve_decodes()
+        plan.num_batched = len(self._batch)
         plan.decodes = decodes
-        plan.budget -= len(decodes)
+        plan.budget -= plan.num_batched + len(decodes)
         self._schedule_prefills(plan, prefills)
         self._admit_waiting(plan)
         num_unblocking = len(self.running)
@@ -154,7 +171,7 @@ class Scheduler:
         return self._output(plan)
 
     def _running_prefills(self) -> list[Request]:
-        return [r for r in self.running if r.is_prefilling]
+        return [r for r in self._unbatched if r.is_prefilling]
 
     def _schedule_prefills(self, plan: StepPlan, prefills: list[Request]) -> None:
         """A chunk of each of ``prefills`` that its promise and the budget allow, in order."""
@@ -201,6 +218,7 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            self._unbatched.append(request)
             self._forker.owe(request, owed)
             if not is_restore or request.is_prefilling:
                 self._schedule_chunk(plan, request)
@@ -259,13 +277,31 @@ class Scheduler:
         computed tokens advance to them) and the block operations queued since the last
         step that ran."""
         block_size = self.cache.block_size
+        batch = self._batch
+        decode_seq_ids = batch.seq_ids
+        decode_context_lens: list[int] = []
+        decode_token_ids = batch.last_token_ids
+        if len(batch) != plan.num_batched:
+            raise RuntimeError("the decode batch changed while the step was planned")
+        if plan.num_batched:
+            decode_context_lens = batch.num_tokens()
+            filled = batch.mark_scheduled(decode_context_lens, block_size)
+            if filled:
+                members = batch.requests
+                self.cache.on_decodes_computed(
+                    [members[i] for i in filled], [decode_context_lens[i] for i in filled]
+                )
+            self._scheduled_batch = (batch.version, plan.num_batched)
         decodes = plan.decodes
-        decode_seq_ids = [r.seq_id for r in decodes]
-        decode_context_lens = [len(r.token_ids) for r in decodes]
-        for request, num_computed in zip(decodes, decode_context_lens, strict=True):
-            request.num_computed_tokens = num_computed
-            if num_computed % block_size == 0:
-                self.cache.on_computed(request, num_computed)
+        if decodes:
+            context_lens = [len(r.token_ids) for r in decodes]
+            for request, num_computed in zip(decodes, context_lens, strict=True):
+                request.num_computed_tokens = num_computed
+                if num_computed % block_size == 0:
+                    self.cache.on_computed(request, num_computed)
+            decode_seq_ids = decode_seq_ids + [r.seq_id for r in decodes]
+            decode_context_lens = decode_context_lens + context_lens
+            decode_token_ids = decode_token_ids + [r.token_ids[-1] for r in decodes]
         forks = self._forker.take_pending_forks() + plan.forks
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
@@ -287,7 +323,7 @@ class Scheduler:
             swap_ins=swap_ins,
             forks=forks,
             prefill_token_ids=plan.prefill_token_ids,
-            decode_token_ids=[r.token_ids[-1] for r in decodes],
+            decode_token_ids=decode_token_ids,
             block_tables=(
                 export_block_tables(self.cache.tables, prefill_seq_ids + decode_seq_ids)
                 if self.export_block_tables
@@ -323,25 +359,43 @@ class Scheduler:
         """Reserves one more token slot (and a copy of a block shared with forked samples)
         for every decoding request (one token left to compute, past its prompt),
         preempting the preemption plugin's victims until the rest fit. Returns (the decodes
-        that run, the running requests still prefilling), in priority order."""
-        decodes = []
-        prefills = []
-        for request in self.running:
+        that run beside the batch's, the running requests still prefilling), in priority
+        order."""
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        joining: list[Request] = []
+        for request in self._unbatched:
             num_left = len(request.token_ids) - request.num_computed_tokens
             if num_left == 1 and request.num_output_tokens > 0:
-                decodes.append(request)
+                # A beam, or a request left one token short of its outputs by a prefill
+                # chunk the cache could not give (it decodes from now on: into the batch)
+                (decodes if request.is_beam else joining).append(request)
             elif num_left > 0:
                 prefills.append(request)
             # else: a beam whose step is done, waiting for a preempted sibling's
-        while decodes:
-            seq_ids = [r.seq_id for r in decodes]
-            num_tokens = [len(r.token_ids) for r in decodes]
-            if self.cache.try_grow(seq_ids, num_tokens) and self.cache.try_copy_on_write(decodes):
+        batch = self._batch
+        if joining:
+            self._join_batch(joining)
+        while decodes or batch.requests:
+            if decodes:
+                seq_ids: IntBatch = batch.seq_ids + [r.seq_id for r in decodes]
+                num_tokens: IntBatch = batch.num_tokens() + [len(r.token_ids) for r in decodes]
+            else:  # the common case: the batch's own arrays, read by Rust in one pass
+                seq_ids, num_tokens = batch.seq_id_array, batch.num_token_array
+            if self.cache.try_grow(seq_ids, num_tokens) and self.cache.try_copy_on_write(
+                batch.requests + decodes if decodes else batch.requests
+            ):
                 break
             self._preempt(self.preemption.choose_victim(self.running))
             decodes = [r for r in decodes if r.status is RequestStatus.RUNNING]
             prefills = [r for r in prefills if r.status is RequestStatus.RUNNING]
         return decodes, prefills
+
+    def _join_batch(self, requests: list[Request]) -> None:
+        """``requests`` (running, not beams) decode from now on: they move into the batch."""
+        self._batch.add(requests)
+        members = set(map(id, requests))
+        self._unbatched = [r for r in self._unbatched if id(r) not in members]
 
     def _preempt(self, victim: Request) -> None:
         """Preempts ``victim`` as the plugin decides and requeues it at the front. A beam is
@@ -357,6 +411,10 @@ class Scheduler:
             request.status = RequestStatus.WAITING
             request.num_preemptions += 1
             self.running.remove(request)
+            if request in self._unbatched:
+                self._unbatched.remove(request)
+            else:
+                self._batch.remove([request])
             self.waiting.appendleft(request)
             self._preempted_seq_ids.append(request.seq_id)
 
@@ -382,6 +440,7 @@ class Scheduler:
         """A forked sequence joins the running list (behind its elders)."""
         self._by_seq_id[child.seq_id] = child
         self.running.append(child)
+        self._unbatched.append(child)
 
     def _advance_beams(
         self, root: Request, finished: list[Request], first_tokens: list[Request]
@@ -426,20 +485,39 @@ class Scheduler:
 
     # -- update ----------------------------------------------------------------------------
 
+    def _take_scheduled_batch(self) -> int:
+        """How many of the step's samples, first in order, are the decode batch's; raises
+        RuntimeError if the batch changed since the step was scheduled (its tokens would
+        go to the wrong requests)."""
+        scheduled, self._scheduled_batch = self._scheduled_batch, None
+        if scheduled is None:
+            return 0
+        version, num_batched = scheduled
+        if version != self._batch.version:
+            raise RuntimeError("the decode batch changed between schedule() and update()")
+        return num_batched
+
     def update(self, scheduled: SchedulerOutput, output: ModelOutput) -> StepUpdate:
         """Appends each sampled token (beams: chooses the best continuations), finishes
         requests that stop and releases their blocks. Mutates requests, queues and the
         cache."""
         self.cache.on_step_executed()
         by_seq_id = self._by_seq_id
-        finished: list[Request] = []
+        token_ids = output.next_token_ids
+        sample_seq_ids = scheduled.sample_seq_ids
+        if len(token_ids) != len(sample_seq_ids):
+            raise ValueError(
+                f"the executor returned {len(token_ids)} tokens for "
+                f"{len(sample_seq_ids)} sampled sequences"
+            )
+        num_batched = self._take_scheduled_batch()
+        finished = self._batch.append(token_ids[:num_batched]) if num_batched else []
         first_tokens: list[Request] = []
         beam_groups: list[Request] = []
+        joining: list[Request] = []  # requests that decode from now on: into the batch
         candidates = output.candidates
-        for i, (seq_id, token_id) in enumerate(
-            zip(scheduled.sample_seq_ids, output.next_token_ids, strict=True)
-        ):
-            request = by_seq_id[seq_id]
+        for i in range(num_batched, len(sample_seq_ids)):
+            request = by_seq_id[sample_seq_ids[i]]
             if request.is_beam:
                 assert candidates is not None, "the executor returned no beam candidates"
                 request.candidates = candidates[i]
@@ -447,16 +525,37 @@ class Scheduler:
                 if root not in beam_groups:
                     beam_groups.append(root)
             else:
-                self._append(request, token_id, finished, first_tokens)
+                self._append(request, token_ids[i], finished, first_tokens)
+                if not request.is_finished:
+                    joining.append(request)
         for root in beam_groups:
             self._advance_beams(root, finished, first_tokens)
+        if joining:
+            self._join_batch(joining)
         if finished:
             for request in finished:
                 self._forker.settle(request)
                 self.cache.release(request)
                 del by_seq_id[request.seq_id]
                 self._finished_seq_ids.append(request.seq_id)
-            self.running = [r for r in self.running if not r.status.is_finished]
+            gone = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in gone]
+            self._unbatched = [r for r in self._unbatched if id(r) not in gone]
         self.cache.release_out_of_window(self.running)
         stats, self._stats = self._stats, SchedulerStats()
         return StepUpdate(finished, first_tokens, stats)
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raises RuntimeError unless, between steps, the decode batch and the requests
+        outside it together hold exactly the running requests, each once, and every batch
+        member decodes."""
+        self._batch.check()
+        running = list(map(id, self.running))
+        split = [*map(id, self._batch.requests), *map(id, self._unbatched)]
+        if len(running) != len(set(running)) or sorted(running) != sorted(split):
+            raise RuntimeError(
+                f"{len(self.running)} running requests, but the decode batch holds "
+                f"{len(self._batch)} and {len(self._unbatched)} are outside it"
+            )

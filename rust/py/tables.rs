@@ -2,6 +2,7 @@
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
 
 use super::convert::{
     as_i32, as_u64, bad_table_block, block_hashes_arg, cache_err, count, empty_tuple,
@@ -20,6 +21,39 @@ fn entry(b: u32) -> i32 {
         // Entries other than holes are <= MAX_BLOCK_ID = i32::MAX.
         b as i32
     }
+}
+
+/// Fills `out` (cleared first) from `obj` and returns true if `obj` is a 1-D C-contiguous
+/// int64 buffer (a numpy array), read in one pass with no per-item Python calls; returns
+/// false, reading nothing, for anything else (lists and tuples take the item-by-item path,
+/// which also reports a wrong type). `negative` builds the error for a value below 0.
+fn int64_array_into(
+    obj: &Bound<'_, PyAny>,
+    out: &mut Vec<u64>,
+    negative: impl Fn(i64) -> PyErr,
+) -> PyResult<bool> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return Ok(false);
+    }
+    let Ok(buf) = PyBuffer::<i64>::get(obj) else {
+        return Ok(false);
+    };
+    if buf.dimensions() != 1 {
+        return Ok(false);
+    }
+    let Some(cells) = buf.as_slice(obj.py()) else {
+        return Ok(false);
+    };
+    out.clear();
+    out.reserve(cells.len());
+    for cell in cells {
+        let v = cell.get();
+        if v < 0 {
+            return Err(negative(v));
+        }
+        out.push(v as u64);
+    }
+    Ok(true)
 }
 
 #[pyclass(name = "BlockTables", module = "enginekit._native")]
@@ -49,13 +83,21 @@ impl PyBlockTables {
         })
     }
 
-    /// Converts a batch of (seq_ids, num_tokens) into the scratch vectors.
+    /// Converts a batch of (seq_ids, num_tokens), each a list or tuple of ints or a 1-D
+    /// int64 array, into the scratch vectors.
     fn batch_args(
         &mut self,
         seq_ids: &Bound<'_, PyAny>,
         num_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        seq_ids_into(seq_ids, &mut self.seqs)?;
+        let unknown = |v: i64| cache_err(format!("unknown sequence {v}"));
+        if !int64_array_into(seq_ids, &mut self.seqs, unknown)? {
+            seq_ids_into(seq_ids, &mut self.seqs)?;
+        }
+        let negative = |v: i64| value_err(format!("num_tokens must be non-negative, got {v}"));
+        if int64_array_into(num_tokens, &mut self.toks, negative)? {
+            return Ok(());
+        }
         self.toks.clear();
         let toks = &mut self.toks;
         for_each_item(num_tokens, "num_tokens", |x| {

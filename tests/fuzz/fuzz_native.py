@@ -72,7 +72,8 @@ def not_a_list(kind: str, items: list[int]) -> Any:
         "set": lambda: set(items),
         "generator": gen,
         "none": lambda: None,
-        "array": lambda: np.array(items, dtype=np.int64),
+        # int32: the block tables' batch calls take int64 arrays (and nothing else does)
+        "array": lambda: np.array(items, dtype=np.int32),
     }[kind]()
 
 

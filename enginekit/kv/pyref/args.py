@@ -2,8 +2,9 @@
 
 A list of ids, counts, hashes or tokens is a ``list`` or ``tuple`` of ints (``operator.index``
 decides what an int is). Anything else is a TypeError: ``bytes`` (which iterates as ints),
-``str``, a dict (which iterates as its keys), a set, a generator, None. An extra key is
-``bytes`` or None.
+``str``, a dict (which iterates as its keys), a set, a generator, None. The batch calls of
+the block tables (``num_blocks_to_grow``, ``grow``) also take a 1-D C-contiguous int64 numpy
+array (``int_batch``). An extra key is ``bytes`` or None.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["extra_key_arg", "int_list"]
+import numpy as np
+
+__all__ = ["extra_key_arg", "int_batch", "int_list"]
 
 
 def int_list(obj: Any, what: str, check: Callable[[int], int] | None = None) -> list[int]:
@@ -26,6 +29,20 @@ def int_list(obj: Any, what: str, check: Callable[[int], int] | None = None) -> 
         v = operator.index(x)
         ints.append(v if check is None else check(v))
     return ints
+
+
+def int_batch(obj: Any, what: str, check: Callable[[int], int] | None = None) -> list[int]:
+    """``int_list``, or the values of a 1-D C-contiguous int64 numpy array, each through
+    ``check`` in order."""
+    if (
+        isinstance(obj, np.ndarray)
+        and obj.dtype == np.int64
+        and obj.ndim == 1
+        and obj.flags.c_contiguous
+    ):
+        values: list[int] = obj.tolist()
+        return values if check is None else [check(v) for v in values]
+    return int_list(obj, what, check)
 
 
 def extra_key_arg(extra_key: Any) -> bytes | None:

@@ -7,11 +7,12 @@ against, operation by operation (see ``enginekit.kv.pyref`` for the conventions)
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
-from enginekit.kv.pyref.args import int_list
+from enginekit.interfaces.structures import IntBatch
+from enginekit.kv.pyref.args import int_batch, int_list
 from enginekit.kv.pyref.buffer import HOLE, int32_view, write_rows
 from enginekit.kv.pyref.pool import (
     _INT32_MAX,
@@ -105,22 +106,23 @@ class PyBlockTables:
         return index
 
     @staticmethod
-    def _seq_ids(seq_ids: Sequence[int]) -> list[int]:
-        """A batch's seq ids; KVCacheError for one that is not a u64 (unknown before anything
-        else is checked)."""
+    def _seq_ids(seq_ids: Any, arg: Callable[..., list[int]] = int_list) -> list[int]:
+        """A batch's seq ids (read by ``arg``); KVCacheError for one that is not a u64
+        (unknown before anything else is checked)."""
 
         def check(s: int) -> int:
             if not 0 <= s <= _MAX_HASH:
                 raise KVCacheError(f"unknown sequence {s}")
             return s
 
-        return int_list(seq_ids, "seq_ids", check)
+        return arg(seq_ids, "seq_ids", check)
 
-    def _batch(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[tuple[int, int]]:
-        """(seq_id, blocks wanted) pairs; ValueError for a negative num_tokens or lengths that
-        differ, then KVCacheError for an unknown seq_id."""
-        seqs = self._seq_ids(seq_ids)
-        tokens = int_list(num_tokens, "num_tokens", lambda n: _check_count("num_tokens", n))
+    def _batch(self, seq_ids: IntBatch, num_tokens: IntBatch) -> list[tuple[int, int]]:
+        """(seq_id, blocks wanted) pairs (each argument a list, a tuple or an int64 array);
+        ValueError for a negative num_tokens or lengths that differ, then KVCacheError for
+        an unknown seq_id."""
+        seqs = self._seq_ids(seq_ids, int_batch)
+        tokens = int_batch(num_tokens, "num_tokens", lambda n: _check_count("num_tokens", n))
         if len(seqs) != len(tokens):
             raise ValueError(f"{len(seqs)} seq_ids but {len(tokens)} num_tokens in one batch")
         for s in seqs:
@@ -243,7 +245,7 @@ class PyBlockTables:
 
     # ---- batches --------------------------------------------------------------------------
 
-    def num_blocks_to_grow(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+    def num_blocks_to_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> int:
         """Sum over the batch of max(0, ceil(num_tokens / block_size) - num_blocks(seq)).
 
         A sequence listed twice counts twice (so this is an upper bound on what grow
@@ -253,7 +255,7 @@ class PyBlockTables:
             max(0, want - len(self._tables[s])) for s, want in self._batch(seq_ids, num_tokens)
         )
 
-    def grow(self, pool: PyBlockPool, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+    def grow(self, pool: PyBlockPool, seq_ids: IntBatch, num_tokens: IntBatch) -> int:
         """Allocates from ``pool`` and appends so that each sequence holds at least
         ceil(num_tokens / block_size) blocks; returns the number of blocks allocated.
 

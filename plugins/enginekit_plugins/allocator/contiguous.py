@@ -7,7 +7,15 @@ from dataclasses import dataclass
 
 from enginekit.config import AllocatorConfig
 from enginekit.errors import ConfigError, KVCacheError
-from enginekit.interfaces import Allocator, IntList, KVContext, Plugin, PrefixCache, plugin_name
+from enginekit.interfaces import (
+    Allocator,
+    IntBatch,
+    IntList,
+    KVContext,
+    Plugin,
+    PrefixCache,
+    plugin_name,
+)
 from enginekit.request import Request
 
 
@@ -62,12 +70,12 @@ class ContiguousAllocator(Allocator):
         self.kv.tables.add_sequence(request.seq_id, block_ids)
         self._num_reserved_blocks += len(block_ids)
 
-    def num_blocks_to_grow(self, seq_ids: IntList, num_tokens: IntList) -> int:
+    def num_blocks_to_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> int:
         return 0
 
-    def grow(self, seq_ids: IntList, num_tokens: IntList) -> None:
+    def grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> None:
         slots = self.num_blocks_per_reservation * self.kv.spec.block_size
-        if num_tokens and max(num_tokens) > slots:
+        if len(num_tokens) and max(num_tokens) > slots:
             raise KVCacheError(f"a sequence outgrew its reservation of {slots} tokens")
 
     def release(self, seq_id: int) -> None:

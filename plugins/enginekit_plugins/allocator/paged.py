@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from enginekit.config import AllocatorConfig
-from enginekit.interfaces import Allocator, IntList, KVContext
+from enginekit.interfaces import Allocator, IntBatch, IntList, KVContext
 from enginekit.request import Request
 
 
@@ -37,10 +37,10 @@ class PagedAllocator(Allocator):
         self.kv.tables.add_sequence(request.seq_id, cached_block_ids)
         self._num_reserved_blocks += len(cached_block_ids)
 
-    def num_blocks_to_grow(self, seq_ids: IntList, num_tokens: IntList) -> int:
+    def num_blocks_to_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> int:
         return self.kv.tables.num_blocks_to_grow(seq_ids, num_tokens)
 
-    def grow(self, seq_ids: IntList, num_tokens: IntList) -> None:
+    def grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> None:
         self._num_reserved_blocks += self.kv.tables.grow(self.kv.pool, seq_ids, num_tokens)
 
     def release(self, seq_id: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from enginekit.config import PrefixConfig
@@ -77,6 +78,33 @@ class BlockHashPrefixCache(PrefixCache):
         if first < num_full:
             tables.cache_blocks(pool, seq_id, first, hashes[first:num_full])
         self._num_published[seq_id] = num_full
+
+    def on_decodes_computed(
+        self, requests: Sequence[Request], num_computed_tokens: Sequence[int]
+    ) -> None:
+        """Each request's new full block is named from its parent's memoized name and
+        published. That block is the one the request writes into, so never a hole; a
+        request whose earlier blocks are not all named and published takes
+        ``on_computed``."""
+        block_size = self.kv.spec.block_size
+        tables, pool = self.kv.tables, self.kv.pool
+        block_hashes, num_published = self._block_hashes, self._num_published
+        hash_block, root_hash = self._hash_block, self._root_hash
+        for request, num_computed in zip(requests, num_computed_tokens, strict=True):
+            seq_id = request.seq_id
+            index = num_computed // block_size - 1  # the block the step fills
+            hashes = block_hashes.get(seq_id)
+            if hashes is None or len(hashes) != index or num_published.get(seq_id, 0) != index:
+                self.on_computed(request, num_computed)
+                continue
+            start = index * block_size
+            parent = hashes[-1] if hashes else root_hash
+            block_hash = hash_block(
+                parent, request.token_ids[start : start + block_size], request.extra_key
+            )
+            hashes.append(block_hash)
+            tables.cache_blocks(pool, seq_id, index, [block_hash])
+            num_published[seq_id] = index + 1
 
     def on_released(self, request: Request) -> None:
         self._block_hashes.pop(request.seq_id, None)

@@ -1,0 +1,212 @@
+"""DecodeBatch: the running requests that decode one token per step, held as aligned
+arrays so that a step costs a few whole-batch operations rather than Python work per
+sequence.
+
+In steady serving nearly every running request decodes, and every step does the same for
+each of them: grow its block table by one slot, report its context length and its last
+token to the executor, mark its computed tokens, append the sampled token and check its
+stop conditions. The batch keeps what that work reads side by side (seq ids, token counts,
+token limits, last tokens, each request's own ``token_ids`` list), so that the scheduler
+hands whole lists to the cache manager (one call into Rust per step for the tables), and
+the checks run over arrays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from enginekit.request import Request, RequestStatus
+
+
+class DecodeBatch:
+    """The scheduler's decoding requests that are not beams, in the order they joined.
+
+    Owns their membership and order, and for each member, at the same index: its seq id,
+    its number of tokens (kept equal to ``len(request.token_ids)``: the batch appends the
+    tokens it is given), the number of tokens it stops at (prompt + ``max_tokens``), its
+    last token, whether EOS stops it, and the indices of members with stop token ids of
+    their own. A member has exactly one token to compute at the start of every step.
+
+    The lists it exposes (``requests``, ``seq_ids``, ``last_token_ids``) are replaced,
+    never mutated, when the batch changes, so a caller may keep one as a snapshot.
+    """
+
+    def __init__(self, eos_token_id: int | None) -> None:
+        self._eos_token_id = eos_token_id
+        self.requests: list[Request] = []
+        self.seq_ids: list[int] = []
+        self.last_token_ids: list[int] = []
+        self._token_lists: list[list[int]] = []
+        self.seq_id_array = np.zeros(0, dtype=np.int64)  # ``seq_ids`` for batch calls
+        self._num_tokens = np.zeros(0, dtype=np.int64)
+        self._max_num_tokens = np.zeros(0, dtype=np.int64)
+        self._stops_at_eos = np.zeros(0, dtype=bool)
+        self._stop_indices: list[int] = []  # members with stop_token_ids
+        # Bumped by every change of membership: the scheduler checks that the batch it
+        # scheduled is the one its tokens come back for.
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __contains__(self, request: Request) -> bool:
+        return any(r is request for r in self.requests)
+
+    # -- membership ------------------------------------------------------------------------
+
+    def add(self, requests: Sequence[Request]) -> None:
+        """Appends ``requests`` (running, not beams, past their prompt, one token to
+        compute) behind the members."""
+        if not requests:
+            return
+        self.requests = self.requests + list(requests)
+        self.seq_ids = self.seq_ids + [r.seq_id for r in requests]
+        self.last_token_ids = self.last_token_ids + [r.token_ids[-1] for r in requests]
+        self._token_lists = self._token_lists + [r.token_ids for r in requests]
+        self.seq_id_array = np.array(self.seq_ids, dtype=np.int64)
+        self._num_tokens = np.concatenate(
+            (self._num_tokens, np.array([len(r.token_ids) for r in requests], dtype=np.int64))
+        )
+        self._max_num_tokens = np.concatenate(
+            (
+                self._max_num_tokens,
+                np.array(
+                    [r.num_prompt_tokens + r.sampling.max_tokens for r in requests],
+                    dtype=np.int64,
+                ),
+            )
+        )
+        self._stops_at_eos = np.concatenate(
+            (self._stops_at_eos, np.array([not r.sampling.ignore_eos for r in requests]))
+        )
+        self._index_stop_ids()
+        self.version += 1
+
+    def remove(self, requests: Sequence[Request]) -> None:
+        """Drops those of ``requests`` that are members; the others keep their order."""
+        gone = set(map(id, requests))
+        keep = [i for i, r in enumerate(self.requests) if id(r) not in gone]
+        if len(keep) < len(self.requests):
+            self._keep(keep)
+
+    def _keep(self, indices: list[int]) -> None:
+        """Keeps the members at ``indices`` (ascending), in order."""
+        requests, token_lists = self.requests, self._token_lists
+        seq_ids, last = self.seq_ids, self.last_token_ids
+        self.requests = [requests[i] for i in indices]
+        self._token_lists = [token_lists[i] for i in indices]
+        self.seq_ids = [seq_ids[i] for i in indices]
+        self.last_token_ids = [last[i] for i in indices]
+        index = np.array(indices, dtype=np.int64)
+        self.seq_id_array = self.seq_id_array[index]
+        self._num_tokens = self._num_tokens[index]
+        self._max_num_tokens = self._max_num_tokens[index]
+        self._stops_at_eos = self._stops_at_eos[index]
+        self._index_stop_ids()
+        self.version += 1
+
+    def _index_stop_ids(self) -> None:
+        self._stop_indices = [i for i, r in enumerate(self.requests) if r.sampling.stop_token_ids]
+
+    # -- a step ----------------------------------------------------------------------------
+
+    @property
+    def num_token_array(self) -> npt.NDArray[np.int64]:
+        """Each member's number of tokens, its one to compute included (read-only: the
+        batch's own array)."""
+        return self._num_tokens
+
+    def num_tokens(self) -> list[int]:
+        """``num_token_array`` as a new list. Pure."""
+        return self._num_tokens.tolist()  # type: ignore[no-any-return]
+
+    def mark_scheduled(self, context_lens: list[int], block_size: int) -> list[int]:
+        """Every member's tokens are computed by the step being scheduled
+        (``context_lens``: ``num_tokens()``): sets its ``num_computed_tokens``. Returns the
+        indices of the members whose last block this fills."""
+        for request, num_tokens in zip(self.requests, context_lens, strict=True):
+            request.num_computed_tokens = num_tokens
+        return np.flatnonzero(self._num_tokens % block_size == 0).tolist()  # type: ignore[no-any-return]
+
+    def append(self, token_ids: list[int]) -> list[Request]:
+        """Appends ``token_ids[i]`` to member i (``token_ids``: one per member, owned by
+        the batch from now on) and finishes the members it stops: on one of their stop
+        token ids or EOS (FINISHED_STOPPED), else on reaching max_tokens
+        (FINISHED_LENGTH). Returns the finished members, in batch order, with their
+        status set and removed from the batch."""
+        if len(token_ids) != len(self.requests):
+            raise ValueError(f"{len(token_ids)} tokens for a batch of {len(self.requests)} decodes")
+        deque(map(list.append, self._token_lists, token_ids), maxlen=0)
+        self.last_token_ids = token_ids
+        self._num_tokens += 1
+        stopped = self._stopped(token_ids)
+        at_length = np.flatnonzero(self._num_tokens >= self._max_num_tokens).tolist()
+        if not stopped and not at_length:
+            return []
+        finished_indices = sorted(set(stopped).union(at_length))
+        finished = []
+        for i in finished_indices:
+            request = self.requests[i]
+            is_stop = i in stopped
+            request.status = (
+                RequestStatus.FINISHED_STOPPED if is_stop else RequestStatus.FINISHED_LENGTH
+            )
+            finished.append(request)
+        finished_set = set(finished_indices)
+        self._keep([i for i in range(len(self.requests)) if i not in finished_set])
+        return finished
+
+    def _stopped(self, token_ids: list[int]) -> set[int]:
+        """Indices of the members whose new token is EOS (where EOS stops them) or one of
+        their own stop token ids."""
+        stopped: set[int] = set()
+        eos = self._eos_token_id
+        if eos is not None and eos in token_ids:
+            is_eos = np.array(token_ids, dtype=np.int64) == eos
+            stopped.update(np.flatnonzero(is_eos & self._stops_at_eos).tolist())
+        for i in self._stop_indices:
+            if token_ids[i] in self.requests[i].sampling.stop_token_ids:
+                stopped.add(i)
+        return stopped
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raises RuntimeError unless every aligned field agrees with its member and every
+        member is a running non-beam request with one token to compute."""
+        n = len(self.requests)
+        sizes = [len(self.seq_ids), len(self.last_token_ids), len(self._token_lists)]
+        arrays = (self.seq_id_array, self._num_tokens, self._max_num_tokens, self._stops_at_eos)
+        sizes += [len(a) for a in arrays]
+        if any(size != n for size in sizes):
+            raise RuntimeError(f"decode batch of {n} has fields of sizes {sizes}")
+        if self.seq_id_array.tolist() != self.seq_ids:
+            raise RuntimeError("the decode batch's seq id array disagrees with its seq ids")
+        if len(set(map(id, self.requests))) != n:
+            raise RuntimeError("a request is in the decode batch twice")
+        for i, r in enumerate(self.requests):
+            expected = (
+                r.seq_id,
+                len(r.token_ids),
+                r.token_ids[-1],
+                r.num_prompt_tokens + r.sampling.max_tokens,
+                not r.sampling.ignore_eos,
+            )
+            held = (
+                self.seq_ids[i],
+                int(self._num_tokens[i]),
+                self.last_token_ids[i],
+                int(self._max_num_tokens[i]),
+                bool(self._stops_at_eos[i]),
+            )
+            if held != expected or self._token_lists[i] is not r.token_ids:
+                raise RuntimeError(f"decode batch entry {i} {held} disagrees with {r}")
+            if r.status is not RequestStatus.RUNNING or r.is_beam or r.num_tokens_to_compute != 1:
+                raise RuntimeError(f"{r.request_id!r} cannot be in the decode batch: {r.status}")
+        stop_indices = [i for i, r in enumerate(self.requests) if r.sampling.stop_token_ids]
+        if self._stop_indices != stop_indices:
+            raise RuntimeError("the decode batch's stop-id index is stale")
