@@ -11,7 +11,7 @@ scheduler or an executor, with the calls ``enginekit.scheduler.Scheduler`` and
    admitted request is preempted by recompute (``release``, its computed tokens reset,
    requeued at the front of the waiting queue) and the rest try again;
 2. admission, first come first served, at most ``MAX_NUM_SEQS`` = 64 running: ``match``,
-   ``can_admit`` (falling back to no match when only that fits), ``admit`` (matched
+   ``admissible`` (the match, or no match when only that fits), ``admit`` (matched
    again once if it falls short), then the whole uncached rest of the prompt in one
    chunk (``reserve_prefill``, ``on_computed``); no chunked prefill and no token budget;
    admission stops at the first request that does not fit (or, with ``radix``, whose
@@ -77,7 +77,7 @@ from typing import Any, NamedTuple
 
 from enginekit.config import CacheConfig, WorkloadConfig
 from enginekit.errors import ConfigError, OutOfBlocksError
-from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
+from enginekit.interfaces.prefix import PrefixMatch
 from enginekit.kv.backend import make_backend, make_context
 from enginekit.kv.manager import KVCacheManager
 from enginekit.plugins import load_plugin
@@ -303,10 +303,10 @@ def _try_admit(cache: KVCacheManager, request: Request, is_plan_empty: bool) -> 
         match = cache.match(request)
         if match.num_deferred_tokens and not is_plan_empty:
             return None
-        if not cache.can_admit(request, match):
-            if not match.block_ids or not cache.can_admit(request, NO_MATCH):
-                return None
-            match = NO_MATCH
+        admissible = cache.admissible(request, match)
+        if admissible is None:
+            return None
+        match = admissible
         try:
             cache.admit(request, match)
         except OutOfBlocksError:

@@ -469,6 +469,8 @@ class PoolTwins(RuleBasedStateMachine):
     def queries(self, data: st.DataObject) -> None:
         block_id = self.block_id(data)
         self.both("ref_count", block_id)
+        some = data.draw(st.lists(st.integers(-1, self.n + 1), max_size=6))
+        self.both("num_unreferenced", some)
 
     @rule(data=st.data())
     def evict(self, data: st.DataObject) -> None:

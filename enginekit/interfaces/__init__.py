@@ -20,6 +20,7 @@ from enginekit.interfaces.quantizer import Quantizer
 from enginekit.interfaces.structures import (
     BlockPool,
     BlockTables,
+    HashBatch,
     InsertResult,
     IntBatch,
     IntList,
@@ -54,6 +55,7 @@ __all__ = [
     "Eviction",
     "HoleAllocator",
     "InsertResult",
+    "HashBatch",
     "IntBatch",
     "IntList",
     "KVContext",

@@ -26,15 +26,19 @@ Conventions shared by every method:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from array import array
 
 __all__ = [
     "BlockPool",
     "BlockTables",
     "InsertResult",
+    "HashBatch",
     "IntBatch",
     "IntList",
     "RadixMatch",
@@ -47,6 +51,10 @@ IntList: TypeAlias = list[int] | tuple[int, ...]
 
 IntBatch: TypeAlias = list[int] | tuple[int, ...] | npt.NDArray[np.int64]
 """The ids or counts of a batch call: an ``IntList``, or a 1-D C-contiguous int64 array."""
+
+HashBatch: TypeAlias = "list[int] | tuple[int, ...] | array[int]"
+"""Block hashes to look up: an ``IntList``, or an ``array.array("Q")`` of them (any 1-D
+C-contiguous buffer of u64)."""
 
 
 class BlockPool(Protocol):
@@ -118,14 +126,20 @@ class BlockPool(Protocol):
         """
         ...
 
-    def lookup_prefix(self, block_hashes: IntList) -> list[int]:
+    def lookup_prefix(self, block_hashes: HashBatch) -> list[int]:
         """Block ids of the longest run of leading hashes that are all cached (used or
         evictable). Changes nothing. Every hash is checked first: ValueError if one is not
-        in [0, 2**64)."""
+        in [0, 2**64). The hashes may come as an ``array.array("Q")`` (``HashBatch``), read
+        without a Python call per hash."""
         ...
 
     def ref_count(self, block_id: int) -> int:
         """The block's reference count. Raises KVCacheError for an unknown id."""
+        ...
+
+    def num_unreferenced(self, block_ids: IntList) -> int:
+        """How many of ``block_ids`` (each counted as often as listed) have reference count
+        0 (free or evictable), in one call. Raises KVCacheError for an unknown id. Pure."""
         ...
 
     def evict(self, block_id: int) -> int:

@@ -183,10 +183,26 @@ class KVCacheManager:
             num_needed, pinned = self._num_blocks_to_restore(request), []
         else:
             num_needed, pinned = self._plan(request, match).num_new, match.block_ids
-        pool = self.pool
-        num_pinned_evictable = sum(1 for b in pinned if pool.ref_count(b) == 0)
+        num_pinned_evictable = self.pool.num_unreferenced(pinned) if pinned else 0
         room = self.num_reclaimable_blocks() - num_pinned_evictable - self._num_short_promised()
         return num_needed + self.admission_watermark() <= room
+
+    def admissible(self, request: Request, match: PrefixMatch) -> PrefixMatch | None:
+        """How the waiting ``request`` (not swapped out) can be admitted now: with
+        ``match`` if ``can_admit(request, match)``, else with NO_MATCH if that fits (a hit
+        pins evictable blocks that no hit leaves reclaimable), else None: the two checks,
+        sharing their room. Pure."""
+        room = self.num_reclaimable_blocks() - self._num_short_promised()
+        room -= self.admission_watermark()
+        num_needed = self._plan(request, match).num_new
+        if not match.block_ids:
+            return match if num_needed <= room else None
+        # Pinning only takes room: when the hit does not fit the whole room, skip the count.
+        if num_needed <= room and num_needed <= room - self.pool.num_unreferenced(match.block_ids):
+            return match
+        if self._plan(request, NO_MATCH).num_new <= room:
+            return NO_MATCH
+        return None
 
     def admission_watermark(self) -> int:
         """Blocks admission keeps reclaimable for the running sequences to grow into: the

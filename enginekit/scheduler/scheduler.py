@@ -245,10 +245,10 @@ class Scheduler:
             match = self.cache.match(request)
             if match.num_deferred_tokens and not plan.is_empty:
                 return False  # its prefix is being computed by this step: admit it next
-            if not self.cache.can_admit(request, match):
-                if not match.block_ids or not self.cache.can_admit(request, NO_MATCH):
-                    return False
-                match = NO_MATCH
+            admissible = self.cache.admissible(request, match)
+            if admissible is None:
+                return False
+            match = admissible
             try:
                 self.cache.admit(request, match)
             except OutOfBlocksError:

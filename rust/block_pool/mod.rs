@@ -336,6 +336,18 @@ impl BlockPool {
         Ok(self.ref_count[self.check_id(block_id)?])
     }
 
+    /// How many of `block_ids` (each counted as often as listed) have no reference: the
+    /// free and the evictable ones. All ids are checked first.
+    pub fn num_unreferenced(&self, block_ids: &[u32]) -> KvResult<u64> {
+        for &b in block_ids {
+            self.check_id(b)?;
+        }
+        Ok(block_ids
+            .iter()
+            .filter(|&&b| self.ref_count[b as usize] == 0)
+            .count() as u64)
+    }
+
     /// Evictable -> free: drops the block's hash and returns it.
     pub fn evict(&mut self, block_id: u32) -> KvResult<u64> {
         let b = self.check_id(block_id)?;

@@ -1,7 +1,8 @@
 //! Python wrapper of [`BlockPool`]: argument conversion and error mapping only.
 
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::convert::{
     as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, to_py, OutOfBlocksError,
@@ -19,6 +20,20 @@ fn request(num_blocks: &Bound<'_, PyAny>, verb: &str, available: u32, kind: &str
         )));
     }
     Ok(n)
+}
+
+/// The values of `obj` if it is a 1-D C-contiguous buffer of u64 (an `array.array("Q")`, a
+/// numpy uint64 array), read in one pass with no per-item Python calls; None for anything
+/// else (lists and tuples take the item-by-item path, which also reports a wrong type).
+fn u64_buffer(obj: &Bound<'_, PyAny>) -> Option<Vec<u64>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return None;
+    }
+    let buf = PyBuffer::<u64>::get(obj).ok()?;
+    if buf.dimensions() != 1 {
+        return None;
+    }
+    buf.to_vec(obj.py()).ok()
 }
 
 #[pyclass(name = "BlockPool", module = "enginekit._native")]
@@ -121,8 +136,24 @@ impl PyBlockPool {
 
     fn lookup_prefix(&self, block_hashes: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         guard(|| {
+            if let Some(hashes) = u64_buffer(block_hashes) {
+                return Ok(self.inner.lookup_prefix(&hashes));
+            }
             let hashes = block_hashes_arg(block_hashes)?;
             Ok(self.inner.lookup_prefix(&hashes))
+        })
+    }
+
+    fn num_unreferenced(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<u64> {
+        guard(|| {
+            let mut ids = std::mem::take(&mut self.ids);
+            let max = u64::from(self.inner.num_blocks()) - 1;
+            let r = collect_ints(block_ids, "block_ids", &mut ids, max, |x| {
+                self.unknown_block(x)
+            })
+            .and_then(|()| self.inner.num_unreferenced(&ids).map_err(to_py));
+            self.ids = ids;
+            r
         })
     }
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["extra_key_arg", "int_batch", "int_list"]
+__all__ = ["extra_key_arg", "int_batch", "int_list", "u64_buffer"]
 
 
 def int_list(obj: Any, what: str, check: Callable[[int], int] | None = None) -> list[int]:
@@ -43,6 +43,24 @@ def int_batch(obj: Any, what: str, check: Callable[[int], int] | None = None) ->
         values: list[int] = obj.tolist()
         return values if check is None else [check(v) for v in values]
     return int_list(obj, what, check)
+
+
+def u64_buffer(obj: Any) -> list[int] | None:
+    """The values of ``obj`` if it is a 1-D C-contiguous buffer of 8-byte unsigned ints
+    (``array.array("Q")``, a numpy uint64 array), else None (lists and tuples included)."""
+    if isinstance(obj, (list, tuple)):
+        return None
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        return None
+    with view:
+        if view.ndim != 1 or view.itemsize != 8 or view.format.lstrip("@=") not in ("Q", "L"):
+            return None
+        if not view.c_contiguous:
+            return None
+        values: list[int] = view.tolist()
+    return values
 
 
 def extra_key_arg(extra_key: Any) -> bytes | None:

@@ -11,7 +11,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
-from enginekit.kv.pyref.args import int_list
+from enginekit.kv.pyref.args import int_list, u64_buffer
 
 __all__ = ["MAX_BLOCKS", "PyBlockPool"]
 
@@ -270,8 +270,11 @@ class PyBlockPool:
 
     def lookup_prefix(self, block_hashes: Sequence[int]) -> list[int]:
         """Block ids of the longest run of leading hashes that are all cached. Changes nothing.
-        Every hash is checked first: ValueError if one is not in [0, 2**64)."""
-        hashes = int_list(block_hashes, "block_hashes", _check_hash)
+        Every hash is checked first: ValueError if one is not in [0, 2**64). The hashes may
+        also come as a 1-D C-contiguous buffer of u64 (``array.array("Q")``)."""
+        hashes = u64_buffer(block_hashes)
+        if hashes is None:
+            hashes = int_list(block_hashes, "block_hashes", _check_hash)
         block_ids = []
         for block_hash in hashes:
             block_id = self._hash_to_block.get(block_hash)
@@ -283,8 +286,14 @@ class PyBlockPool:
     # ---- per-block queries ----------------------------------------------------------------
 
     def ref_count(self, block_id: int) -> int:
-        """Raises KVCacheError for an unknown id."""
+        """Raises KVCacheError for an unknown id (``_known``)."""
         return self._ref_counts[self._known(block_id)]
+
+    def num_unreferenced(self, block_ids: Sequence[int]) -> int:
+        """How many of ``block_ids`` (each counted as often as listed) have ref_count 0;
+        KVCacheError for an unknown id (all checked first)."""
+        ids = int_list(block_ids, "block_ids", self._known)
+        return sum(1 for b in ids if self._ref_counts[b] == 0)
 
     # ---- whole-state views ----------------------------------------------------------------
 

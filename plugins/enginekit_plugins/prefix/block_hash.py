@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,16 +33,18 @@ class BlockHashPrefixCache(PrefixCache):
         self._root_hash = kv.backend.root_hash
         self._hash_block = kv.backend.hash_block
         self._hash_blocks = kv.backend.hash_blocks
-        self._block_hashes: dict[int, list[int]] = {}
+        # seq_id -> names of its first full blocks; an array("Q"), which the pool's
+        # lookup_prefix reads in one pass
+        self._block_hashes: dict[int, array[int]] = {}
         self._num_published: dict[int, int] = {}
 
-    def _hashes(self, request: Request, num_blocks: int) -> list[int]:
+    def _hashes(self, request: Request, num_blocks: int) -> array[int]:
         """The names of the request's first ``num_blocks`` full blocks (memoized)."""
         block_size = self.kv.spec.block_size
         hashes = self._block_hashes.get(request.seq_id)
         if hashes is None:
             tokens = request.token_ids[: num_blocks * block_size]
-            hashes = self._hash_blocks(tokens, block_size, request.extra_key)
+            hashes = array("Q", self._hash_blocks(tokens, block_size, request.extra_key))
             self._block_hashes[request.seq_id] = hashes
         while len(hashes) < num_blocks:
             start = len(hashes) * block_size
@@ -55,7 +58,9 @@ class BlockHashPrefixCache(PrefixCache):
         if max_blocks <= 0:
             return PrefixMatch([], 0)
         hashes = self._hashes(request, max_blocks)
-        block_ids = self.kv.pool.lookup_prefix(hashes[:max_blocks])
+        if len(hashes) > max_blocks:
+            hashes = hashes[:max_blocks]
+        block_ids = self.kv.pool.lookup_prefix(hashes)
         return PrefixMatch(block_ids, len(block_ids) * self.kv.spec.block_size)
 
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
@@ -73,10 +78,10 @@ class BlockHashPrefixCache(PrefixCache):
             for index in range(num_published, num_full):
                 if tables.block_id_at(seq_id, index) < 0:
                     if first < index:
-                        tables.cache_blocks(pool, seq_id, first, hashes[first:index])
+                        tables.cache_blocks(pool, seq_id, first, hashes[first:index].tolist())
                     first = index + 1
         if first < num_full:
-            tables.cache_blocks(pool, seq_id, first, hashes[first:num_full])
+            tables.cache_blocks(pool, seq_id, first, hashes[first:num_full].tolist())
         self._num_published[seq_id] = num_full
 
     def on_decodes_computed(
