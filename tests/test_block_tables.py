@@ -793,6 +793,18 @@ class TablesTwins(RuleBasedStateMachine):
 
     @rule(data=st.data())
     @precondition(has_sequences)
+    def cache_blocks_at(self, data: st.DataObject) -> None:
+        seq_ids = data.draw(st.lists(self.seq_ids_strategy(data), max_size=4))
+        indices = [data.draw(st.integers(-1, len(self.table(s)))) for s in seq_ids]
+        hashes = data.draw(st.lists(st.sampled_from(HASHES), min_size=len(seq_ids)))
+        hashes = hashes[: len(seq_ids) + data.draw(st.sampled_from([0, 0, 0, 1]))]
+        self.both(
+            lambda p, t: t.cache_blocks_at(p, seq_ids, indices, hashes),
+            f"cache_blocks_at({seq_ids}, {indices}, {hashes})",
+        )
+
+    @rule(data=st.data())
+    @precondition(has_sequences)
     def cache_blocks(self, data: st.DataObject) -> None:
         seq_id = self.seq(data)
         length = len(self.table(seq_id))

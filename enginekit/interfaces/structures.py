@@ -333,6 +333,16 @@ class BlockTables(Protocol[PoolT]):
         """
         ...
 
+    def cache_blocks_at(
+        self, pool: PoolT, seq_ids: IntList, block_indices: IntList, block_hashes: IntList
+    ) -> int:
+        """``cache_blocks`` of one block of each of many sequences: block
+        ``block_indices[i]`` of ``seq_ids[i]`` under ``block_hashes[i]`` (a step's decodes
+        that filled one), in one call; returns how many were recorded. Checked first
+        (ValueError for lengths that differ or a bad value, KVCacheError for an unknown
+        sequence, an index past its table or a hole); changes nothing on error."""
+        ...
+
     def max_num_blocks(self, seq_ids: IntList) -> int:
         """The longest table among seq_ids (0 for an empty batch)."""
         ...

@@ -15,11 +15,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from enginekit.request import Request, RequestStatus
+
+
+class _Calendar(NamedTuple):
+    """A batch's coming events by member index, for its membership at one clock."""
+
+    fills: dict[int, list[int]]  # (-clock) % block_size -> members filling a block then
+    dues: dict[int, list[int]]  # clock -> members reaching their max_tokens then
 
 
 class DecodeBatch:
@@ -35,8 +43,9 @@ class DecodeBatch:
     never mutated, when the batch changes, so a caller may keep one as a snapshot.
     """
 
-    def __init__(self, eos_token_id: int | None) -> None:
+    def __init__(self, eos_token_id: int | None, block_size: int) -> None:
         self._eos_token_id = eos_token_id
+        self._block_size = block_size
         self.requests: list[Request] = []
         self.seq_ids: list[int] = []
         self.last_token_ids: list[int] = []
@@ -46,6 +55,8 @@ class DecodeBatch:
         self._max_num_tokens = np.zeros(0, dtype=np.int64)
         self._stops_at_eos = np.zeros(0, dtype=bool)
         self._stop_indices: list[int] = []  # members with stop_token_ids
+        self._clock = 0  # steps whose tokens the batch has appended
+        self._calendar: _Calendar | None = None  # None: to rebuild (membership changed)
         # Bumped by every change of membership: the scheduler checks that the batch it
         # scheduled is the one its tokens come back for.
         self.version = 0
@@ -83,8 +94,7 @@ class DecodeBatch:
         self._stops_at_eos = np.concatenate(
             (self._stops_at_eos, np.array([not r.sampling.ignore_eos for r in requests]))
         )
-        self._index_stop_ids()
-        self.version += 1
+        self._changed()
 
     def remove(self, requests: Sequence[Request]) -> None:
         """Drops those of ``requests`` that are members; the others keep their order."""
@@ -106,11 +116,28 @@ class DecodeBatch:
         self._num_tokens = self._num_tokens[index]
         self._max_num_tokens = self._max_num_tokens[index]
         self._stops_at_eos = self._stops_at_eos[index]
-        self._index_stop_ids()
+        self._changed()
+
+    def _changed(self) -> None:
+        """After a change of membership: the indices of members change."""
+        self._stop_indices = [i for i, r in enumerate(self.requests) if r.sampling.stop_token_ids]
+        self._calendar = None
         self.version += 1
 
-    def _index_stop_ids(self) -> None:
-        self._stop_indices = [i for i, r in enumerate(self.requests) if r.sampling.stop_token_ids]
+    def _events(self) -> _Calendar:
+        """When each member next fills a block and when it reaches its max_tokens, as
+        ``_Calendar`` keys (built once per membership: every member gains one token per
+        step, so these stay true until the members change)."""
+        if self._calendar is None:
+            clock, block_size = self._clock, self._block_size
+            fills: dict[int, list[int]] = {}
+            dues: dict[int, list[int]] = {}
+            limits = zip(self._num_tokens.tolist(), self._max_num_tokens.tolist(), strict=True)
+            for i, (num_tokens, max_num_tokens) in enumerate(limits):
+                fills.setdefault((num_tokens - clock) % block_size, []).append(i)
+                dues.setdefault(clock + max_num_tokens - num_tokens, []).append(i)
+            self._calendar = _Calendar(fills, dues)
+        return self._calendar
 
     # -- a step ----------------------------------------------------------------------------
 
@@ -124,13 +151,13 @@ class DecodeBatch:
         """``num_token_array`` as a new list. Pure."""
         return self._num_tokens.tolist()  # type: ignore[no-any-return]
 
-    def mark_scheduled(self, context_lens: list[int], block_size: int) -> list[int]:
+    def mark_scheduled(self, context_lens: list[int]) -> list[int]:
         """Every member's tokens are computed by the step being scheduled
         (``context_lens``: ``num_tokens()``): sets its ``num_computed_tokens``. Returns the
-        indices of the members whose last block this fills."""
+        indices of the members whose last block this fills, ascending."""
         for request, num_tokens in zip(self.requests, context_lens, strict=True):
             request.num_computed_tokens = num_tokens
-        return np.flatnonzero(self._num_tokens % block_size == 0).tolist()  # type: ignore[no-any-return]
+        return self._events().fills.get(-self._clock % self._block_size, [])
 
     def append(self, token_ids: list[int]) -> list[Request]:
         """Appends ``token_ids[i]`` to member i (``token_ids``: one per member, owned by
@@ -143,8 +170,9 @@ class DecodeBatch:
         deque(map(list.append, self._token_lists, token_ids), maxlen=0)
         self.last_token_ids = token_ids
         self._num_tokens += 1
+        self._clock += 1
         stopped = self._stopped(token_ids)
-        at_length = np.flatnonzero(self._num_tokens >= self._max_num_tokens).tolist()
+        at_length = self._events().dues.get(self._clock, [])
         if not stopped and not at_length:
             return []
         finished_indices = sorted(set(stopped).union(at_length))
@@ -210,3 +238,12 @@ class DecodeBatch:
         stop_indices = [i for i, r in enumerate(self.requests) if r.sampling.stop_token_ids]
         if self._stop_indices != stop_indices:
             raise RuntimeError("the decode batch's stop-id index is stale")
+        events = self._events()
+        fills = {i for i in range(n) if self._num_tokens[i] % self._block_size == 0}
+        if set(events.fills.get(-self._clock % self._block_size, [])) != fills:
+            raise RuntimeError("the decode batch's block-fill calendar is stale")
+        for due, members in events.dues.items():
+            if any(
+                self._max_num_tokens[i] - self._num_tokens[i] != due - self._clock for i in members
+            ):
+                raise RuntimeError("the decode batch's max_tokens calendar is stale")

@@ -89,7 +89,7 @@ class Scheduler:
         self._stats = SchedulerStats()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._batch = DecodeBatch(eos_token_id)
+        self._batch = DecodeBatch(eos_token_id, cache.block_size)
         self._unbatched: list[Request] = []  # running requests not in the batch, in order
         # (batch version, members) the last step scheduled, checked by update
         self._scheduled_batch: tuple[int, int] | None = None
@@ -285,7 +285,7 @@ class Scheduler:
             raise RuntimeError("the decode batch changed while the step was planned")
         if plan.num_batched:
             decode_context_lens = batch.num_tokens()
-            filled = batch.mark_scheduled(decode_context_lens, block_size)
+            filled = batch.mark_scheduled(decode_context_lens)
             if filled:
                 members = batch.requests
                 self.cache.on_decodes_computed(

@@ -115,6 +115,55 @@ impl BlockTables {
         Ok(recorded.len())
     }
 
+    /// `pool.cache_block(block_id_at(seq_ids[i], block_indices[i]), block_hashes[i])` for
+    /// each i: one block of each of many sequences (a step's decodes that filled one), in
+    /// one call; returns how many recorded. Checked first, in order: the three lengths
+    /// (Value), then each entry's sequence, index and hole (Cache); if a `cache_block`
+    /// errors, the ones already recorded by this call are undone, so an error changes
+    /// nothing.
+    pub fn cache_blocks_at(
+        &self,
+        pool: &mut BlockPool,
+        seq_ids: &[u64],
+        block_indices: &[u64],
+        block_hashes: &[u64],
+    ) -> KvResult<usize> {
+        if seq_ids.len() != block_indices.len() || seq_ids.len() != block_hashes.len() {
+            return Err(KvError::Value(format!(
+                "seq_ids, block_indices and block_hashes differ in length ({}, {}, {})",
+                seq_ids.len(),
+                block_indices.len(),
+                block_hashes.len()
+            )));
+        }
+        let mut blocks = Vec::with_capacity(seq_ids.len());
+        for (&s, &index) in seq_ids.iter().zip(block_indices) {
+            let t = self.table(s)?;
+            let b = match usize::try_from(index).ok().and_then(|i| t.entries.get(i)) {
+                Some(&b) => b,
+                None => return Self::index_err(s, index, t.len()),
+            };
+            if b == HOLE {
+                return Err(Self::hole_error(s, index));
+            }
+            blocks.push(b);
+        }
+        let mut recorded: Vec<u32> = Vec::new();
+        for (&b, &h) in blocks.iter().zip(block_hashes) {
+            match pool.cache_block(b, h) {
+                Ok(true) => recorded.push(b),
+                Ok(false) => {}
+                Err(e) => {
+                    for &b2 in recorded.iter().rev() {
+                        pool.uncache_used(b2);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(recorded.len())
+    }
+
     /// The longest table among `seq_ids` (0 for an empty batch).
     pub fn max_num_blocks(&self, seq_ids: &[u64]) -> KvResult<usize> {
         let mut m = 0;

@@ -401,3 +401,25 @@ fn integrity_against_pool() {
     assert!(msg(bt.check_integrity(None)).contains("invalid id"));
     pool.check_integrity().unwrap();
 }
+
+#[test]
+fn cache_blocks_at_records_one_block_per_entry_and_rolls_back() {
+    let mut pool = BlockPool::new(8).unwrap();
+    let mut bt = BlockTables::new(4).unwrap();
+    let a = pool.allocate(2).unwrap();
+    let b = pool.allocate(2).unwrap();
+    bt.add_sequence(1, &a).unwrap();
+    bt.add_sequence(2, &b).unwrap();
+    assert_eq!(bt.cache_blocks_at(&mut pool, &[1, 2], &[1, 0], &[11, 20]).unwrap(), 2);
+    assert_eq!(pool.lookup_prefix(&[20]), vec![b[0]]);
+    // already carrying its hash: not recorded again
+    assert_eq!(bt.cache_blocks_at(&mut pool, &[1], &[1], &[11]).unwrap(), 0);
+    assert!(value_msg(bt.cache_blocks_at(&mut pool, &[1], &[0, 1], &[1])).contains("differ"));
+    assert_eq!(
+        msg(bt.cache_blocks_at(&mut pool, &[2, 2], &[1, 2], &[21, 22])),
+        "index 2 out of range for sequence 2 with 2 blocks"
+    );
+    // a block carrying another hash fails the second entry: the first is undone
+    assert!(bt.cache_blocks_at(&mut pool, &[2, 1], &[1, 1], &[21, 99]).is_err());
+    assert!(pool.lookup_prefix(&[21]).is_empty());
+}

@@ -311,6 +311,28 @@ impl PyBlockTables {
         })
     }
 
+    fn cache_blocks_at(
+        &mut self,
+        mut pool: PyRefMut<'_, PyBlockPool>,
+        seq_ids: &Bound<'_, PyAny>,
+        block_indices: &Bound<'_, PyAny>,
+        block_hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        guard(|| {
+            seq_ids_into(seq_ids, &mut self.seqs)?;
+            self.toks.clear();
+            let indices = &mut self.toks;
+            for_each_item(block_indices, "block_indices", |x| {
+                indices.push(count(x, "block_indices")?);
+                Ok(())
+            })?;
+            let hashes = block_hashes_arg(block_hashes)?;
+            self.inner
+                .cache_blocks_at(&mut pool.inner, &self.seqs, &self.toks, &hashes)
+                .map_err(to_py)
+        })
+    }
+
     fn max_num_blocks(&mut self, seq_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
         guard(|| {
             seq_ids_into(seq_ids, &mut self.seqs)?;

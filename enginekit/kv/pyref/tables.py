@@ -315,6 +315,54 @@ class PyBlockTables:
             raise
         return len(recorded)
 
+    def cache_blocks_at(
+        self,
+        pool: PyBlockPool,
+        seq_ids: Sequence[int],
+        block_indices: Sequence[int],
+        block_hashes: Sequence[int],
+    ) -> int:
+        """``cache_blocks`` of one block for each i: block ``block_indices[i]`` of sequence
+        ``seq_ids[i]`` under ``block_hashes[i]`` (a step's decodes that filled a block, in
+        one call); returns how many were recorded. Checked first, in order: the arguments'
+        types and values (KVCacheError for a seq id that is not a u64, ValueError for a
+        negative index or a hash not in [0, 2**64)), ValueError if the three lengths differ,
+        then per entry KVCacheError for an unknown sequence, an index past its table or a
+        hole. A recording that raises midway undoes this call's recordings."""
+        seqs = self._seq_ids(seq_ids)
+        indices = [
+            min(v, _MAX_HASH)  # past u64 reads as u64's largest, as in the Rust binding
+            for v in int_list(
+                block_indices, "block_indices", lambda n: _check_count("block_indices", n)
+            )
+        ]
+        hashes = int_list(block_hashes, "block_hashes", _check_hash)
+        if not len(seqs) == len(indices) == len(hashes):
+            raise ValueError(
+                "seq_ids, block_indices and block_hashes differ in length "
+                f"({len(seqs)}, {len(indices)}, {len(hashes)})"
+            )
+        block_ids = []
+        for seq_id, index in zip(seqs, indices, strict=True):
+            table = self._table(seq_id)
+            if index >= len(table):
+                raise KVCacheError(
+                    f"index {index} out of range for sequence {seq_id} with {len(table)} blocks"
+                )
+            if table[index] == HOLE:
+                raise KVCacheError(f"block {index} of sequence {seq_id} is a hole")
+            block_ids.append(table[index])
+        recorded: list[int] = []
+        try:
+            for block_id, block_hash in zip(block_ids, hashes, strict=True):
+                if pool._cache_block(block_id, block_hash):
+                    recorded.append(block_id)
+        except Exception:
+            for block_id in reversed(recorded):
+                pool._uncache(block_id)
+            raise
+        return len(recorded)
+
     def max_num_blocks(self, seq_ids: Sequence[int]) -> int:
         """The longest table among seq_ids (0 for an empty batch)."""
         return max((len(self._table(s)) for s in self._seq_ids(seq_ids)), default=0)

@@ -87,14 +87,16 @@ class BlockHashPrefixCache(PrefixCache):
     def on_decodes_computed(
         self, requests: Sequence[Request], num_computed_tokens: Sequence[int]
     ) -> None:
-        """Each request's new full block is named from its parent's memoized name and
-        published. That block is the one the request writes into, so never a hole; a
-        request whose earlier blocks are not all named and published takes
+        """Each request's new full block is named from its parent's memoized name, and all
+        are published in one call. That block is the one the request writes into, so never
+        a hole; a request whose earlier blocks are not all named and published takes
         ``on_computed``."""
         block_size = self.kv.spec.block_size
-        tables, pool = self.kv.tables, self.kv.pool
         block_hashes, num_published = self._block_hashes, self._num_published
         hash_block, root_hash = self._hash_block, self._root_hash
+        seq_ids: list[int] = []
+        indices: list[int] = []
+        new_hashes: list[int] = []
         for request, num_computed in zip(requests, num_computed_tokens, strict=True):
             seq_id = request.seq_id
             index = num_computed // block_size - 1  # the block the step fills
@@ -108,8 +110,12 @@ class BlockHashPrefixCache(PrefixCache):
                 parent, request.token_ids[start : start + block_size], request.extra_key
             )
             hashes.append(block_hash)
-            tables.cache_blocks(pool, seq_id, index, [block_hash])
             num_published[seq_id] = index + 1
+            seq_ids.append(seq_id)
+            indices.append(index)
+            new_hashes.append(block_hash)
+        if seq_ids:
+            self.kv.tables.cache_blocks_at(self.kv.pool, seq_ids, indices, new_hashes)
 
     def on_released(self, request: Request) -> None:
         self._block_hashes.pop(request.seq_id, None)
