@@ -211,6 +211,7 @@ def kernels_section() -> str:
 # Sections measured by long runs this generator does not repeat (30 minutes and more on two
 # cores): each is carried over from the README as it stands, and says its own commands.
 CARRIED_HEADINGS = (
+    "### Host cache manager: replayed traffic, before and after",
     "### Simulator at scale: ShareGPT, 1,000 to 1,000,000 requests",
     "### What more memory would buy: the hit-rate curve against reruns",
 )

@@ -72,6 +72,7 @@ class KVCacheManager:
         self.prefix = prefix
         self.eviction = eviction
         self.num_watermark_blocks = int(watermark * context.num_blocks)
+        self._block_size = context.spec.block_size
         self._block_ops = BlockOps()  # handed to the executor by take_block_ops
         self._promises = PrefillPromises()
         self._shared_tails = SharedTails(self.pool, self.tables, allocator, self._block_ops)
@@ -158,6 +159,14 @@ class KVCacheManager:
             kept = self._window.kept_blocks(shared, match.num_tokens)
         return _Admission(shared, partial, peak, max(0, peak - len(kept)))
 
+    def _num_new_blocks(self, request: Request, match: PrefixMatch) -> int:
+        """``_plan(request, match).num_new``, without building the plan where no window
+        bounds the sequence (then the matched blocks are all kept)."""
+        if self._window is not None:
+            return self._plan(request, match).num_new
+        num_shared = len(match.block_ids) - (1 if match.num_tokens % self._block_size else 0)
+        return max(0, self.allocator.num_blocks_to_admit(request, num_shared))
+
     def max_blocks_held(self, num_tokens: int) -> int:
         """Blocks a sequence of ``num_tokens`` tokens holds at most: what the allocator
         reserves for it, capped by the window policy's bound when there is one. Pure."""
@@ -194,13 +203,13 @@ class KVCacheManager:
         sharing their room. Pure."""
         room = self.num_reclaimable_blocks() - self._num_short_promised()
         room -= self.admission_watermark()
-        num_needed = self._plan(request, match).num_new
+        num_needed = self._num_new_blocks(request, match)
         if not match.block_ids:
             return match if num_needed <= room else None
         # Pinning only takes room: when the hit does not fit the whole room, skip the count.
         if num_needed <= room and num_needed <= room - self.pool.num_unreferenced(match.block_ids):
             return match
-        if self._plan(request, NO_MATCH).num_new <= room:
+        if self._num_new_blocks(request, NO_MATCH) <= room:
             return NO_MATCH
         return None
 
