@@ -5,6 +5,7 @@ The native module is required: if ``enginekit._native`` is not built, this file 
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -461,9 +462,12 @@ class PoolTwins(RuleBasedStateMachine):
         if targets:
             self.both(cache_block, data.draw(st.sampled_from(targets)), block_hash)
 
-    @rule(hashes=st.lists(HASHES, max_size=6))
-    def lookup_prefix(self, hashes: list[int]) -> None:
-        self.both("lookup_prefix", hashes)
+    @rule(hashes=st.lists(HASHES, max_size=6), as_array=st.booleans())
+    def lookup_prefix(self, hashes: list[int], as_array: bool) -> None:
+        if as_array and all(0 <= h < 2**64 for h in hashes):  # block_hash's form
+            self.both("lookup_prefix", array("Q", hashes))
+        else:
+            self.both("lookup_prefix", hashes)
 
     @rule(data=st.data())
     def queries(self, data: st.DataObject) -> None:

@@ -338,7 +338,11 @@ fn num_unreferenced_counts_free_and_evictable_listed_blocks() {
     let ids = pool.allocate(3).unwrap();
     pool.cache_block(ids[0], 7).unwrap();
     pool.free(&[ids[0], ids[1]]).unwrap(); // ids[0] evictable, ids[1] free, ids[2] used
-    assert_eq!(pool.num_unreferenced(&[ids[0], ids[1], ids[2], ids[0]]).unwrap(), 3);
+    assert_eq!(
+        pool.num_unreferenced(&[ids[0], ids[1], ids[2], ids[0]])
+            .unwrap(),
+        3
+    );
     assert_eq!(pool.num_unreferenced(&[]).unwrap(), 0);
     assert!(pool.num_unreferenced(&[ids[2], 4]).is_err());
 }

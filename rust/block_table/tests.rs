@@ -410,7 +410,11 @@ fn cache_blocks_at_records_one_block_per_entry_and_rolls_back() {
     let b = pool.allocate(2).unwrap();
     bt.add_sequence(1, &a).unwrap();
     bt.add_sequence(2, &b).unwrap();
-    assert_eq!(bt.cache_blocks_at(&mut pool, &[1, 2], &[1, 0], &[11, 20]).unwrap(), 2);
+    assert_eq!(
+        bt.cache_blocks_at(&mut pool, &[1, 2], &[1, 0], &[11, 20])
+            .unwrap(),
+        2
+    );
     assert_eq!(pool.lookup_prefix(&[20]), vec![b[0]]);
     // already carrying its hash: not recorded again
     assert_eq!(bt.cache_blocks_at(&mut pool, &[1], &[1], &[11]).unwrap(), 0);
@@ -420,6 +424,8 @@ fn cache_blocks_at_records_one_block_per_entry_and_rolls_back() {
         "index 2 out of range for sequence 2 with 2 blocks"
     );
     // a block carrying another hash fails the second entry: the first is undone
-    assert!(bt.cache_blocks_at(&mut pool, &[2, 1], &[1, 1], &[21, 99]).is_err());
+    assert!(bt
+        .cache_blocks_at(&mut pool, &[2, 1], &[1, 1], &[21, 99])
+        .is_err());
     assert!(pool.lookup_prefix(&[21]).is_empty());
 }
