@@ -131,14 +131,96 @@ where
     T: TryFrom<u64>,
     <T as TryFrom<u64>>::Error: std::fmt::Debug,
 {
+    collect_leading_ints(obj, what, out, max, usize::MAX, bad)
+}
+
+/// [`collect_ints`] of the first `limit` items only: those after them are neither read nor
+/// checked (the type of `obj` is).
+///
+/// An exact list or tuple of exact ints in [0, max], the common case, is read directly
+/// (borrowed items, no per-item conversion objects); at the first item that is anything
+/// else the checked path starts over, so every error is the one it raises.
+pub(super) fn collect_leading_ints<T>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    out: &mut Vec<T>,
+    max: u64,
+    limit: usize,
+    bad: impl Fn(&Bound<'_, PyAny>) -> PyErr,
+) -> PyResult<()>
+where
+    T: TryFrom<u64>,
+    <T as TryFrom<u64>>::Error: std::fmt::Debug,
+{
     out.clear();
-    for_each_item(obj, what, |x| match as_u64(x)? {
-        Some(v) if v <= max => {
-            out.push(T::try_from(v).expect("max fits the target type"));
-            Ok(())
+    if leading_exact_ints(obj, out, max, limit) {
+        return Ok(());
+    }
+    out.clear();
+    let mut num_left = limit;
+    for_each_item(obj, what, |x| {
+        if num_left == 0 {
+            return Ok(());
         }
-        _ => Err(bad(x)),
+        num_left -= 1;
+        match as_u64(x)? {
+            Some(v) if v <= max => {
+                out.push(T::try_from(v).expect("max fits the target type"));
+                Ok(())
+            }
+            _ => Err(bad(x)),
+        }
     })
+}
+
+/// The direct read of [`collect_leading_ints`]: true, with the first `limit` items in `out`,
+/// if `obj` is an exact list or tuple whose first `limit` items are exact ints in [0, max];
+/// false (nothing raised, `out` partly filled) otherwise.
+fn leading_exact_ints<T>(obj: &Bound<'_, PyAny>, out: &mut Vec<T>, max: u64, limit: usize) -> bool
+where
+    T: TryFrom<u64>,
+    <T as TryFrom<u64>>::Error: std::fmt::Debug,
+{
+    use pyo3::ffi;
+    let ptr = obj.as_ptr();
+    // SAFETY: the GIL is held (`obj` is a Bound). The exact type checks come before the
+    // unchecked size and item macros, every index is below the size, and the items are
+    // borrowed from the container, which nothing changes meanwhile: the only call made on an
+    // item, PyLong_AsUnsignedLongLong on an exact int, runs no Python code. An error it sets
+    // is cleared before returning false.
+    unsafe {
+        let is_list = ffi::PyList_CheckExact(ptr) != 0;
+        if !is_list && ffi::PyTuple_CheckExact(ptr) == 0 {
+            return false;
+        }
+        let len = if is_list {
+            ffi::PyList_GET_SIZE(ptr)
+        } else {
+            ffi::PyTuple_GET_SIZE(ptr)
+        };
+        let n = usize::try_from(len).unwrap_or(0).min(limit);
+        out.reserve(n);
+        for i in 0..n as ffi::Py_ssize_t {
+            let item = if is_list {
+                ffi::PyList_GET_ITEM(ptr, i)
+            } else {
+                ffi::PyTuple_GET_ITEM(ptr, i)
+            };
+            if ffi::PyLong_CheckExact(item) == 0 {
+                return false;
+            }
+            let v = ffi::PyLong_AsUnsignedLongLong(item);
+            if v == u64::MAX && !ffi::PyErr_Occurred().is_null() {
+                ffi::PyErr_Clear();
+                return false;
+            }
+            if v > max {
+                return false;
+            }
+            out.push(T::try_from(v).expect("max fits the target type"));
+        }
+    }
+    true
 }
 
 pub(super) fn seq_ids_into(obj: &Bound<'_, PyAny>, out: &mut Vec<u64>) -> PyResult<()> {
@@ -215,8 +297,13 @@ pub(super) fn int_default(v: i64) -> Py<PyAny> {
 }
 
 pub(super) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    leading_token_ids_arg(obj, usize::MAX)
+}
+
+/// The first `limit` token ids of a list or tuple (those after them are not checked).
+pub(super) fn leading_token_ids_arg(obj: &Bound<'_, PyAny>, limit: usize) -> PyResult<Vec<u32>> {
     let mut v = Vec::new();
-    collect_ints(obj, "token_ids", &mut v, u64::from(u32::MAX), |x| {
+    collect_leading_ints(obj, "token_ids", &mut v, u64::from(u32::MAX), limit, |x| {
         value_err(format!("token id {x} is not in [0, 2**32)"))
     })?;
     Ok(v)
