@@ -178,13 +178,16 @@ class KVCacheManager:
         and beyond what short promises still need. Matched blocks that are
         evictable stop being reclaimable while the request holds them, so they count against
         the room: all of them, those a window releases right after admission included
-        (they are held while admission makes room). Pure."""
+        (they are held while admission makes room), those only a prefix cache that holds
+        its own references keeps (radix) too. Pure."""
         if self.is_swapped(request):
             num_needed, pinned = self._num_blocks_to_restore(request), []
         else:
             num_needed, pinned = self._plan(request, match).num_new, match.block_ids
         pool = self.pool
         num_pinned_evictable = sum(1 for b in pinned if pool.ref_count(b) == 0)
+        if pinned:
+            num_pinned_evictable += self.prefix.num_evictable_among(pinned)
         room = self.num_reclaimable_blocks() - num_pinned_evictable - self._num_short_promised()
         return num_needed + self.admission_watermark() <= room
 

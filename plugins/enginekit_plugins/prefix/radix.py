@@ -3,6 +3,7 @@ copy-on-write reuse of a partially matched last block."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,7 +46,9 @@ class RadixPrefixCache(PrefixCache):
     step is still computing: it is cut back to the block edge and the cut tokens are
     reported as deferred (the scheduler waits a step for them rather than prefill them
     twice, as SGLang's in-batch prefix check does). A request holds a lock on its deepest
-    node while it runs, so the tree never evicts its path.
+    node while it runs, so the tree never evicts its path; a request with outputs (a
+    forked sample, a preempted request admitted again) takes its lock at its first
+    computed chunk or filled block.
     """
 
     Config = RadixConfig
@@ -75,11 +78,14 @@ class RadixPrefixCache(PrefixCache):
 
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
         seq_id = request.seq_id
-        if request.num_output_tokens:
+        if request.num_output_tokens and seq_id in self._locked_node:
             # Decoding (or prefilling prompt and outputs again after a preemption): its
             # outputs enter the tree when it leaves (on_released). Inserting the whole
             # sequence at every filled block would cost more than sharing a running
-            # request's outputs is worth.
+            # request's outputs is worth. Its first call (a forked sample's first filled
+            # block, a re-admission's first chunk) does insert, so that it locks the path
+            # whose blocks it holds: unlocked, that path could be evicted from the tree
+            # while its blocks stay in use, losing the cache for nothing.
             return
         block_size = self.kv.spec.block_size
         start = self._num_inserted.get(seq_id, 0)
@@ -141,6 +147,10 @@ class RadixPrefixCache(PrefixCache):
         # Each block lies in one tree (a request's blocks are its own, matched in its own
         # tree or forked from a parent with the same key), so the trees' counts add up.
         return sum(tree.num_evictable_blocks() for tree in self._trees.values())
+
+    def num_evictable_among(self, block_ids: Sequence[int]) -> int:
+        # Each block lies in one tree (see num_evictable_blocks).
+        return sum(tree.num_evictable_among(block_ids) for tree in self._trees.values())
 
     def evict(self, num_blocks: int) -> list[int]:
         # A tree's evict(n) frees exactly min(n, its evictable blocks) distinct blocks (it may
