@@ -675,6 +675,33 @@ def test_radix_copies_a_partially_matched_block_into_the_requests_own(native):
     assert manager.tables.block_ids(1) == [0, 1, 3, 4]
 
 
+def test_radix_matched_blocks_only_the_tree_holds_count_against_the_room(native):
+    manager = make_manager(native, num_blocks=12, prefix="radix")
+    gone = request(0, tokens(17))
+    admit(manager, gone)
+    prefill(manager, gone)
+    step_done(manager)
+    manager.release(gone)  # the tree alone holds its 5 blocks now
+    holder = request(1, tokens(8, 200))
+    admit(manager, holder)
+    prefill(manager, holder)
+    assert (manager.pool.num_free_blocks, manager.prefix.num_evictable_blocks()) == (5, 5)
+    # 16 matched tokens (4 blocks the tree alone holds) + 24 more: 6 new blocks. Room: 5 free
+    # + 5 the tree would give back, less the 4 the match would pin = 6.
+    fits = request(2, tokens(16) + tokens(24, 100))
+    match = manager.match(fits)
+    assert match.num_tokens == 16
+    assert manager.prefix.num_evictable_among(match.block_ids) == 4
+    assert manager.can_admit(fits, match)
+    # One token more needs 7: refused up front, rather than admitted to evict the tree's
+    # blocks and fail (the tree would have lost the very prefix the request matched).
+    too_long = request(2, tokens(16) + tokens(25, 100))
+    assert not manager.can_admit(too_long, manager.match(too_long))
+    manager.admit(fits, manager.match(fits))
+    manager.check_integrity()
+    assert manager.pool.num_free_blocks - manager.num_promised_blocks == 0
+
+
 # -- property: random operations keep every invariant, and nothing leaks ------------------
 
 # Prefill and decode steps are drawn more often than the rest, so that sequences grow

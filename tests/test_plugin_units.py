@@ -368,19 +368,89 @@ def test_radix_evicts_only_what_no_running_request_locks(native):
     # lies in block 2 too: 4 references, 3 distinct blocks.
     assert sorted(cache.held_block_ids()) == [0, 1, 2, 2]
     assert cache.num_evictable_blocks() == 3
-    released = cache.evict(1)  # the least recent leaf: one reference, to block 2
-    assert released == [2]
+    # One block asked, one freed: the leaf's reference to block 2 frees nothing (the node of
+    # tokens 0..9 holds 2 too), so that node's 2 goes next, tail first.
+    released = cache.evict(1)
+    assert released == [2, 2]
     context.pool.free(released)
     cache.check_integrity()
-    assert context.pool.ref_count(2) == 1  # the node of tokens 0..9 still holds it
-    assert cache.match(request(2, [*tokens(10), 50, 7])) == PrefixMatch([0, 1, 2], 10)
+    assert context.pool.ref_count(2) == 0
+    assert cache.match(request(2, [*tokens(10), 50, 7])) == PrefixMatch([0, 1], 8)
     released = cache.evict(3)
-    assert sorted(released) == [0, 1, 2]
+    assert released == [1, 0]
     context.pool.free(released)
     cache.check_integrity()
     assert cache.held_block_ids() == []
     assert context.pool.num_free_blocks == 16
     assert cache.match(request(3, tokens(11))) == NO_MATCH
+
+
+def admit_like_the_manager(
+    context: KVContext, paged: PagedAllocator, r: Request, match: PrefixMatch
+) -> None:
+    """What KVCacheManager.admit does with a match (without the copy itself): a reference on
+    every matched block, the full ones shared, a fresh block for a partially matched last
+    one; then the table grown to the whole sequence, all of it computed."""
+    for block_id in match.block_ids:
+        context.pool.incref(block_id)
+    shared = match.block_ids[: match.num_tokens // BLOCK]
+    paged.admit(r, shared)
+    if match.num_tokens % BLOCK:
+        context.pool.free([match.block_ids[-1]])  # the copy has run: its pin goes
+    paged.grow([r.seq_id], [r.num_tokens])
+    r.num_computed_tokens = r.num_tokens
+
+
+def test_radix_copy_on_write_leaf_lends_its_block_and_readmission_locks(native):
+    context = make_context(native)
+    paged = PagedAllocator(PagedConfig(), context)
+    cache = RadixPrefixCache(RadixConfig(), context)
+    first = computed(paged, request(0, tokens(10)), 10)
+    cache.on_computed(first, 10)
+    cache.on_step_executed()
+    cache.on_released(first)
+    paged.release(0)
+    # A prompt going on from the 10 cached tokens copies block 2 (2 of its slots match) into
+    # a block of its own, which then holds positions 8, 9 of the cached node too: the node
+    # takes it, and block 2 leaves the pool.
+    second = request(1, [*tokens(10), 99, 98, 97])
+    match = cache.match(second)
+    assert match == PrefixMatch([0, 1, 2], 10)
+    admit_like_the_manager(context, paged, second, match)
+    own = context.tables.block_ids(1)[2:]
+    cache.on_computed(second, 13)
+    cache.check_integrity()
+    assert sorted(cache.held_block_ids()) == sorted([0, 1, own[0], own[0], own[1]])
+    assert context.pool.ref_count(2) == 0
+    assert cache.num_evictable_blocks() == 0  # the request locks its path
+    assert cache.num_evictable_among([0, 1, own[0]]) == 0
+    cache.on_step_executed()
+    cache.on_released(second)
+    paged.release(1)
+    assert cache.num_evictable_blocks() == 4
+    assert cache.num_evictable_among([0, 1, 2, own[0], 99]) == 3
+    # A preempted request admitted again (it has an output) locks the path it matched at its
+    # first chunk, so that the tree does not evict the blocks it holds.
+    third = request(2, [*tokens(10), 99, 98, 97])
+    third.token_ids.append(5)
+    match = cache.match(third)
+    assert match.num_tokens == 13
+    admit_like_the_manager(context, paged, third, match)
+    cache.on_computed(third, 14)
+    cache.check_integrity()
+    assert cache.num_evictable_blocks() == 0
+    assert cache.evict(4) == []
+    held = sorted(cache.held_block_ids())
+    third.token_ids.extend([6, 7])  # decodes: their outputs enter the tree when it leaves
+    paged.grow([2], [16])
+    third.num_computed_tokens = 16
+    cache.on_computed(third, 16)
+    assert sorted(cache.held_block_ids()) == held
+    cache.on_released(third)
+    paged.release(2)
+    cache.check_integrity()
+    assert cache.match(request(3, [*tokens(10), 99, 98, 97, 5, 6, 7, 1])).num_tokens == 16
+    assert context.pool.num_used_blocks == cache.num_evictable_blocks()
 
 
 def test_none_never_matches_and_never_publishes(native):

@@ -91,11 +91,12 @@ B = list(range(6)) + list(range(100, 106))  # shares 6 tokens with A, 12 long
 def split_example(Tree: type) -> Any:
     """block_size 4: A with blocks [7, 8, 9], then B (diverging at 6) with [7, 20, 21]."""
     tree = Tree(4)
-    assert tree.insert(A, [7, 8, 9]) == (10, [7, 8, 9], 1)
-    # Split at position 6, inside block 1: the upper half [0, 6) becomes node 2 holding blocks
-    # 7 and 8; node 1 keeps [6, 10) with blocks 8 and 9, so block 8 gains a reference. The new
-    # leaf 3 holds [6, 12) with the caller's blocks 20 and 21.
-    assert tree.insert(B, [7, 20, 21]) == (6, [8, 20, 21], 3)
+    assert tree.insert(A, [7, 8, 9]) == (10, [7, 8, 9], 1, [])
+    # Split at position 6, inside block 1: the upper half [0, 6) becomes node 2; node 1 keeps
+    # [6, 10) with blocks 8 and 9. The new leaf 3 holds [6, 12) with the caller's blocks 20
+    # and 21; its 20 holds B's positions [4, 6) too, shared with A, so the upper half takes 20
+    # for block 1 (rather than a second reference to A's 8): [7, 20].
+    assert tree.insert(B, [7, 20, 21]) == (6, [20, 21, 20], 3, [])
     tree.check_integrity()
     return tree
 
@@ -127,6 +128,7 @@ def test_results_are_named_tuples(Tree) -> None:
     tree = Tree(4)
     r = tree.insert(A, [7, 8, 9])
     assert (r.num_new_tokens, r.new_block_refs, r.node_id) == (10, [7, 8, 9], 1)
+    assert r.released_block_refs == []
     m = tree.match_prefix(A[:5])
     assert (m.num_tokens, m.block_ids, m.node_id) == (5, [7, 8], 1)
     root, leaf = tree.nodes()
@@ -136,7 +138,7 @@ def test_results_are_named_tuples(Tree) -> None:
 
 def test_mid_block_split(Tree) -> None:
     tree = split_example(Tree)
-    # Block 8 straddles the split: two references, one block.
+    # Block 20 straddles the split: two references, one block.
     assert state(tree) == {
         "block_size": 4,
         "num_nodes": 4,
@@ -147,23 +149,25 @@ def test_mid_block_split(Tree) -> None:
         "nodes": [
             (0, None, [], [], 0, 2),
             (1, 2, A[6:], [8, 9], 0, 1),
-            (2, 0, A[:6], [7, 8], 0, 2),
+            (2, 0, A[:6], [7, 20], 0, 2),
             (3, 2, B[6:], [20, 21], 0, 2),
         ],
     }
     assert tree.match_prefix(A) == (10, [7, 8, 9], 1)
     assert tree.match_prefix(B) == (12, [7, 20, 21], 3)
-    assert tree.match_prefix(A[:5]) == (5, [7, 8], 2)
+    assert tree.match_prefix(A[:5]) == (5, [7, 20], 2)
     assert tree.match_prefix(A[:4]) == (4, [7], 2)
     assert tree.match_prefix(B[:7]) == (7, [7, 20], 3)
     assert tree.match_prefix(A + [1, 2]) == (10, [7, 8, 9], 1)
     assert tree.match_prefix([0, 1, 2, 99]) == (3, [7], 2)
     assert tree.match_prefix([]) == (0, [], 0)
-    # Oldest leaf first: node 1 (stamp 1); one request releases the whole node.
-    assert tree.evict(1) == [8, 9]
-    assert tree.match_prefix(A) == (6, [7, 8], 2)
-    # Then leaf 3, then its parent 2, which became an unlocked leaf.
-    assert tree.evict(3) == [20, 21, 7, 8]
+    # Oldest leaf first: node 1 (stamp 1) loses its last block and keeps [6, 8).
+    assert tree.evict(1) == [9]
+    assert tree.match_prefix(A) == (8, [7, 8], 1)
+    tree.check_integrity()
+    # Then node 1's 8, leaf 3 tail first (its 20 frees no block: node 2 holds it too, so
+    # eviction goes on), then its parent 2, which became an unlocked leaf.
+    assert tree.evict(4) == [8, 21, 20, 20, 7]
     assert state(tree)["nodes"] == [(0, None, [], [], 0, 2)]
     tree.check_integrity()
 
@@ -171,7 +175,7 @@ def test_mid_block_split(Tree) -> None:
 def test_split_on_a_block_boundary_adds_no_reference(Tree) -> None:
     tree = Tree(4)
     tree.insert(list(range(12)), [1, 2, 3])
-    assert tree.insert(list(range(8)) + [50], [1, 2, 4]) == (1, [4], 3)
+    assert tree.insert(list(range(8)) + [50], [1, 2, 4]) == (1, [4], 3, [])
     nodes = tree.nodes()
     assert (nodes[1].block_ids, nodes[2].block_ids, nodes[3].block_ids) == ([3], [1, 2], [4])
     assert num_block_refs(tree) == 4
@@ -181,13 +185,16 @@ def test_split_on_a_block_boundary_adds_no_reference(Tree) -> None:
 def test_insert_of_a_stored_prefix_only_stamps(Tree) -> None:
     tree = Tree(4)
     tree.insert(A, [7, 8, 9])
-    assert tree.insert(A[:3], [40]) == (0, [], 1)  # ends inside node 1's edge: no split
+    assert tree.insert(A[:3], [40]) == (0, [], 1, [])  # ends inside node 1's edge: no split
     assert num_nodes(tree) == 2
     assert tree.nodes()[1].stamp == 2
-    assert tree.insert([], []) == (0, [], 0)
+    assert tree.insert([], []) == (0, [], 0, [])
     assert tree.nodes()[0].stamp == 3
-    # Extending a leaf adds a child; the new range takes the caller's blocks.
-    assert tree.insert(A + [10, 11, 12], [0, 0, 30, 31]) == (3, [30, 31], 2)
+    # Extending a leaf adds a child; the new range takes the caller's blocks. The child starts
+    # inside block 2, whose copy 30 holds node 1's positions [8, 10) too: node 1 takes 30 and
+    # releases 9.
+    assert tree.insert(A + [10, 11, 12], [0, 0, 30, 31]) == (3, [30, 31, 30], 2, [9])
+    assert tree.nodes()[1].block_ids == [7, 8, 30]
     assert tree.match_prefix(A + [10, 11, 12]) == (13, [7, 8, 30, 31], 2)
     tree.check_integrity()
 
@@ -204,7 +211,7 @@ def test_insert_errors_change_nothing(Tree) -> None:
         assert msg == f"token id {bad} is not in [0, 2**32)"
         raises_unchanged(tree, ValueError, lambda b=bad: tree.match_prefix([0, b]))
     # Extra blocks are ignored.
-    assert tree.insert([1], [5, 6]) == (1, [5], 4)
+    assert tree.insert([1], [5, 6]) == (1, [5], 4, [])
     tree.check_integrity()
 
 
@@ -214,8 +221,10 @@ def test_locks(Tree) -> None:
     locks = {n.node_id: (n.lock_count, n.stamp) for n in tree.nodes()}
     assert locks == {0: (1, 3), 1: (0, 1), 2: (1, 3), 3: (1, 3)}
     assert evictable_block_refs(tree) == 2
-    assert tree.evict(10) == [8, 9]  # only node 1 can go
+    assert tree.num_evictable_blocks() == 2
+    assert tree.evict(10) == [9, 8]  # only node 1 can go, tail first
     assert tree.evict(10) == []
+    assert tree.match_prefix(A) == (6, [7, 20], 2)
     assert tree.match_prefix(B) == (12, [7, 20, 21], 3)
     msg = raises_unchanged(tree, KVCacheError, lambda: tree.unlock(2))  # locked only below
     assert msg == "node 2 is not locked: cannot unlock"
@@ -238,18 +247,25 @@ def test_split_of_a_locked_node(Tree) -> None:
     tree.lock(1)
     tree.lock(1)
     # Diverge at 3: the new upper node 2 inherits lock_count 2; node 1 keeps its own locks.
-    assert tree.insert([0, 1, 2, 77], [7]) == (1, [7, 7], 3)
+    assert tree.insert([0, 1, 2, 77], [7]) == (1, [7, 7], 3, [])
     nodes = {n.node_id: n for n in tree.nodes()}
     assert (nodes[2].token_ids, nodes[2].lock_count, nodes[1].lock_count) == ([0, 1, 2], 2, 2)
     assert nodes[3].lock_count == 0
     assert evictable_block_refs(tree) == 1
     raises_unchanged(tree, KVCacheError, lambda: tree.unlock(2))
-    assert tree.evict(5) == [7]
+    # Leaf 3's only block, 7, is held by the locked node 2 too: evicting it frees nothing,
+    # so it stays.
+    assert tree.num_evictable_blocks() == 0
+    assert tree.evict(5) == []
     tree.unlock(1)
     tree.unlock(1)
-    assert evictable_block_refs(tree) == 4
-    assert tree.evict(1) == [7, 8, 9]  # node 1, the only leaf
-    assert tree.evict(1) == [7]
+    assert evictable_block_refs(tree) == 5
+    # Leaf 1 ends inside its last block, 9: that goes first. Then leaf 3 (stamp 4) is older
+    # than leaf 1 (stamp 6): its reference to 7 goes, freeing nothing (nodes 1 and 2 hold 7),
+    # then leaf 1's 8.
+    assert tree.evict(1) == [9]
+    assert tree.evict(1) == [7, 8]
+    assert tree.evict(1) == [7, 7]  # leaf 1's 7 frees nothing; node 2's does
     assert num_nodes(tree) == 1
     tree.check_integrity()
 
@@ -275,6 +291,82 @@ def test_evict_order_stamp_then_id(Tree) -> None:
     assert tree.evict(1) == [53]
     assert tree.evict(1) == [51]
     assert tree.evict(1) == [50]
+
+
+def test_evict_trims_the_least_recent_leaf_tail_first(Tree) -> None:
+    tree = Tree(4)
+    tree.insert(A, [7, 8, 9])  # node 1: [0, 10), stamp 1
+    tree.insert([50, 51, 52, 53], [30])  # node 2, stamp 2, one full block
+    # One block asked, one block released: node 1's last, positions [8, 10).
+    assert tree.evict(1) == [9]
+    assert tree.nodes()[1].token_ids == A[:8]
+    assert tree.match_prefix(A) == (8, [7, 8], 1)
+    # Trimmed, node 1 keeps its stamp: it goes on first, tail first, before node 2.
+    assert tree.evict(1) == [8]
+    assert tree.match_prefix(A) == (4, [7], 1)
+    assert tree.evict(2) == [7, 30]
+    assert num_nodes(tree) == 1
+    tree.check_integrity()
+
+
+def test_evict_drops_a_straddling_reference_without_counting_it(Tree) -> None:
+    tree = Tree(4)
+    tree.insert(A[:6], [7, 8])  # node 1: [0, 6) in 7, 8
+    tree.insert(A[:9], [7, 8, 9])  # node 2: [6, 9) in 8 (shared with node 1) and 9
+    assert tree.num_evictable_blocks() == 3
+    assert tree.evict(1) == [9]
+    # Node 2's reference to 8 frees no block: node 2 goes, and the parent's 8 follows.
+    assert tree.evict(1) == [8, 8]
+    assert tree.match_prefix(A) == (4, [7], 1)
+    assert tree.num_evictable_blocks() == 1
+    tree.check_integrity()
+    # With the parent locked only 9 is evictable; node 2 keeps [6, 8).
+    tree = Tree(4)
+    parent = tree.insert(A[:6], [7, 8]).node_id
+    tree.insert(A[:9], [7, 8, 9])
+    tree.lock(parent)
+    assert tree.evict(5) == [9]
+    assert tree.evict(5) == []
+    assert tree.match_prefix(A) == (8, [7, 8], 2)
+    tree.check_integrity()
+
+
+def test_evict_takes_partly_filled_last_blocks_first(Tree) -> None:
+    tree = Tree(4)
+    tree.insert([1] * 8, [10, 11])  # node 1, stamp 1: ends on a block boundary
+    tree.insert([2] * 6, [20, 21])  # node 2, stamp 2: ends inside block 21
+    tree.insert([3] * 3, [30])  # node 3, stamp 3: ends inside block 30
+    # Blocks a block-granular cache would not hold go first (least recent first), though
+    # node 1 is older; then node 1, the least recent, before node 2's full block.
+    assert tree.evict(1) == [21]
+    assert tree.evict(1) == [30]
+    assert tree.evict(2) == [11, 10]
+    assert tree.evict(1) == [20]
+    assert num_nodes(tree) == 1
+    tree.check_integrity()
+
+
+def test_a_leaf_starting_inside_a_block_lends_it_to_its_ancestors(Tree) -> None:
+    tree = Tree(8)
+    tree.insert([1, 2, 3], [10])  # node 1
+    tree.insert([1, 2, 3, 4, 5], [10])  # node 2: the same sequence's next chunk, same block
+    # Goes on at 5 with its own copy 11 of block 0 (copy-on-write of a partial match): both
+    # ancestors take 11 and release 10.
+    assert tree.insert([1, 2, 3, 4, 5, 6], [11]) == (1, [11, 11, 11], 3, [10, 10])
+    assert [n.block_ids for n in tree.nodes()[1:]] == [[11], [11], [11]]
+    assert tree.num_evictable_blocks() == 1
+    tree.check_integrity()
+    # A lock on the parent keeps its copy (its request holds it); a lock below a child with
+    # another copy does not.
+    tree = Tree(8)
+    parent = tree.insert([1, 2, 3], [10]).node_id
+    tree.lock(parent)
+    assert tree.insert([1, 2, 3, 4], [11]) == (1, [11], 2, [])
+    tree.unlock(parent)
+    tree.lock(2)
+    assert tree.insert([1, 2, 3, 5], [10]) == (1, [10], 3, [])
+    assert tree.insert([1, 2, 3, 6], [12]) == (1, [12, 12], 4, [10])
+    tree.check_integrity()
 
 
 def test_deep_path(Tree) -> None:
@@ -307,18 +399,18 @@ def test_evictable_blocks_count_a_shared_block_once(Tree) -> None:
     assert tree.num_evictable_blocks() == 0  # 11 is also referenced by a locked node
     tree.unlock(first.node_id)
     assert (evictable_block_refs(tree), tree.num_evictable_blocks()) == (3, 2)
-    # Leaving the first edge inside block 11 splits it there: 11 gains a third reference;
-    # the new leaf holds its own copy, 12.
+    # Leaving the first edge inside block 11 splits it there; the new leaf holds its own
+    # copy of block 1, 12, which the upper part takes instead of 11 (11 stays below).
     second = tree.insert([1, 2, 3, 4, 5, 9, 9, 9], [10, 12])
-    assert second.new_block_refs == [11, 12]
+    assert second.new_block_refs == [12, 12]
     assert (evictable_block_refs(tree), tree.num_evictable_blocks()) == (5, 3)
     tree.lock(second.node_id)
-    # Locked: the upper part (10, 11) and the leaf (12); the unlocked lower nodes hold only
-    # block 11, which the upper part references too.
-    assert (evictable_block_refs(tree), tree.num_evictable_blocks()) == (2, 0)
+    # Locked: the upper part (10, 12) and the leaf (12); the unlocked lower nodes hold block
+    # 11, which no locked node needs.
+    assert (evictable_block_refs(tree), tree.num_evictable_blocks()) == (2, 1)
     tree.unlock(second.node_id)
     assert tree.num_evictable_blocks() == len(unlocked_only_blocks(tree)) == 3
-    assert sorted(tree.evict(100)) == [10, 11, 11, 11, 12]
+    assert sorted(tree.evict(100)) == [10, 11, 11, 12, 12]
     assert tree.num_evictable_blocks() == 0
     tree.check_integrity()
 
@@ -331,7 +423,7 @@ def test_token_and_block_lists_are_lists_or_tuples(Tree, kind: str) -> None:
     raises_unchanged(tree, TypeError, lambda: tree.insert([0, 1], bad()))
     raises_unchanged(tree, TypeError, lambda: tree.match_prefix(bad()))
     assert tree.match_prefix(tuple(A)) == tree.match_prefix(A)
-    assert tree.insert(tuple(B), (7, 20, 21)) == (0, [], 3)
+    assert tree.insert(tuple(B), (7, 20, 21)) == (0, [], 3, [])
 
 
 def run_radix_engine(native: bool) -> list[tuple[int, int, int, int]]:
@@ -449,11 +541,16 @@ class RadixTwins(RuleBasedStateMachine):
     def insert(self, data: st.DataObject) -> None:
         seq = self.sequence(data)
         need = -(-len(seq) // self.bs)
-        # Fresh ids mostly; sometimes the ids of a matching path (the usual caller).
+        # Fresh ids, or the ids of the matching path, with or without a copy of a partially
+        # matched last block (the usual caller copies it).
         blocks = list(range(self.next_block, self.next_block + need))
         self.next_block += need
-        if data.draw(st.booleans()):
-            matched = self.python.match_prefix(seq).block_ids
+        how = data.draw(st.sampled_from(["fresh", "matched", "copy_on_write"]))
+        if how != "fresh":
+            found = self.python.match_prefix(seq)
+            matched = found.block_ids
+            if how == "copy_on_write" and found.num_tokens % self.bs:
+                matched = matched[:-1]  # the partially matched block is copied: a fresh id
             blocks[: len(matched)] = matched
         blocks += data.draw(st.lists(st.integers(0, 3), max_size=2))  # extra ids are ignored
         kind = data.draw(st.sampled_from(["ok"] * 6 + ["short", "bad_block", "bad_token"]))
@@ -468,8 +565,9 @@ class RadixTwins(RuleBasedStateMachine):
             seq.insert(data.draw(st.integers(0, len(seq))), bad)
         result = self.both("insert", seq, blocks)
         if result[0] == "returned":
-            num_new, refs, node_id = result[1]
+            num_new, refs, node_id, released = result[1]
             self.refs.update(refs)
+            self.refs.subtract(released)
             self.seen_nodes.append(node_id)
 
     @rule(data=st.data())
@@ -477,9 +575,28 @@ class RadixTwins(RuleBasedStateMachine):
         seq = self.sequence(data)
         if data.draw(st.integers(0, 9)) == 0:
             seq.append(-1)
-        result = self.both("match_prefix", seq)
+        args: tuple[Any, ...] = (seq,)
+        if data.draw(st.booleans()):
+            max_tokens = data.draw(st.one_of(st.none(), st.integers(-1, len(seq) + 3)))
+            args = (seq, max_tokens)
+            if max_tokens is not None and max_tokens >= 0:
+                # As matching a copy of the prefix: the ids after it are not read (nor a bad
+                # one among them).
+                got = outcome(self.python.match_prefix, *args)
+                assert got == outcome(self.python.match_prefix, seq[:max_tokens])
+        result = self.both("match_prefix", *args)
         if result[0] == "returned":
             self.seen_nodes.append(result[1][2])
+
+    @rule(data=st.data())
+    def evictable_among(self, data: st.DataObject) -> None:
+        held = [b for n in self.python.nodes() for b in n.block_ids]
+        ids = data.draw(st.lists(st.sampled_from(held + [0, 1, 2**31 - 1]), max_size=6))
+        if data.draw(st.integers(0, 9)) == 0:
+            ids.append(data.draw(st.sampled_from([-1, 2**31])))
+        result = self.both("num_evictable_among", ids)
+        if result[0] == "returned":
+            assert result[1] == len(set(ids) & unlocked_only_blocks(self.python))
 
     @rule(data=st.data())
     def lock(self, data: st.DataObject) -> None:
@@ -491,9 +608,16 @@ class RadixTwins(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def evict(self, data: st.DataObject) -> None:
-        result = self.both("evict", data.draw(st.integers(-1, 8)))
+        num_blocks = data.draw(st.integers(-1, 8))
+        num_before = self.python.num_evictable_blocks()
+        refs_before = num_block_refs(self.python)
+        result = self.both("evict", num_blocks)
         if result[0] == "returned":
             self.refs.subtract(result[1])
+            # Exactly what was asked, where there is that much; one reference per trimmed
+            # block.
+            assert self.python.num_evictable_blocks() == num_before - min(num_blocks, num_before)
+            assert num_block_refs(self.python) == refs_before - len(result[1])
 
     @invariant()
     def same_state_and_intact(self) -> None:

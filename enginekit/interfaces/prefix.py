@@ -102,6 +102,11 @@ class PrefixCache(Plugin, ABC):
         """Pool blocks that ``evict`` could free (an upper bound). Pure."""
         return 0
 
+    def num_evictable_among(self, block_ids: Sequence[int]) -> int:
+        """How many of ``block_ids`` (distinct: a match's) ``num_evictable_blocks`` counts:
+        a request that shares them takes them out of what ``evict`` can free. Pure."""
+        return 0
+
     def evict(self, num_blocks: int) -> list[int]:
         """Drops cache entries, least recently used first, until the references it gives
         up cover ``num_blocks`` blocks or nothing is left; returns those references (the

@@ -389,6 +389,10 @@ class InsertResult(NamedTuple):
     caller increfs each once in the pool."""
     node_id: int
     """The node holding the last token of the inserted sequence (0 for an empty one)."""
+    released_block_refs: list[int]
+    """Every tree reference this call released, in release order (a new leaf starting inside
+    a block lends that block to the ancestors that held another copy of it): the caller
+    frees each once in the pool, after the increfs."""
 
 
 class RadixNode(NamedTuple):
@@ -416,14 +420,15 @@ class RadixTree(Protocol):
     blocks floor(start / bs) ..= floor((end - 1) / bs) (block i holds positions
     [i * bs, (i + 1) * bs)). A block straddling a node boundary is referenced by both nodes.
     Each node reference is one tree reference; the caller mirrors tree references as pool
-    references: incref every id of InsertResult.new_block_refs, free every id evict returns.
+    references: incref every id of InsertResult.new_block_refs, then free every id of its
+    released_block_refs; free every id evict returns.
 
     Locks: lock(n) adds a lock on n; lock_count of a node counts the locks on it and on its
-    descendants; a node with lock_count > 0 is never evicted. Recency: a logical clock ticks
-    once per insert, lock and unlock, which stamp every node on the path from the root to the
-    node concerned; match_prefix changes nothing. Node ids come from a counter and are never
-    reused. Token ids are in [0, 2**32), block ids in [0, 2**31) (ValueError otherwise); a
-    node id that does not exist raises KVCacheError.
+    descendants; a node with lock_count > 0 is never evicted, not even in part. Recency: a logical
+    clock ticks once per insert, lock and unlock, which stamp every node on the path from the root
+    to the node concerned; match_prefix changes nothing. Node ids come from a counter and are never
+    reused. Token ids are in [0, 2**32), block ids in [0, 2**31) (ValueError otherwise); a node id
+    that does not exist raises KVCacheError.
     """
 
     def num_evictable_blocks(self) -> int:
@@ -434,10 +439,19 @@ class RadixTree(Protocol):
         references on. O(1) in the Rust tree."""
         ...
 
-    def match_prefix(self, token_ids: IntList) -> RadixMatch:
-        """The longest prefix of token_ids stored in the tree, at token granularity (a match
-        may end inside a node's edge). Pure: changes no stamp. Raises ValueError for a token
-        id not in [0, 2**32)."""
+    def num_evictable_among(self, block_ids: IntList) -> int:
+        """How many distinct ids of block_ids num_evictable_blocks counts (a sequence that
+        shares them takes them out of what evict can free). Pure. Raises ValueError for a
+        block id not in [0, 2**31)."""
+        ...
+
+    def match_prefix(self, token_ids: IntList, max_tokens: int | None = None) -> RadixMatch:
+        """The longest prefix of token_ids[:max_tokens] (all of token_ids if None) stored in
+        the tree, at token granularity (a match may end inside a node's edge); the ids after
+        the first max_tokens are not read, so a caller matching a prefix of its list passes
+        the whole list and a length instead of a copy. Pure: changes no stamp. Raises
+        ValueError for a token id not in [0, 2**32) among those read, or a negative
+        max_tokens."""
         ...
 
     def insert(self, token_ids: IntList, block_ids: IntList) -> InsertResult:
@@ -449,8 +463,15 @@ class RadixTree(Protocol):
         original id keeps the lower part and its own locks; if the split point is inside a
         block, that block gains a reference (it is in new_block_refs). A new leaf references
         the caller's blocks for its range. A sequence that ends inside an edge splits nothing.
-        Stamps the whole path. Raises ValueError for a bad token or block id, or if block_ids
-        holds fewer than ceil(len(token_ids) / block_size) ids (extra ones are ignored).
+        A new leaf that starts inside a block lends that block (the caller's copy, which holds
+        the path's positions before the leaf too) to its parent, and on up through the
+        ancestors that start inside that block and hold the same other copy, unless a lock
+        needs their copy (one on the ancestor itself, or below a child starting with that
+        copy): each takes a reference to the new block (in new_block_refs) and releases its
+        own (in released_block_refs). A reference released to one the same call created is in
+        neither list. Stamps the whole path. Raises ValueError for a bad token or block id, or
+        if block_ids holds fewer than ceil(len(token_ids) / block_size) ids (extra ones are
+        ignored).
         """
         ...
 
@@ -467,11 +488,21 @@ class RadixTree(Protocol):
         ...
 
     def evict(self, num_blocks: int) -> list[int]:
-        """Removes unlocked leaves, least recent stamp first (ties: lower node id), a parent
-        that becomes an unlocked leaf included, until at least num_blocks references were
-        released or nothing evictable is left (never raises for too large a count); returns
-        every released reference, node by node, each node's blocks in order: the caller
-        frees each once. Raises ValueError if num_blocks is negative."""
+        """Releases references at block granularity until num_blocks distinct blocks have
+        lost their last tree reference, or nothing unlocked is left (never raises for too
+        large a count): num_evictable_blocks() falls by exactly min(num_blocks,
+        num_evictable_blocks()). Each round takes the first unlocked leaf in eviction order
+        and trims the last block off its edge. The order: leaves whose edge ends inside a
+        block first (a partly filled last block, which a block-granular cache would not hold
+        at all, goes before any full block), then least recent stamp, ties to the lower node
+        id. Trimming cuts the edge back to that block's first position (or to the node's
+        start) and releases the block's reference; a block another node references too (the
+        parent's, where the block straddles the node boundary) drops a reference and frees
+        nothing. A node left without tokens is removed; its parent may become an unlocked
+        leaf, at its own stamp. A trimmed leaf keeps its stamp, so it stays in its place in
+        the order until it is gone: a released sequence loses its tail before its prefix, as
+        a block LRU list gives blocks back. Returns every released reference in release
+        order: the caller frees each once. Raises ValueError if num_blocks is negative."""
         ...
 
     def nodes(self) -> list[RadixNode]:

@@ -187,12 +187,13 @@ class KVCacheManager:
         and beyond what short promises still need. Matched blocks that are
         evictable stop being reclaimable while the request holds them, so they count against
         the room: all of them, those a window releases right after admission included
-        (they are held while admission makes room). Pure."""
+        (they are held while admission makes room), those only a prefix cache that holds
+        its own references keeps (radix) too. Pure."""
         if self.is_swapped(request):
             num_needed, pinned = self._num_blocks_to_restore(request), []
         else:
             num_needed, pinned = self._plan(request, match).num_new, match.block_ids
-        num_pinned_evictable = self.pool.num_unreferenced(pinned) if pinned else 0
+        num_pinned_evictable = self._num_pinned_evictable(pinned)
         room = self.num_reclaimable_blocks() - num_pinned_evictable - self._num_short_promised()
         return num_needed + self.admission_watermark() <= room
 
@@ -207,11 +208,19 @@ class KVCacheManager:
         if not match.block_ids:
             return match if num_needed <= room else None
         # Pinning only takes room: when the hit does not fit the whole room, skip the count.
-        if num_needed <= room and num_needed <= room - self.pool.num_unreferenced(match.block_ids):
+        if num_needed <= room and num_needed <= room - self._num_pinned_evictable(match.block_ids):
             return match
         if self._num_new_blocks(request, NO_MATCH) <= room:
             return NO_MATCH
         return None
+
+    def _num_pinned_evictable(self, block_ids: list[int]) -> int:
+        """Of a match's blocks, those that stop being reclaimable while a request holds
+        them: evictable in the pool, or kept only by a prefix cache holding references of
+        its own (radix)."""
+        if not block_ids:
+            return 0
+        return self.pool.num_unreferenced(block_ids) + self.prefix.num_evictable_among(block_ids)
 
     def admission_watermark(self) -> int:
         """Blocks admission keeps reclaimable for the running sequences to grow into: the

@@ -7,7 +7,8 @@
 use pyo3::prelude::*;
 
 use super::convert::{
-    as_u64, cache_err, count, guard, table_block_ids, to_py, token_ids_arg, value_err,
+    as_u64, cache_err, count, guard, leading_token_ids_arg, table_block_ids, to_py, token_ids_arg,
+    value_err,
 };
 use crate::radix::RadixTree;
 
@@ -56,9 +57,26 @@ impl PyRadixTree {
         guard(|| Ok(self.inner.num_evictable_blocks()))
     }
 
-    fn match_prefix(&self, py: Python<'_>, token_ids: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    fn num_evictable_among(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<u64> {
         guard(|| {
-            let tokens = token_ids_arg(token_ids)?;
+            let blocks = table_block_ids(block_ids)?;
+            Ok(self.inner.num_evictable_among(&blocks))
+        })
+    }
+
+    #[pyo3(signature = (token_ids, max_tokens=None))]
+    fn match_prefix(
+        &self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        max_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        guard(|| {
+            let limit = match max_tokens {
+                Some(obj) => usize::try_from(count(obj, "max_tokens")?).unwrap_or(usize::MAX),
+                None => usize::MAX,
+            };
+            let tokens = leading_token_ids_arg(token_ids, limit)?;
             let m = self.inner.match_prefix(&tokens);
             Ok(self
                 .match_type
@@ -81,7 +99,12 @@ impl PyRadixTree {
             Ok(self
                 .insert_type
                 .bind(py)
-                .call1((r.num_new_tokens, r.new_block_refs, r.node_id))?
+                .call1((
+                    r.num_new_tokens,
+                    r.new_block_refs,
+                    r.node_id,
+                    r.released_block_refs,
+                ))?
                 .unbind())
         })
     }

@@ -55,7 +55,7 @@ impl RadixTree {
                     e.locked += u64::from(n.lock_count > 0);
                 }
                 if n.lock_count == 0 && n.children.is_empty() {
-                    candidates.insert((n.stamp, id));
+                    candidates.insert((n.end() % self.block_size == 0, n.stamp, id));
                 }
             }
             if n.stamp > self.clock {

@@ -1,5 +1,6 @@
-//! `RadixTree::insert`: walking the path, splitting an edge the sequence leaves midway, and
-//! adding the new leaf.
+//! `RadixTree::insert`: walking the path, splitting an edge the sequence leaves midway, adding
+//! the new leaf, and letting a leaf that starts inside a block lend that block to its
+//! ancestors.
 
 use std::collections::HashMap;
 
@@ -8,7 +9,11 @@ use crate::error::{KvError, KvResult, MAX_BLOCK_ID};
 
 impl RadixTree {
     /// Stores `token_ids`; the token at position p lives in `block_ids[p / block_size]`. Nodes
-    /// already on the path keep their own blocks; new nodes reference the caller's blocks.
+    /// already on the path keep their own blocks; new nodes reference the caller's blocks,
+    /// except where the new leaf starts inside a block: the caller's copy of that block holds
+    /// the path's positions before the leaf too, so the ancestors referencing another copy of
+    /// it (the copy-on-write source) take the caller's instead and release theirs
+    /// (`released_block_refs`): one block, not two, for one range of positions.
     pub fn insert(&mut self, token_ids: &[u32], block_ids: &[u32]) -> KvResult<InsertResult> {
         if let Some(b) = block_ids.iter().find(|&&b| b > MAX_BLOCK_ID) {
             return Err(KvError::Value(format!("block id {b} is not in [0, 2**31)")));
@@ -23,6 +28,7 @@ impl RadixTree {
         }
         // Nothing below fails.
         let mut refs = Vec::new();
+        let mut released = Vec::new();
         let mut num_new_tokens = 0u64;
         let mut path = vec![ROOT];
         let mut node_id = ROOT;
@@ -33,6 +39,7 @@ impl RadixTree {
                 Some(&c) => c,
                 None => {
                     node_id = self.add_leaf(node_id, pos as u64, rest, block_ids, &mut refs);
+                    self.lend_first_block(node_id, &mut refs, &mut released);
                     num_new_tokens = rest.len() as u64;
                     path.push(node_id);
                     break;
@@ -49,12 +56,22 @@ impl RadixTree {
             }
             path.push(node_id);
         }
+        // A reference released to one the call itself created (a split's straddling block,
+        // which the new leaf's copy then replaced) is no change: both are left out.
+        released.retain(|b| match refs.iter().rposition(|r| r == b) {
+            Some(i) => {
+                refs.remove(i);
+                false
+            }
+            None => true,
+        });
         path.reverse();
         self.stamp_path(&path);
         Ok(InsertResult {
             num_new_tokens,
             new_block_refs: refs,
             node_id,
+            released_block_refs: released,
         })
     }
 
@@ -99,6 +116,60 @@ impl RadixTree {
         );
         self.relist(id);
         id
+    }
+
+    /// Where the leaf `id` starts inside a block, its first block replaces another id for that
+    /// block's index in its parent, and up through every ancestor that starts inside that
+    /// block too and references that same other id, as long as no lock needs the other id:
+    /// a lock taken on the ancestor itself (its request holds the ancestor's blocks) or on a
+    /// child that starts with the other id. Each replacement is a reference gained (pushed on
+    /// `refs`) and one released (pushed on `released`).
+    fn lend_first_block(&mut self, id: u64, refs: &mut Vec<u32>, released: &mut Vec<u32>) {
+        let bs = self.block_size;
+        let (start, parent, new) = {
+            let n = self.node(id);
+            (n.start, n.parent, n.blocks[0])
+        };
+        if start % bs == 0 {
+            return;
+        }
+        let first_pos = start / bs * bs;
+        let Some(&old) = self.node(parent).blocks.last() else {
+            return;
+        };
+        if old == new {
+            return;
+        }
+        let mut cur = parent;
+        loop {
+            if !self.can_lend(cur, old) {
+                break;
+            }
+            let n = self.node_mut(cur);
+            let last = n.blocks.len() - 1;
+            n.blocks[last] = new;
+            let (locked, n_start, n_parent) = (n.lock_count > 0, n.start, n.parent);
+            self.block_counts.add(&[new], locked);
+            self.block_counts.remove(&[old], locked);
+            refs.push(new);
+            released.push(old);
+            if n_start <= first_pos || n_parent == ROOT {
+                break;
+            }
+            cur = n_parent;
+        }
+    }
+
+    /// Whether node `id` ends in block `old` and no lock needs it there: none on the node
+    /// itself, none below a child whose first block is `old`.
+    fn can_lend(&self, id: u64, old: u32) -> bool {
+        let n = self.node(id);
+        n.blocks.last() == Some(&old)
+            && n.own_locks == 0
+            && n.children.values().all(|&c| {
+                let child = self.node(c);
+                child.lock_count == 0 || child.blocks[0] != old
+            })
     }
 
     /// Splits node `id` after `k` tokens (0 < k < edge length). The upper part becomes a new

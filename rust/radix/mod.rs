@@ -13,8 +13,24 @@
 //! tree also counts the references to each distinct block, from all nodes and from locked ones,
 //! so that it can tell how many distinct blocks only unlocked nodes reference. Recency: a
 //! logical clock ticks once per `insert`, `lock` and `unlock`, which stamp every node from the
-//! root to the node concerned, so a parent's stamp is never older than its children's. `evict` removes unlocked leaves, least recent stamp
-//! first (ties: lower id). A call that errors changes nothing.
+//! root to the node concerned, so a parent's stamp is never older than its children's.
+//!
+//! Eviction is at block granularity, from the tails of leaves: `evict(n)` trims the last block
+//! off the first unlocked leaf in eviction order ([`EvictKey`]), again and again, until `n`
+//! distinct blocks have lost their last tree reference or nothing unlocked is left. Leaves
+//! whose edge ends inside a block come first: that partly filled block is one a block-granular
+//! cache (block LRU) would not hold at all, so the tree never keeps one at the cost of a full
+//! block such a cache would keep. Then the least recent stamp (ties: lower id). A trimmed leaf
+//! keeps its stamp, so it stays in its place in the order until it is gone; a leaf left
+//! without tokens is removed, and its parent, once an unlocked leaf, takes its place at its
+//! own stamp. So the tail of a released sequence goes before its prefix, and a request for
+//! one block costs one block, as in a block LRU list.
+//!
+//! Where a new leaf starts inside a block, its block (the caller's copy: copy-on-write of a
+//! partial match) holds the path's positions before it too; `insert` lets the ancestors that
+//! hold another copy of that block take the new one and release theirs, unless a lock needs
+//! their copy, so one range of positions does not keep two blocks. A call that errors changes
+//! nothing.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -67,6 +83,9 @@ pub struct InsertResult {
     pub new_block_refs: Vec<u32>,
     /// The node holding the last token of the inserted sequence (`ROOT` if it was empty).
     pub node_id: u64,
+    /// Every tree reference the call released, in release order (the caller frees each,
+    /// after the increfs).
+    pub released_block_refs: Vec<u32>,
 }
 
 /// One node, as [`RadixTree::nodes`] reports it.
@@ -88,11 +107,18 @@ pub struct RadixTree {
     /// Next node id; ids are never reused.
     next_id: u64,
     clock: u64,
-    /// (stamp, id) of every non-root leaf with lock_count 0: the eviction candidates.
-    evictable: BTreeSet<(u64, u64)>,
+    /// [`EvictKey`] of every non-root leaf with lock_count 0: the eviction candidates, in
+    /// eviction order.
+    evictable: BTreeSet<EvictKey>,
     /// References per distinct block.
     block_counts: BlockCounts,
 }
+
+/// Eviction order of a candidate leaf: (whether its edge ends on a block boundary, stamp, id).
+/// Leaves ending inside a block come first, so a partly filled last block (one a block-granular
+/// cache would not hold at all) goes before any full block; then least recent stamp first,
+/// ties to the lower id.
+type EvictKey = (bool, u64, u64);
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -138,6 +164,17 @@ impl RadixTree {
         self.block_counts.num_unlocked_only
     }
 
+    /// How many distinct blocks of `block_ids` `num_evictable_blocks` counts (a sequence
+    /// that shares them takes them out of what eviction can free). Pure.
+    pub fn num_evictable_among(&self, block_ids: &[u32]) -> u64 {
+        let mut ids = block_ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.iter()
+            .filter(|b| self.block_counts.map.get(b).is_some_and(|e| e.locked == 0))
+            .count() as u64
+    }
+
     fn node(&self, id: u64) -> &Node {
         self.nodes.get(&id).expect("node id from the tree itself")
     }
@@ -163,17 +200,23 @@ impl RadixTree {
         id != ROOT && n.lock_count == 0 && n.children.is_empty()
     }
 
-    /// Takes the node out of the eviction set before a change to its stamp, locks or children.
+    fn evict_key(&self, id: u64) -> EvictKey {
+        let n = self.node(id);
+        (n.end() % self.block_size == 0, n.stamp, id)
+    }
+
+    /// Takes the node out of the eviction set before a change to its stamp, locks, children
+    /// or tokens.
     fn unlist(&mut self, id: u64) {
-        let stamp = self.node(id).stamp;
-        self.evictable.remove(&(stamp, id));
+        let key = self.evict_key(id);
+        self.evictable.remove(&key);
     }
 
     /// Puts the node back in the eviction set if it is a candidate after the change.
     fn relist(&mut self, id: u64) {
         if self.is_candidate(id) {
-            let stamp = self.node(id).stamp;
-            self.evictable.insert((stamp, id));
+            let key = self.evict_key(id);
+            self.evictable.insert(key);
         }
     }
 
@@ -286,23 +329,54 @@ impl RadixTree {
         Ok(())
     }
 
-    /// Removes unlocked leaves, least recent stamp first (ties: lower id), a parent that becomes
-    /// an unlocked leaf included, until at least `num_blocks` references were released or none
-    /// is left to release; returns every released reference (the caller frees each once).
+    /// Releases tree references at block granularity until `num_blocks` distinct blocks have
+    /// lost their last tree reference (`num_evictable_blocks` then falls by exactly
+    /// `min(num_blocks, num_evictable_blocks())`) or nothing unlocked is left. Each round takes
+    /// the first unlocked leaf in eviction order ([`EvictKey`]: a leaf ending inside a block
+    /// first, then least recent) and trims the last block off its edge: the edge is cut back
+    /// to the start of that block (or to the node's start), and the block's reference is
+    /// released; a block the node shares with another (the parent's
+    /// straddling block) drops a reference without freeing a distinct block. A node left
+    /// without tokens is removed, and its parent may become an unlocked leaf, listed at its own
+    /// stamp. A trimmed leaf keeps its stamp, so it stays first until it is gone: a released
+    /// sequence loses its tail before its prefix, as a block LRU list gives blocks back.
+    /// Returns every released reference in release order (the caller frees each once).
     pub fn evict(&mut self, num_blocks: u64) -> Vec<u32> {
         let mut released = Vec::new();
-        while (released.len() as u64) < num_blocks {
-            let Some((_, id)) = self.evictable.pop_first() else {
+        let target = self
+            .block_counts
+            .num_unlocked_only
+            .saturating_sub(num_blocks);
+        while self.block_counts.num_unlocked_only > target {
+            let Some(&(_, _, id)) = self.evictable.first() else {
                 break;
             };
-            let node = self.nodes.remove(&id).expect("listed node exists");
-            self.unlist(node.parent);
-            self.node_mut(node.parent).children.remove(&node.tokens[0]);
-            self.relist(node.parent);
-            self.block_counts.remove(&node.blocks, false);
-            released.extend_from_slice(&node.blocks);
+            released.push(self.trim_last_block(id));
         }
         released
+    }
+
+    /// Cuts the edge of the unlocked leaf `id` back to the start of its last block and drops
+    /// that block's reference (returned); removes the node if no token is left.
+    fn trim_last_block(&mut self, id: u64) -> u32 {
+        let bs = self.block_size;
+        self.unlist(id);
+        let n = self.node_mut(id);
+        let first_token = n.tokens[0];
+        let block = n.blocks.pop().expect("a non-root node references a block");
+        let cut = ((n.end() - 1) / bs * bs).max(n.start);
+        n.tokens.truncate((cut - n.start) as usize);
+        let (is_empty, parent) = (n.tokens.is_empty(), n.parent);
+        self.block_counts.remove(&[block], false);
+        if is_empty {
+            self.nodes.remove(&id);
+            self.unlist(parent);
+            self.node_mut(parent).children.remove(&first_token);
+            self.relist(parent);
+        } else {
+            self.relist(id);
+        }
+        block
     }
 
     /// Every node, sorted by id.

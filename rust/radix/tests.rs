@@ -66,7 +66,9 @@ fn seqs() -> (Vec<u32>, Vec<u32>) {
     (a, b)
 }
 
-/// The example of the stub: block_size 4, a mid-block split at position 6.
+/// The example of the stub: block_size 4, a mid-block split at position 6. The new leaf's
+/// block 20 holds positions [4, 8) of B, [4, 6) shared with A: the upper half of the split
+/// takes it instead of A's block 8 (the split's reference to 8 is not made).
 fn split_example() -> RadixTree {
     let (a, b) = seqs();
     let mut t = tree(4);
@@ -76,7 +78,8 @@ fn split_example() -> RadixTree {
         InsertResult {
             num_new_tokens: 10,
             new_block_refs: vec![7, 8, 9],
-            node_id: 1
+            node_id: 1,
+            released_block_refs: vec![],
         }
     );
     let r = t.insert(&b, &[7, 20, 21]).unwrap();
@@ -84,8 +87,9 @@ fn split_example() -> RadixTree {
         r,
         InsertResult {
             num_new_tokens: 6,
-            new_block_refs: vec![8, 20, 21],
-            node_id: 3
+            new_block_refs: vec![20, 21, 20],
+            node_id: 3,
+            released_block_refs: vec![],
         }
     );
     t.check_integrity().unwrap();
@@ -117,7 +121,7 @@ fn mid_block_split() {
         vec![
             node(0, None, &[], &[], 0, 2),
             node(1, Some(2), &a[6..], &[8, 9], 0, 1),
-            node(2, Some(0), &a[..6], &[7, 8], 0, 2),
+            node(2, Some(0), &a[..6], &[7, 20], 0, 2),
             node(3, Some(2), &b[6..], &[20, 21], 0, 2),
         ]
     );
@@ -125,7 +129,7 @@ fn mid_block_split() {
     assert_eq!(evictable_refs(&t), 6);
     assert_eq!(t.match_prefix(&a), m(10, &[7, 8, 9], 1));
     assert_eq!(t.match_prefix(&b), m(12, &[7, 20, 21], 3));
-    assert_eq!(t.match_prefix(&a[..5]), m(5, &[7, 8], 2));
+    assert_eq!(t.match_prefix(&a[..5]), m(5, &[7, 20], 2));
     assert_eq!(t.match_prefix(&b[..7]), m(7, &[7, 20], 3));
     assert_eq!(t.match_prefix(&a[..4]), m(4, &[7], 2));
     let mut longer = a.clone();
@@ -134,12 +138,13 @@ fn mid_block_split() {
     assert_eq!(t.match_prefix(&[0, 1, 2, 99]), m(3, &[7], 2));
     assert_eq!(t.match_prefix(&[5]), m(0, &[], 0));
     assert_eq!(t.match_prefix(&[]), m(0, &[], 0));
-    // Oldest leaf first: node 1 (stamp 1) releases its two references.
-    assert_eq!(t.evict(1), vec![8, 9]);
-    assert_eq!(t.match_prefix(&a), m(6, &[7, 8], 2));
+    // Oldest leaf first: node 1 (stamp 1) loses its last block, 9, and keeps [6, 8).
+    assert_eq!(t.evict(1), vec![9]);
+    assert_eq!(t.match_prefix(&a), m(8, &[7, 8], 1));
     t.check_integrity().unwrap();
-    // Then node 3, and its parent 2 that became a leaf.
-    assert_eq!(t.evict(100), vec![20, 21, 7, 8]);
+    // Then node 1's block 8, node 3 tail first (its 20 frees no block: node 2 references it
+    // too, so eviction goes on), and its parent 2, which became a leaf.
+    assert_eq!(t.evict(100), vec![8, 21, 20, 20, 7]);
     assert_eq!(t.nodes(), vec![node(0, None, &[], &[], 0, 2)]);
     assert_eq!((totals(&t).1, totals(&t).2), (0, 0));
     t.check_integrity().unwrap();
@@ -173,7 +178,8 @@ fn insert_existing_or_prefix_adds_nothing_but_stamps() {
         InsertResult {
             num_new_tokens: 0,
             new_block_refs: vec![],
-            node_id: 1
+            node_id: 1,
+            released_block_refs: vec![],
         }
     );
     assert_eq!(totals(&t).0, 2); // no split for a sequence ending inside an edge
@@ -182,11 +188,15 @@ fn insert_existing_or_prefix_adds_nothing_but_stamps() {
     assert_eq!(r.node_id, ROOT);
     assert_eq!(t.nodes()[0].stamp, 3);
     // Extending a leaf adds a child, not a longer edge; the caller's blocks for the new range.
+    // The child starts inside block 2, whose copy 30 holds the leaf's positions [8, 10) too:
+    // node 1 takes it and releases its own 9.
     let mut longer = a.clone();
     longer.extend([10, 11, 12]);
     let r = t.insert(&longer, &[0, 0, 30, 31]).unwrap();
-    assert_eq!(r.new_block_refs, vec![30, 31]);
+    assert_eq!(r.new_block_refs, vec![30, 31, 30]);
+    assert_eq!(r.released_block_refs, vec![9]);
     assert_eq!(r.node_id, 2);
+    assert_eq!(t.nodes()[1].block_ids, vec![7, 8, 30]);
     assert_eq!(t.match_prefix(&longer), m(13, &[7, 8, 30, 31], 2));
     t.check_integrity().unwrap();
 }
@@ -222,9 +232,11 @@ fn locks_protect_and_propagate() {
     assert_eq!(ns[1].lock_count, 0);
     assert_eq!((ns[0].stamp, ns[2].stamp, ns[3].stamp), (3, 3, 3));
     assert_eq!(evictable_refs(&t), 2);
-    // Only node 1 can go.
-    assert_eq!(t.evict(10), vec![8, 9]);
+    // Only node 1 can go, tail first.
+    assert_eq!(t.num_evictable_blocks(), 2);
+    assert_eq!(t.evict(10), vec![9, 8]);
     assert_eq!(t.evict(10), Vec::<u32>::new());
+    assert_eq!(t.match_prefix(&a), m(6, &[7, 20], 2));
     assert_eq!(t.match_prefix(&b).num_tokens, 12);
     assert_eq!(
         cache_msg(t.unlock(2)),
@@ -243,13 +255,21 @@ fn locks_protect_and_propagate() {
     t.lock(ROOT).unwrap();
     assert_eq!(evictable_refs(&t), 4);
     t.unlock(ROOT).unwrap();
-    // A split of a locked node: the upper part inherits its lock count.
-    t.insert(&a, &[7, 8, 9]).unwrap(); // node 4 under 2
+    // A split of a locked node: the upper part inherits its lock count. Node 4 (under 2)
+    // starts inside block 1 with A's block 8, which node 2 takes back (no lock needs its 20).
+    let r = t.insert(&a, &[7, 8, 9]).unwrap();
+    assert_eq!(
+        (r.new_block_refs, r.released_block_refs, r.node_id),
+        (vec![8, 9, 8], vec![20], 4)
+    );
     t.lock(4).unwrap();
     let mut c: Vec<u32> = (0..3).collect();
     c.push(77);
+    // Node 6 starts inside block 0, but the locked lower part (node 2, held by node 4's lock)
+    // starts with the upper part's block 7: the upper part keeps it.
     let r = t.insert(&c, &[60]).unwrap();
     assert_eq!(r.new_block_refs, vec![7, 60]);
+    assert_eq!(r.released_block_refs, Vec::<u32>::new());
     let upper = t.nodes().into_iter().find(|n| n.node_id == 5).unwrap();
     assert_eq!((upper.token_ids, upper.lock_count), (vec![0, 1, 2], 1));
     assert_eq!(evictable_refs(&t), 3); // node 3 (20, 21) and node 6 (60)
@@ -274,13 +294,101 @@ fn evict_order_is_stamp_then_id() {
 }
 
 #[test]
-fn evict_releases_at_least_what_was_asked() {
+fn evict_releases_exactly_what_was_asked_from_the_tail() {
     let mut t = tree(1);
     t.insert(&[1, 2, 3], &[4, 5, 6]).unwrap();
     t.insert(&[9], &[7]).unwrap();
-    // The oldest leaf holds three references: all released for a request of one.
-    assert_eq!(t.evict(1), vec![4, 5, 6]);
+    // The oldest leaf holds three blocks: a request for one trims its last one only.
+    assert_eq!(t.evict(1), vec![6]);
+    assert_eq!(t.match_prefix(&[1, 2, 3]), m(2, &[4, 5], 1));
     t.check_integrity().unwrap();
+    // The trimmed leaf keeps its stamp, so it goes on first, tail first, before node 2.
+    assert_eq!(t.evict(2), vec![5, 4]);
+    assert_eq!(t.nodes().len(), 2);
+    assert_eq!(t.evict(1), vec![7]);
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn evict_cuts_an_edge_back_to_a_block_boundary() {
+    let mut t = tree(4);
+    // [0, 10) in blocks 7, 8, 9: a trim of block 9 leaves [0, 8); of 8, [0, 4).
+    let a: Vec<u32> = (0..10).collect();
+    t.insert(&a, &[7, 8, 9]).unwrap();
+    assert_eq!(t.evict(1), vec![9]);
+    assert_eq!(t.nodes()[1].token_ids, a[..8].to_vec());
+    assert_eq!(t.evict(1), vec![8]);
+    assert_eq!(t.nodes()[1].token_ids, a[..4].to_vec());
+    assert_eq!(t.match_prefix(&a), m(4, &[7], 1));
+    t.check_integrity().unwrap();
+    // A leaf starting inside a block: node 1 holds [0, 6) in blocks 7, 8, node 2 [6, 9) in
+    // 8, 9. Trimming node 2 down to block 8, which its parent references too, releases that
+    // reference and removes node 2 but frees no block, so the eviction goes on to the
+    // parent's last block.
+    let mut t = tree(4);
+    t.insert(&a[..6], &[7, 8]).unwrap();
+    t.insert(&a[..9], &[7, 8, 9]).unwrap();
+    assert_eq!(t.num_evictable_blocks(), 3);
+    assert_eq!(t.evict(1), vec![9]);
+    assert_eq!(t.evict(1), vec![8, 8]);
+    assert_eq!(t.nodes().len(), 2);
+    assert_eq!(t.match_prefix(&a), m(4, &[7], 1));
+    t.check_integrity().unwrap();
+    // With the parent locked, block 8 is not evictable: only 9 goes, node 2 keeps [6, 8).
+    let mut t = tree(4);
+    let r = t.insert(&a[..6], &[7, 8]).unwrap();
+    t.insert(&a[..9], &[7, 8, 9]).unwrap();
+    t.lock(r.node_id).unwrap();
+    assert_eq!(t.num_evictable_blocks(), 1);
+    assert_eq!(t.evict(5), vec![9]);
+    assert_eq!(t.match_prefix(&a), m(8, &[7, 8], 2));
+    assert_eq!(t.evict(5), Vec::<u32>::new());
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn evict_lowers_the_evictable_count_by_exactly_what_was_asked() {
+    // Shared prefixes, splits inside blocks, some paths locked: every evict(n) takes
+    // min(n, num_evictable_blocks) off the count, and the references it returns are the ones
+    // the nodes gave up.
+    for bs in 1..=5u64 {
+        let mut t = tree(bs);
+        let mut next = 0u32;
+        let mut locked = Vec::new();
+        for i in 0..40u32 {
+            let cut = ((i * 7) % 23) as usize;
+            let mut s: Vec<u32> = (0..cut as u32).collect();
+            s.extend([1000 + i % 5, i % 3, 7]);
+            let need = s.len().div_ceil(bs as usize) as u32;
+            let blocks: Vec<u32> = (next..next + need).collect();
+            next += need;
+            let r = t.insert(&s, &blocks).unwrap();
+            if i % 4 == 0 {
+                t.lock(r.node_id).unwrap();
+                locked.push(r.node_id);
+            }
+        }
+        for n in [0u64, 1, 2, 3, 5, 8, 13, u64::MAX] {
+            let before = t.num_evictable_blocks();
+            let refs_before = totals(&t).2;
+            let released = t.evict(n);
+            assert_eq!(
+                t.num_evictable_blocks(),
+                before - n.min(before),
+                "bs {bs} n {n}"
+            );
+            assert_eq!(totals(&t).2, refs_before - released.len() as u64);
+            t.check_integrity().unwrap();
+        }
+        assert_eq!(t.num_evictable_blocks(), 0);
+        for id in locked {
+            t.unlock(id).unwrap();
+        }
+        let refs = totals(&t).2;
+        assert_eq!(t.evict(u64::MAX).len() as u64, refs);
+        assert_eq!(totals(&t).0, 1);
+        t.check_integrity().unwrap();
+    }
 }
 
 #[test]
@@ -396,22 +504,105 @@ fn evictable_blocks_count_a_shared_block_once() {
     assert_eq!(t.num_evictable_blocks(), 0); // block 11 is still referenced by a locked node
     t.unlock(r.node_id).unwrap();
     assert_eq!((evictable_refs(&t), t.num_evictable_blocks()), (3, 2));
-    // A sequence leaving the first node's edge inside block 11 splits it there: 11 gains a
-    // third reference, its own copy 12 the new leaf's.
+    // A sequence leaving the first node's edge inside block 11 splits it there; the new
+    // leaf's copy 12 of block 1 replaces 11 in the upper part (11 stays in the lower nodes).
     let b = [1, 2, 3, 4, 5, 9, 9, 9];
     let r3 = t.insert(&b, &[10, 12]).unwrap();
-    assert_eq!(r3.new_block_refs, vec![11, 12]);
+    assert_eq!(r3.new_block_refs, vec![12, 12]);
     assert_eq!((evictable_refs(&t), t.num_evictable_blocks()), (5, 3));
     t.lock(r3.node_id).unwrap();
-    // The locked path (the upper part, blocks 10 and 11, and the leaf's 12) leaves only the
-    // unlocked lower nodes, whose blocks the locked upper node also references.
-    assert_eq!((evictable_refs(&t), t.num_evictable_blocks()), (2, 0));
+    // The locked path (the upper part, blocks 10 and 12, and the leaf's 12) leaves the
+    // unlocked lower nodes, whose block 11 no locked node needs.
+    assert_eq!((evictable_refs(&t), t.num_evictable_blocks()), (2, 1));
     t.check_integrity().unwrap();
     t.unlock(r3.node_id).unwrap();
     assert_eq!(t.num_evictable_blocks(), 3);
     let mut released = t.evict(u64::MAX);
     released.sort_unstable();
-    assert_eq!(released, vec![10, 11, 11, 11, 12]);
+    assert_eq!(released, vec![10, 11, 11, 12, 12]);
     assert_eq!(t.num_evictable_blocks(), 0);
     t.check_integrity().unwrap();
+}
+
+#[test]
+fn a_leaf_starting_inside_a_block_lends_it_to_its_ancestors() {
+    let mut t = tree(8);
+    // Node 1: [0, 3) in block 10; node 2: [3, 5) in block 10 too (a second chunk of the same
+    // sequence); then a sequence through both that goes on at 5 with its own copy 11 of
+    // block 0 (copy-on-write of the partial match): both ancestors take 11, 10 goes.
+    let r1 = t.insert(&[1, 2, 3], &[10]).unwrap();
+    let r2 = t.insert(&[1, 2, 3, 4, 5], &[10]).unwrap();
+    assert_eq!((r1.node_id, r2.node_id), (1, 2));
+    assert_eq!(r2.released_block_refs, Vec::<u32>::new());
+    let r = t.insert(&[1, 2, 3, 4, 5, 6], &[11]).unwrap();
+    assert_eq!(r.new_block_refs, vec![11, 11, 11]);
+    assert_eq!(r.released_block_refs, vec![10, 10]);
+    let ns = t.nodes();
+    assert_eq!(
+        (&ns[1].block_ids, &ns[2].block_ids, &ns[3].block_ids),
+        (&vec![11], &vec![11], &vec![11])
+    );
+    assert_eq!(t.match_prefix(&[1, 2]), m(2, &[11], 1));
+    assert_eq!(t.num_evictable_blocks(), 1);
+    t.check_integrity().unwrap();
+    // A lock on the parent itself keeps its copy: its request holds that block.
+    let mut t = tree(8);
+    let r1 = t.insert(&[1, 2, 3], &[10]).unwrap();
+    t.lock(r1.node_id).unwrap();
+    let r = t.insert(&[1, 2, 3, 4], &[11]).unwrap();
+    assert_eq!(
+        (r.new_block_refs, r.released_block_refs),
+        (vec![11], vec![])
+    );
+    assert_eq!(t.nodes()[1].block_ids, vec![10]);
+    t.check_integrity().unwrap();
+    // So does a lock below a child that starts with that copy; one below a child with
+    // another copy does not.
+    let mut t = tree(8);
+    t.insert(&[1, 2, 3], &[10]).unwrap(); // node 1
+    let r = t.insert(&[1, 2, 3, 4], &[10]).unwrap(); // node 2, starts with 10
+    t.lock(r.node_id).unwrap();
+    let r = t.insert(&[1, 2, 3, 5], &[11]).unwrap(); // node 3
+    assert_eq!(r.released_block_refs, Vec::<u32>::new());
+    assert_eq!(t.nodes()[1].block_ids, vec![10]);
+    t.unlock(2).unwrap();
+    t.lock(r.node_id).unwrap();
+    let r = t.insert(&[1, 2, 3, 6], &[12]).unwrap(); // node 4: node 3's lock needs 11, not 10
+    assert_eq!(
+        (r.new_block_refs, r.released_block_refs),
+        (vec![12, 12], vec![10])
+    );
+    assert_eq!(t.nodes()[1].block_ids, vec![12]);
+    // Nothing is lent across a block boundary, nor where the leaf holds the same block.
+    let mut t = tree(4);
+    t.insert(&[1, 2, 3, 4], &[10]).unwrap();
+    let r = t.insert(&[1, 2, 3, 4, 5], &[10, 20]).unwrap();
+    assert_eq!(
+        (r.new_block_refs, r.released_block_refs),
+        (vec![20], vec![])
+    );
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn evict_takes_partly_filled_last_blocks_first() {
+    let mut t = tree(4);
+    t.insert(&[1, 1, 1, 1, 1, 1, 1, 1], &[10, 11]).unwrap(); // node 1, stamp 1, ends on a boundary
+    t.insert(&[2, 2, 2, 2, 2, 2], &[20, 21]).unwrap(); // node 2, stamp 2, ends inside block 21
+    t.insert(&[3, 3, 3], &[30]).unwrap(); // node 3, stamp 3, ends inside block 30
+                                          // The partly filled blocks go first, least recent first, though node 1 is older; then
+                                          // the least recent leaf, node 1, whose blocks are all full, before node 2's full block.
+    assert_eq!(t.evict(1), vec![21]);
+    assert_eq!(t.evict(1), vec![30]);
+    assert_eq!(t.evict(2), vec![11, 10]);
+    assert_eq!(t.evict(1), vec![20]);
+    assert_eq!(t.nodes().len(), 1);
+    t.check_integrity().unwrap();
+    // A corrupted order is caught.
+    let mut t = tree(4);
+    t.insert(&[2, 2, 2, 2, 2, 2], &[20, 21]).unwrap();
+    t.node_mut(1).tokens.truncate(4);
+    t.node_mut(1).blocks.truncate(1);
+    t.block_counts.remove(&[21], false);
+    assert!(cache_msg(t.check_integrity()).contains("eviction set"));
 }

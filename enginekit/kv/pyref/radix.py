@@ -60,7 +60,9 @@ class PyRadixTree:
 
     Locks: a node's lock_count counts the locks on it or on any descendant; locked nodes are
     never evicted. Recency: a logical clock ticks once per insert, lock and unlock, which stamp
-    every node from the root to the node concerned. A call that raises changes nothing.
+    every node from the root to the node concerned. Eviction trims blocks off the ends of
+    unlocked leaves, partly filled last blocks first, then least recent first (see evict). A
+    call that raises changes nothing.
     """
 
     def __init__(self, block_size: int) -> None:
@@ -83,12 +85,22 @@ class PyRadixTree:
         """Distinct blocks that nodes with lock_count 0 reference and no other node does:
         those evicting every unlocked node would take all the tree's references off. A block
         straddling two nodes counts once."""
+        return len(self._unlocked_only())
+
+    def _unlocked_only(self) -> set[int]:
         unlocked: set[int] = set()
         locked: set[int] = set()
         for node_id, node in self._nodes.items():
             if node_id != ROOT:
                 (locked if node.lock_count else unlocked).update(node.blocks)
-        return len(unlocked - locked)
+        return unlocked - locked
+
+    def num_evictable_among(self, block_ids: Sequence[int]) -> int:
+        """How many distinct ids of block_ids num_evictable_blocks counts (a sequence that
+        shares them takes them out of what eviction can free). Pure. Raises ValueError for a
+        block id not in [0, 2**31)."""
+        blocks = set(int_list(block_ids, "block_ids", _check_block_id))
+        return len(blocks & self._unlocked_only())
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -115,12 +127,18 @@ class PyRadixTree:
 
     # ---- match and insert -----------------------------------------------------------------
 
-    def match_prefix(self, token_ids: Sequence[int]) -> RadixMatch:
-        """The longest prefix of token_ids stored in the tree, at token granularity.
+    def match_prefix(self, token_ids: Sequence[int], max_tokens: int | None = None) -> RadixMatch:
+        """The longest prefix of token_ids[:max_tokens] (all of them if None) stored in the
+        tree, at token granularity; the ids after the first max_tokens are not read.
 
-        Pure: changes no stamp. Raises ValueError for a token id not in [0, 2**32).
+        Pure: changes no stamp. Raises ValueError for a token id not in [0, 2**32) among
+        those read, or a negative max_tokens.
         """
-        tokens = _tokens(token_ids)
+        if max_tokens is not None:
+            max_tokens = operator.index(max_tokens)
+            if max_tokens < 0:
+                raise ValueError(f"max_tokens must be non-negative, got {max_tokens}")
+        tokens = _tokens(token_ids, max_tokens)
         node_id, pos = ROOT, 0
         block_ids: list[int] = []
         while pos < len(tokens):
@@ -149,7 +167,13 @@ class PyRadixTree:
 
         Nodes already on the path keep their own blocks; a node whose edge the sequence leaves
         midway is split (the upper part becomes a new node, the original id keeps the lower
-        part); the new leaf references the caller's blocks for its range. Stamps the path.
+        part); the new leaf references the caller's blocks for its range. A new leaf starting
+        inside a block lends its first block to the ancestors that reference another copy of
+        that block (its parent, and up while each starts inside that block and holds that
+        same other id), unless a lock needs their copy (one on the ancestor itself, or below a
+        child that starts with that copy): they release theirs (released_block_refs). A
+        reference released to one the call itself created is left out of both lists. Stamps
+        the path.
         Raises ValueError for a token id not in [0, 2**32), a block id not in [0, 2**31), or
         fewer than ceil(len(token_ids) / block_size) block ids (extra ones are ignored).
         """
@@ -162,6 +186,7 @@ class PyRadixTree:
                 f"{len(tokens)} tokens need"
             )
         refs: list[int] = []
+        released: list[int] = []
         num_new = 0
         path = [ROOT]
         node_id, pos = ROOT, 0
@@ -169,6 +194,7 @@ class PyRadixTree:
             child = self._nodes[node_id].children.get(tokens[pos])
             if child is None:
                 node_id = self._add_leaf(node_id, pos, tokens[pos:], blocks, refs)
+                self._lend_first_block(node_id, refs, released)
                 num_new = len(tokens) - pos
                 path.append(node_id)
                 break
@@ -180,8 +206,14 @@ class PyRadixTree:
             else:
                 node_id = self._split(child, k, refs)
             path.append(node_id)
+        kept = []
+        for block_id in released:
+            if block_id in refs:  # created and released by this call: no change
+                del refs[len(refs) - 1 - refs[::-1].index(block_id)]
+            else:
+                kept.append(block_id)
         self._stamp(path)
-        return InsertResult(num_new, refs, node_id)
+        return InsertResult(num_new, refs, node_id, kept)
 
     def _add_leaf(
         self, parent: int, start: int, tokens: list[int], blocks: list[int], refs: list[int]
@@ -193,6 +225,35 @@ class PyRadixTree:
         self._nodes[node_id] = _Node(parent, start, tokens, own, stamp=self._clock)
         self._nodes[parent].children[tokens[0]] = node_id
         return node_id
+
+    def _lend_first_block(self, node_id: int, refs: list[int], released: list[int]) -> None:
+        node = self._nodes[node_id]
+        if node.start % self._block_size == 0:
+            return
+        first_pos = node.start // self._block_size * self._block_size
+        new, old = node.blocks[0], self._nodes[node.parent].blocks[-1]
+        if new == old:
+            return
+        ancestor = self._nodes[node.parent]
+        while self._can_lend(ancestor, old):
+            ancestor.blocks[-1] = new
+            refs.append(new)
+            released.append(old)
+            if ancestor.start <= first_pos or ancestor.parent == ROOT:
+                break
+            ancestor = self._nodes[ancestor.parent]
+
+    def _can_lend(self, node: _Node, old: int) -> bool:
+        """Whether the node ends in block ``old`` and no lock needs it there: none on the node
+        itself, none below a child whose first block is ``old``."""
+        return (
+            node.blocks[-1] == old
+            and node.own_locks == 0
+            and not any(
+                self._nodes[c].lock_count and self._nodes[c].blocks[0] == old
+                for c in node.children.values()
+            )
+        )
 
     def _split(self, node_id: int, k: int, refs: list[int]) -> int:
         node = self._nodes[node_id]
@@ -249,9 +310,20 @@ class PyRadixTree:
         self._stamp(path)
 
     def evict(self, num_blocks: int) -> list[int]:
-        """Removes unlocked leaves, least recent stamp first (ties: lower id), a parent that
-        becomes an unlocked leaf included, until at least num_blocks references were released
-        or none is left; returns every released reference (the caller frees each once).
+        """Releases tree references at block granularity until num_blocks distinct blocks have
+        lost their last tree reference (num_evictable_blocks() falls by exactly
+        min(num_blocks, num_evictable_blocks())) or nothing unlocked is left.
+
+        Each round trims the last block off the first unlocked leaf in eviction order: leaves
+        whose edge ends inside a block first (a partly filled last block, which a
+        block-granular cache would not hold at all, goes before any full block), then least
+        recent stamp first, ties to the lower id. The edge is cut back to the start of that
+        block (or to the node's start) and the block's reference released; a block another
+        node also references (the parent's straddling block) drops a reference without
+        freeing a distinct block. A node left without tokens is removed; its parent may become
+        an unlocked leaf, at its own stamp. A trimmed leaf keeps its stamp, so it stays in its
+        place in the order until it is gone. Returns every released reference in release
+        order (the caller frees each once).
 
         Raises ValueError if num_blocks is negative.
         """
@@ -259,19 +331,30 @@ class PyRadixTree:
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be non-negative, got {num_blocks}")
         released: list[int] = []
-        while len(released) < num_blocks:
+        target = max(0, self.num_evictable_blocks() - num_blocks)
+        while self.num_evictable_blocks() > target:
             candidates = [
-                (n.stamp, i)
+                (n.end % self._block_size == 0, n.stamp, i)
                 for i, n in self._nodes.items()
                 if i != ROOT and n.lock_count == 0 and not n.children
             ]
             if not candidates:
                 break
-            _, victim = min(candidates)
-            node = self._nodes.pop(victim)
-            del self._nodes[node.parent].children[node.tokens[0]]
-            released.extend(node.blocks)
+            released.append(self._trim_last_block(min(candidates)[2]))
         return released
+
+    def _trim_last_block(self, node_id: int) -> int:
+        """Cuts the leaf's edge back to the start of its last block and returns that block's
+        reference; removes the node if no token is left."""
+        node = self._nodes[node_id]
+        first_token = node.tokens[0]
+        block_id = node.blocks.pop()
+        cut = max(node.start, (node.end - 1) // self._block_size * self._block_size)
+        del node.tokens[cut - node.start :]
+        if not node.tokens:
+            del self._nodes[node_id]
+            del self._nodes[node.parent].children[first_token]
+        return block_id
 
     # ---- whole-state views ----------------------------------------------------------------
 
@@ -352,5 +435,7 @@ def _check_block_id(b: int) -> int:
     return b
 
 
-def _tokens(token_ids: Sequence[int]) -> list[int]:
+def _tokens(token_ids: Sequence[int], limit: int | None = None) -> list[int]:
+    if limit is not None and isinstance(token_ids, (list, tuple)):
+        token_ids = token_ids[:limit]  # the type is checked as for the whole list
     return int_list(token_ids, "token_ids", _check_token)

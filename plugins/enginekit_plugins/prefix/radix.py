@@ -3,6 +3,7 @@ copy-on-write reuse of a partially matched last block."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,14 +23,20 @@ class RadixConfig(PrefixConfig):
 class RadixPrefixCache(PrefixCache):
     """A radix tree per extra key (tenant salt) indexes computed token sequences; its nodes
     hold pool references to the blocks they cover, so cached blocks stay resident after
-    their requests end, until the tree evicts them (least recently used unlocked leaves
-    first: SGLang's policy; the eviction plugin only sees the pool's hash-cached blocks,
-    which this cache does not create).
+    their requests end, until the tree evicts them, block by block from the tails of
+    unlocked leaves: partly filled last blocks first (a block-granular cache would not hold
+    them at all), then the least recently used leaf's, so a released sequence loses its
+    tail before its prefix and a request for one block costs one, as in a block LRU list
+    (the eviction plugin only sees the pool's hash-cached blocks, which this cache does not
+    create).
 
     A prompt matches at token granularity, up to its last token. When the match ends
     inside a block, the manager copies that block into one of the request's own
     (copy-on-write), so only the unmatched tail is prefilled: a 103-token prompt sharing
-    100 tokens reuses 100, where block hashing at block size 16 reuses 96.
+    100 tokens reuses 100, where block hashing at block size 16 reuses 96. The copy holds
+    the matched positions too, so once the request's tokens enter the tree the matched node
+    takes the copy in place of the block copied (which leaves the pool once nothing else
+    holds it): one block, not two, for those positions.
 
     A prompt's tokens enter the tree when scheduled, like block_hash's blocks (a request's
     outputs enter when it leaves, finished or preempted): a request admitted later in the
@@ -39,7 +46,9 @@ class RadixPrefixCache(PrefixCache):
     step is still computing: it is cut back to the block edge and the cut tokens are
     reported as deferred (the scheduler waits a step for them rather than prefill them
     twice, as SGLang's in-batch prefix check does). A request holds a lock on its deepest
-    node while it runs, so the tree never evicts its path.
+    node while it runs, so the tree never evicts its path; a request with outputs (a
+    forked sample, a preempted request admitted again) takes its lock at its first
+    computed chunk or filled block.
     """
 
     Config = RadixConfig
@@ -59,7 +68,7 @@ class RadixPrefixCache(PrefixCache):
         tree = self._trees.get(request.extra_key)
         if tree is None or request.num_tokens < 2:
             return NO_MATCH
-        found = tree.match_prefix(request.token_ids[: request.num_tokens - 1])
+        found = tree.match_prefix(request.token_ids, request.num_tokens - 1)
         block_ids, num_tokens = list(found.block_ids), found.num_tokens
         num_partial = num_tokens % self.kv.spec.block_size
         if num_partial and self._first_slot_in_flight.get(block_ids[-1], num_partial) < num_partial:
@@ -68,23 +77,35 @@ class RadixPrefixCache(PrefixCache):
         return PrefixMatch(block_ids, num_tokens)
 
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
-        if request.num_output_tokens:
+        seq_id = request.seq_id
+        if request.num_output_tokens and seq_id in self._locked_node:
             # Decoding (or prefilling prompt and outputs again after a preemption): its
             # outputs enter the tree when it leaves (on_released). Inserting the whole
             # sequence at every filled block would cost more than sharing a running
-            # request's outputs is worth.
+            # request's outputs is worth. Its first call (a forked sample's first filled
+            # block, a re-admission's first chunk) does insert, so that it locks the path
+            # whose blocks it holds: unlocked, that path could be evicted from the tree
+            # while its blocks stay in use, losing the cache for nothing.
             return
         block_size = self.kv.spec.block_size
-        start = self._num_inserted.get(request.seq_id, 0)
+        start = self._num_inserted.get(seq_id, 0)
         if num_computed_tokens <= start:
             return
-        self._insert(request, num_computed_tokens)
-        tables, seq_id = self.kv.tables, request.seq_id
+        block_ids = self._insert(request, num_computed_tokens)
         in_flight = self._first_slot_in_flight
-        for index in range(start // block_size, -(-num_computed_tokens // block_size)):
-            slot = start % block_size if index == start // block_size else 0
-            block_id = tables.block_id_at(seq_id, index)
+        first = start // block_size
+        for offset, block_id in enumerate(block_ids[first:]):
+            slot = start % block_size if offset == 0 else 0
             in_flight[block_id] = min(slot, in_flight.get(block_id, slot))
+
+    def on_decodes_computed(
+        self, requests: Sequence[Request], num_computed_tokens: Sequence[int]
+    ) -> None:
+        # Decodes have outputs: only those that lock no path yet insert (see on_computed).
+        locked = self._locked_node
+        for request, num_computed in zip(requests, num_computed_tokens, strict=True):
+            if request.seq_id not in locked:
+                self.on_computed(request, num_computed)
 
     def on_step_executed(self) -> None:
         self._first_slot_in_flight.clear()
@@ -100,13 +121,14 @@ class RadixPrefixCache(PrefixCache):
             self._trees[request.extra_key].unlock(node_id)
         self._num_inserted.pop(seq_id, None)
 
-    def _insert(self, request: Request, num_tokens: int) -> None:
+    def _insert(self, request: Request, num_tokens: int) -> list[int]:
         """Puts the request's first ``num_tokens`` tokens (with its blocks) in the tree,
         takes a pool reference for every tree reference created, and moves the request's
-        lock to the node of its last token."""
+        lock to the node of its last token. Returns the blocks covering those tokens (none
+        if they were in already)."""
         seq_id = request.seq_id
         if num_tokens <= self._num_inserted.get(seq_id, 0):
-            return
+            return []
         tree = self._trees.get(request.extra_key)
         if tree is None:
             tree = self._trees[request.extra_key] = self._new_tree()
@@ -116,12 +138,17 @@ class RadixPrefixCache(PrefixCache):
         pool = self.kv.pool
         for block_id in result.new_block_refs:
             pool.incref(block_id)
+        if result.released_block_refs:
+            # The new leaf's copy of a block replaced the ancestors' (after the increfs, so
+            # a block in both lists is never freed on the way).
+            pool.free(result.released_block_refs)
         tree.lock(result.node_id)
         previous_node = self._locked_node.get(seq_id)
         if previous_node is not None:
             tree.unlock(previous_node)
         self._locked_node[seq_id] = result.node_id
         self._num_inserted[seq_id] = num_tokens
+        return block_ids
 
     def num_evictable_blocks(self) -> int:
         # Distinct blocks, not tree references: a block two nodes share (a chunk inserted
@@ -130,12 +157,21 @@ class RadixPrefixCache(PrefixCache):
         # tree or forked from a parent with the same key), so the trees' counts add up.
         return sum(tree.num_evictable_blocks() for tree in self._trees.values())
 
+    def num_evictable_among(self, block_ids: Sequence[int]) -> int:
+        # Each block lies in one tree (see num_evictable_blocks).
+        return sum(tree.num_evictable_among(block_ids) for tree in self._trees.values())
+
     def evict(self, num_blocks: int) -> list[int]:
+        # A tree's evict(n) frees exactly min(n, its evictable blocks) distinct blocks (it may
+        # release more references: a block two nodes share is one block).
         released: list[int] = []
+        num_left = num_blocks
         for tree in self._trees.values():
-            if len(released) >= num_blocks:
+            if num_left <= 0:
                 break
-            released += tree.evict(num_blocks - len(released))
+            num_before = tree.num_evictable_blocks()
+            released += tree.evict(num_left)
+            num_left -= num_before - tree.num_evictable_blocks()
         return released
 
     def held_block_ids(self) -> list[int]:
