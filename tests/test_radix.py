@@ -5,6 +5,7 @@ The native module is required: if ``enginekit._native`` is not built, this file 
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -575,10 +576,13 @@ class RadixTwins(RuleBasedStateMachine):
         seq = self.sequence(data)
         if data.draw(st.integers(0, 9)) == 0:
             seq.append(-1)
-        args: tuple[Any, ...] = (seq,)
+        tokens: Any = seq
+        if all(0 <= t < 2**32 for t in seq) and data.draw(st.booleans()):
+            tokens = array("I", seq)  # the radix cache's form for a request that waits
+        args: tuple[Any, ...] = (tokens,)
         if data.draw(st.booleans()):
             max_tokens = data.draw(st.one_of(st.none(), st.integers(-1, len(seq) + 3)))
-            args = (seq, max_tokens)
+            args = (tokens, max_tokens)
             if max_tokens is not None and max_tokens >= 0:
                 # As matching a copy of the prefix: the ids after it are not read (nor a bad
                 # one among them).

@@ -44,6 +44,7 @@ __all__ = [
     "RadixMatch",
     "RadixNode",
     "RadixTree",
+    "TokenBatch",
 ]
 
 IntList: TypeAlias = list[int] | tuple[int, ...]
@@ -51,6 +52,10 @@ IntList: TypeAlias = list[int] | tuple[int, ...]
 
 IntBatch: TypeAlias = list[int] | tuple[int, ...] | npt.NDArray[np.int64]
 """The ids or counts of a batch call: an ``IntList``, or a 1-D C-contiguous int64 array."""
+
+TokenBatch: TypeAlias = "list[int] | tuple[int, ...] | array[int]"
+"""Token ids to match: an ``IntList``, or an ``array.array("I")`` of them (any 1-D
+C-contiguous buffer of u32)."""
 
 HashBatch: TypeAlias = "list[int] | tuple[int, ...] | array[int]"
 """Block hashes to look up: an ``IntList``, or an ``array.array("Q")`` of them (any 1-D
@@ -445,13 +450,14 @@ class RadixTree(Protocol):
         block id not in [0, 2**31)."""
         ...
 
-    def match_prefix(self, token_ids: IntList, max_tokens: int | None = None) -> RadixMatch:
+    def match_prefix(self, token_ids: TokenBatch, max_tokens: int | None = None) -> RadixMatch:
         """The longest prefix of token_ids[:max_tokens] (all of token_ids if None) stored in
         the tree, at token granularity (a match may end inside a node's edge); the ids after
         the first max_tokens are not read, so a caller matching a prefix of its list passes
-        the whole list and a length instead of a copy. Pure: changes no stamp. Raises
-        ValueError for a token id not in [0, 2**32) among those read, or a negative
-        max_tokens."""
+        the whole list and a length instead of a copy. The ids may come as an
+        ``array.array("I")`` (``TokenBatch``), read without a Python call per token. Pure:
+        changes no stamp. Raises ValueError for a token id not in [0, 2**32) among those
+        read, or a negative max_tokens."""
         ...
 
     def insert(self, token_ids: IntList, block_ids: IntList) -> InsertResult:

@@ -14,9 +14,10 @@
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
 
 use crate::error::{KvError, MAX_BLOCK_ID};
 
@@ -300,13 +301,42 @@ pub(super) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     leading_token_ids_arg(obj, usize::MAX)
 }
 
-/// The first `limit` token ids of a list or tuple (those after them are not checked).
+/// The first `limit` token ids of a list or tuple (those after them are not checked), or
+/// of a 1-D C-contiguous buffer of u32 (an `array.array("I")`: every u32 is a token id),
+/// which is read without a Python call per item.
 pub(super) fn leading_token_ids_arg(obj: &Bound<'_, PyAny>, limit: usize) -> PyResult<Vec<u32>> {
+    if !obj.is_instance_of::<PyList>() && !obj.is_instance_of::<PyTuple>() {
+        match PyBuffer::<u32>::get(obj) {
+            Ok(buf) if buf.dimensions() == 1 => {
+                if let Some(cells) = buf.as_slice(obj.py()) {
+                    return Ok(cells.iter().take(limit).map(|c| c.get()).collect());
+                }
+            }
+            Ok(_) => {}
+            Err(_) if is_empty_buffer(obj, 4, &["I"]) => return Ok(Vec::new()),
+            Err(_) => {}
+        }
+    }
     let mut v = Vec::new();
     collect_leading_ints(obj, "token_ids", &mut v, u64::from(u32::MAX), limit, |x| {
         value_err(format!("token id {x} is not in [0, 2**32)"))
     })?;
     Ok(v)
+}
+
+/// Whether `obj` exposes an empty 1-D buffer of `itemsize`-byte items in one of `formats`
+/// (native byte order): PyBuffer refuses an empty array, which may have no data pointer
+/// to align, so an empty typed array is recognised here.
+pub(super) fn is_empty_buffer(obj: &Bound<'_, PyAny>, itemsize: usize, formats: &[&str]) -> bool {
+    let Ok(view) = PyMemoryView::from(obj) else {
+        return false;
+    };
+    let attr = |name: &str| view.getattr(name).ok();
+    let format = attr("format").and_then(|f| f.extract::<String>().ok());
+    let format = format.as_deref().map(|f| f.trim_start_matches(['@', '=']));
+    let is_format = format.is_some_and(|f| formats.contains(&f));
+    let is = |name: &str, v: usize| attr(name).and_then(|x| x.extract::<usize>().ok()) == Some(v);
+    is_format && is("nbytes", 0) && is("itemsize", itemsize) && is("ndim", 1)
 }
 
 /// An empty tuple, for a default argument value.

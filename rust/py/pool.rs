@@ -2,10 +2,11 @@
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyMemoryView, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::convert::{
-    as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, to_py, OutOfBlocksError,
+    as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, is_empty_buffer, to_py,
+    OutOfBlocksError,
 };
 use crate::block_pool::BlockPool;
 use crate::error::MAX_BLOCKS;
@@ -31,28 +32,12 @@ fn u64_buffer(obj: &Bound<'_, PyAny>) -> Option<Vec<u64>> {
     }
     let Ok(buf) = PyBuffer::<u64>::get(obj) else {
         // An empty array may have no data pointer to align, which PyBuffer refuses.
-        return is_empty_u64_buffer(obj).then(Vec::new);
+        return is_empty_buffer(obj, 8, &["Q", "L"]).then(Vec::new);
     };
     if buf.dimensions() != 1 {
         return None;
     }
     buf.to_vec(obj.py()).ok()
-}
-
-/// Whether `obj` exposes an empty 1-D buffer whose format is u64's.
-fn is_empty_u64_buffer(obj: &Bound<'_, PyAny>) -> bool {
-    let Ok(view) = PyMemoryView::from(obj) else {
-        return false;
-    };
-    let attr = |name: &str| view.getattr(name).ok();
-    let format = attr("format").and_then(|f| f.extract::<String>().ok());
-    let is_u64 = matches!(
-        format.as_deref().map(|f| f.trim_start_matches(['@', '='])),
-        Some("Q" | "L")
-    );
-    let is_int =
-        |name: &str, v: usize| attr(name).and_then(|x| x.extract::<usize>().ok()) == Some(v);
-    is_u64 && is_int("nbytes", 0) && is_int("itemsize", 8) && is_int("ndim", 1)
 }
 
 #[pyclass(name = "BlockPool", module = "enginekit._native")]

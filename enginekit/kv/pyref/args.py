@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["extra_key_arg", "int_batch", "int_list", "u64_buffer"]
+__all__ = ["extra_key_arg", "int_batch", "int_list", "u32_buffer", "u64_buffer"]
 
 
 def int_list(obj: Any, what: str, check: Callable[[int], int] | None = None) -> list[int]:
@@ -48,6 +48,16 @@ def int_batch(obj: Any, what: str, check: Callable[[int], int] | None = None) ->
 def u64_buffer(obj: Any) -> list[int] | None:
     """The values of ``obj`` if it is a 1-D C-contiguous buffer of 8-byte unsigned ints
     (``array.array("Q")``, a numpy uint64 array), else None (lists and tuples included)."""
+    return _typed_buffer(obj, 8, ("Q", "L"))
+
+
+def u32_buffer(obj: Any) -> list[int] | None:
+    """The values of ``obj`` if it is a 1-D C-contiguous buffer of 4-byte unsigned ints
+    (``array.array("I")``), else None (lists and tuples included)."""
+    return _typed_buffer(obj, 4, ("I",))
+
+
+def _typed_buffer(obj: Any, itemsize: int, formats: tuple[str, ...]) -> list[int] | None:
     if isinstance(obj, (list, tuple)):
         return None
     try:
@@ -55,7 +65,7 @@ def u64_buffer(obj: Any) -> list[int] | None:
     except TypeError:
         return None
     with view:
-        if view.ndim != 1 or view.itemsize != 8 or view.format.lstrip("@=") not in ("Q", "L"):
+        if view.ndim != 1 or view.itemsize != itemsize or view.format.lstrip("@=") not in formats:
             return None
         if not view.c_contiguous:
             return None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from enginekit.errors import KVCacheError
 from enginekit.interfaces.structures import InsertResult, RadixMatch, RadixNode
-from enginekit.kv.pyref.args import int_list
+from enginekit.kv.pyref.args import int_list, u32_buffer
 
 __all__ = ["PyRadixTree"]
 
@@ -436,6 +436,9 @@ def _check_block_id(b: int) -> int:
 
 
 def _tokens(token_ids: Sequence[int], limit: int | None = None) -> list[int]:
+    buffered = u32_buffer(token_ids)  # an array("I"): every value is a token id
+    if buffered is not None:
+        return buffered if limit is None else buffered[:limit]
     if limit is not None and isinstance(token_ids, (list, tuple)):
         token_ids = token_ids[:limit]  # the type is checked as for the whole list
     return int_list(token_ids, "token_ids", _check_token)

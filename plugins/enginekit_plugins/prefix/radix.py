@@ -3,6 +3,7 @@ copy-on-write reuse of a partially matched last block."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,12 +64,14 @@ class RadixPrefixCache(PrefixCache):
         # block -> first slot the step being scheduled writes (its KV is not there yet)
         self._first_slot_in_flight: dict[int, int] = {}
         self._locked_node: dict[int, int] = {}  # seq_id -> node it locks
+        # seq_id -> tokens of a request matched while it waits (None: matched once so far)
+        self._waiting_tokens: dict[int, array[int] | None] = {}
 
     def match(self, request: Request) -> PrefixMatch:
         tree = self._trees.get(request.extra_key)
         if tree is None or request.num_tokens < 2:
             return NO_MATCH
-        found = tree.match_prefix(request.token_ids, request.num_tokens - 1)
+        found = tree.match_prefix(self._tokens_to_match(request), request.num_tokens - 1)
         block_ids, num_tokens = list(found.block_ids), found.num_tokens
         num_partial = num_tokens % self.kv.spec.block_size
         if num_partial and self._first_slot_in_flight.get(block_ids[-1], num_partial) < num_partial:
@@ -76,8 +79,25 @@ class RadixPrefixCache(PrefixCache):
             return PrefixMatch(block_ids, num_tokens - num_partial, num_partial)
         return PrefixMatch(block_ids, num_tokens)
 
+    def _tokens_to_match(self, request: Request) -> list[int] | array[int]:
+        """The request's tokens as ``match`` hands them to the tree: its list, or from its
+        second match on (a request waiting for room is matched at every step), an
+        ``array("I")`` copy that the tree reads without a Python call per token, kept
+        until the request is admitted or leaves."""
+        seq_id = request.seq_id
+        tokens = self._waiting_tokens.get(seq_id)
+        if tokens is not None and len(tokens) == request.num_tokens:
+            return tokens
+        if seq_id in self._waiting_tokens:
+            tokens = array("I", request.token_ids)
+            self._waiting_tokens[seq_id] = tokens
+            return tokens
+        self._waiting_tokens[seq_id] = None  # matched once
+        return request.token_ids
+
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
         seq_id = request.seq_id
+        self._waiting_tokens.pop(seq_id, None)
         if request.num_output_tokens and seq_id in self._locked_node:
             # Decoding (or prefilling prompt and outputs again after a preemption): its
             # outputs enter the tree when it leaves (on_released). Inserting the whole
@@ -116,6 +136,7 @@ class RadixPrefixCache(PrefixCache):
         # its next one is scheduled, so every computed token is computed).
         self._insert(request, request.num_computed_tokens)
         seq_id = request.seq_id
+        self._waiting_tokens.pop(seq_id, None)
         node_id = self._locked_node.pop(seq_id, None)
         if node_id is not None:
             self._trees[request.extra_key].unlock(node_id)
@@ -155,11 +176,16 @@ class RadixPrefixCache(PrefixCache):
         # after one that ended inside it, or a split inside it) is one block of the pool.
         # Each block lies in one tree (a request's blocks are its own, matched in its own
         # tree or forked from a parent with the same key), so the trees' counts add up.
-        return sum(tree.num_evictable_blocks() for tree in self._trees.values())
+        trees = self._trees
+        if len(trees) == 1:  # the common case, no salts: asked several times per step
+            (tree,) = trees.values()
+            return tree.num_evictable_blocks()
+        return sum([tree.num_evictable_blocks() for tree in trees.values()])
 
     def num_evictable_among(self, block_ids: Sequence[int]) -> int:
         # Each block lies in one tree (see num_evictable_blocks).
-        return sum(tree.num_evictable_among(block_ids) for tree in self._trees.values())
+        ids = list(block_ids)
+        return sum([tree.num_evictable_among(ids) for tree in self._trees.values()])
 
     def evict(self, num_blocks: int) -> list[int]:
         # A tree's evict(n) frees exactly min(n, its evictable blocks) distinct blocks (it may
