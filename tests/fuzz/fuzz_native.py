@@ -363,16 +363,21 @@ class Fuzz:
             f"insert({tokens}, {blocks})", lambda w: w.tree.insert(tokens, blocks), True
         )
         if ok:
-            _, refs, node_id = result
+            _, refs, node_id, released = result
             self.node_ids.append(node_id)
             for b in refs:
                 self.must(f"incref({b})", lambda w, b=b: w.pool.incref(b))
+            if released:
+                self.free(released)
 
     def op_radix_match(self) -> None:
         tokens = self.tokens()
         if self.b.one_in(10):
             tokens.append(-1)
-        ok, result = self.call("match_prefix", lambda w: w.tree.match_prefix(tokens), True)
+        limit = self.b.pick([None, None, -1, *range(len(tokens) + 2)])
+        ok, result = self.call(
+            f"match_prefix(.., {limit})", lambda w: w.tree.match_prefix(tokens, limit), True
+        )
         if ok:
             self.node_ids.append(result[2])
 

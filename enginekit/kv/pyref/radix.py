@@ -15,6 +15,7 @@ from the nodes on demand, where the Rust core maintains them incrementally.
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -330,18 +331,41 @@ class PyRadixTree:
         num_blocks = operator.index(num_blocks)
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be non-negative, got {num_blocks}")
+        # References per block: a block is freed when its last one goes (locks do not change
+        # here and only unlocked nodes are trimmed, so such a block was unlocked-only).
+        refs: Counter[int] = Counter()
+        locked: set[int] = set()
+        for node_id, node in self._nodes.items():
+            if node_id != ROOT:
+                refs.update(node.blocks)
+                if node.lock_count:
+                    locked.update(node.blocks)
+        num_to_free = min(num_blocks, len(refs.keys() - locked))
         released: list[int] = []
-        target = max(0, self.num_evictable_blocks() - num_blocks)
-        while self.num_evictable_blocks() > target:
+        while num_to_free > 0:
             candidates = [
-                (n.end % self._block_size == 0, n.stamp, i)
+                self._evict_key(i)
                 for i, n in self._nodes.items()
                 if i != ROOT and n.lock_count == 0 and not n.children
             ]
             if not candidates:
                 break
-            released.append(self._trim_last_block(min(candidates)[2]))
+            first = min(candidates)
+            node_id = first[2]
+            # Nothing else changes while it is trimmed: it stays first while its key does.
+            while num_to_free > 0 and node_id in self._nodes and self._evict_key(node_id) == first:
+                block_id = self._trim_last_block(node_id)
+                released.append(block_id)
+                refs[block_id] -= 1
+                if refs[block_id] == 0:
+                    num_to_free -= 1
         return released
+
+    def _evict_key(self, node_id: int) -> tuple[bool, int, int]:
+        """Eviction order of a candidate leaf: one whose edge ends inside a block first,
+        then least recent stamp, then lower id."""
+        node = self._nodes[node_id]
+        return (node.end % self._block_size == 0, node.stamp, node_id)
 
     def _trim_last_block(self, node_id: int) -> int:
         """Cuts the leaf's edge back to the start of its last block and returns that block's

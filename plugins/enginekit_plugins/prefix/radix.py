@@ -188,16 +188,16 @@ class RadixPrefixCache(PrefixCache):
         return sum([tree.num_evictable_among(ids) for tree in self._trees.values()])
 
     def evict(self, num_blocks: int) -> list[int]:
-        # A tree's evict(n) frees exactly min(n, its evictable blocks) distinct blocks (it may
-        # release more references: a block two nodes share is one block).
         released: list[int] = []
         num_left = num_blocks
         for tree in self._trees.values():
             if num_left <= 0:
                 break
-            num_before = tree.num_evictable_blocks()
+            # A tree's evict(n) frees exactly min(n, its evictable blocks) distinct blocks
+            # (it may release more references: a block two nodes share is one block).
+            num_freed = min(num_left, tree.num_evictable_blocks())
             released += tree.evict(num_left)
-            num_left -= num_before - tree.num_evictable_blocks()
+            num_left -= num_freed
         return released
 
     def held_block_ids(self) -> list[int]:
