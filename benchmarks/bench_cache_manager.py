@@ -526,12 +526,17 @@ TABLE_HEADER = (
 )
 
 
-def table_row(rust: ReplayResult, python: ReplayResult) -> str:
-    ratio = python.us_per_token / rust.us_per_token if rust.manager_ns else float("nan")
-    agree = "" if rust.counts() == python.counts() else " (COUNTS DIFFER)"
+def table_row(rust: ReplayResult, python: ReplayResult | None) -> str:
+    """One table line; ``python`` None: the twins were not run (``--rust-only``)."""
+    python_us = ratio = "-"
+    agree = ""
+    if python is not None:
+        python_us = f"{python.us_per_token:.2f}"
+        ratio = f"{python.us_per_token / rust.us_per_token:.1f}x" if rust.manager_ns else "nan"
+        agree = "" if rust.counts() == python.counts() else " (COUNTS DIFFER)"
     return (
         f"| {rust.num_blocks:,} | {rust.prefix}{agree} | {rust.us_per_token:.2f} "
-        f"| {python.us_per_token:.2f} | {ratio:.1f}x | {_pct(rust.first_hit_rate)} "
+        f"| {python_us} | {ratio} | {_pct(rust.first_hit_rate)} "
         f"| {_pct(rust.readmit_hit_rate)} | {rust.num_preemptions:,} "
         f"| {rust.peak_used_blocks:,} | {rust.num_generated_tokens:,} |"
     )
@@ -558,9 +563,10 @@ def run(
     check_every: int = 0,
     step_s: float = STEP_S,
     echo: bool = True,
+    with_python: bool = True,
 ) -> list[ReplayResult]:
-    """Every trace on every pool and prefix cache, Rust then Python; prints a markdown
-    table per trace when ``echo``."""
+    """Every trace on every pool and prefix cache, Rust then (``with_python``) Python;
+    prints a markdown table per trace when ``echo``."""
     results = []
     for trace in traces:
         if echo:
@@ -572,8 +578,10 @@ def run(
         for num_blocks in pools:
             for prefix in prefixes:
                 rust = replay(trace, num_blocks, prefix, True, check_every, step_s)
-                python = replay(trace, num_blocks, prefix, False, check_every, step_s)
-                results += [rust, python]
+                python = None
+                if with_python:
+                    python = replay(trace, num_blocks, prefix, False, check_every, step_s)
+                results += [rust] if python is None else [rust, python]
                 if echo:
                     print(table_row(rust, python), flush=True)
     return results
@@ -592,6 +600,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--step-ms", type=float, default=STEP_S * 1e3, help="nominal step")
     parser.add_argument("--check", type=int, default=0, metavar="N", help="integrity every N")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every row here")
+    parser.add_argument(
+        "--rust-only", action="store_true", help="skip the Python twins (same counts, slower)"
+    )
     args = parser.parse_args(argv)
     num_requests = args.requests or (QUICK_REQUESTS if args.quick else NUM_REQUESTS)
     num_sessions = args.sessions or (QUICK_SESSIONS if args.quick else NUM_SESSIONS)
@@ -606,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.prefixes,
         args.check,
         args.step_ms / 1e3,
+        with_python=not args.rust_only,
     )
     wall_s = time.perf_counter() - started
     print(f"\n{wall_s:.0f} s in all")
