@@ -166,14 +166,24 @@ def capacity_section() -> str:
     )
 
 
-def quality_section() -> str:
+QUALITY_HEADING = "### KV quantizers: quality (torch, a small Llama trained on the stdlib)"
+QUALITY_CARRIED = "(Carried over from an earlier run: the trained model is not cached here.)"
+
+
+def quality_section(readme: str = "") -> str:
     """The quality benchmark's tables when its trained model is cached (training it takes
-    about 12 minutes of one core: ``python3 benchmarks/train_stdlib_llama.py``), else how
+    about 12 minutes of one core: ``python3 benchmarks/train_stdlib_llama.py``); else the
+    section ``readme`` has, if it holds measured tables, marked as carried over; else how
     to get them."""
     from train_stdlib_llama import cache_dir
 
-    head = "### KV quantizers: quality (torch, a small Llama trained on the stdlib)\n\n"
+    head = QUALITY_HEADING + "\n\n"
     if not (cache_dir() / "training.json").is_file():
+        previous = carried_section(readme, QUALITY_HEADING)
+        if "```text" in previous:
+            if QUALITY_CARRIED not in previous:
+                previous = previous.rstrip("\n") + "\n\n" + QUALITY_CARRIED + "\n"
+            return previous
         return (
             f"{head}Not run: the model is not cached. `python3 benchmarks/"
             "train_stdlib_llama.py` trains it (about 12 minutes on one core), then "
@@ -221,13 +231,13 @@ CARRIED_HEADINGS = (
 
 
 def carried_section(readme: str, heading: str) -> str:
-    """The README's section under ``heading`` (up to the next ``###`` heading or the end
-    marker), or "" when the README has none."""
+    """The README's section under ``heading`` (up to the next ``###`` heading, the end
+    marker or the end of the text), or "" when the README has none."""
     start = readme.find(heading + "\n")
     if start < 0:
         return ""
     ends = [i for i in (readme.find("\n### ", start + 1), readme.find(END, start)) if i >= 0]
-    return readme[start : min(ends)].rstrip("\n") + "\n"
+    return readme[start : min(ends, default=len(readme))].rstrip("\n") + "\n"
 
 
 def build_section(quick: bool, command: str, readme: str = "") -> str:
@@ -238,7 +248,7 @@ def build_section(quick: bool, command: str, readme: str = "") -> str:
         simulator_section(quick),
         *filter(None, (carried_section(readme, h) for h in CARRIED_HEADINGS)),
         capacity_section(),
-        quality_section(),
+        quality_section(readme),
         claims_section(quick),
         kernels_section(),
     ]

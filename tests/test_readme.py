@@ -90,6 +90,22 @@ def test_the_generator_keeps_the_long_run_sections_it_does_not_repeat(monkeypatc
     assert results.carried_section("no such section", results.CARRIED_HEADINGS[0]) == ""
 
 
+def test_the_generator_carries_measured_quality_tables_when_the_model_is_missing(
+    monkeypatch, tmp_path
+):
+    monkeypatch.syspath_prepend(str(RESULTS.parent))
+    sys.modules.pop("results", None)
+    import results
+    import train_stdlib_llama
+
+    monkeypatch.setattr(train_stdlib_llama, "cache_dir", lambda: tmp_path)  # no model here
+    section = results.quality_section(README.read_text(encoding="utf-8"))
+    assert section.startswith(results.QUALITY_HEADING) and "```text" in section
+    assert section.count(results.QUALITY_CARRIED) == 1
+    assert results.quality_section(section) == section  # carried again, marked once
+    assert "Not run" in results.quality_section("")
+
+
 # ---- code blocks ------------------------------------------------------------------------
 
 TUTORIAL = "Writing a plugin package"
