@@ -17,34 +17,17 @@ from __future__ import annotations
 import operator
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from enginekit.errors import KVCacheError
 from enginekit.interfaces.structures import InsertResult, RadixMatch, RadixNode
 from enginekit.kv.pyref.args import int_list
+from enginekit.kv.pyref.radix_check import check_nodes
+from enginekit.kv.pyref.radix_node import ROOT, check_block_id, token_list
+from enginekit.kv.pyref.radix_node import Node as _Node
 
 __all__ = ["PyRadixTree"]
 
-ROOT = 0
 _MAX_U64 = (1 << 64) - 1
-_MAX_TOKEN = (1 << 32) - 1
-_MAX_BLOCK_ID = (1 << 31) - 1
-
-
-@dataclass
-class _Node:
-    parent: int  # the root's is itself, never read
-    start: int
-    tokens: list[int]
-    blocks: list[int]
-    children: dict[int, int] = field(default_factory=dict)  # first token -> child id
-    lock_count: int = 0  # locks on this node or any descendant
-    own_locks: int = 0  # locks on this node itself
-    stamp: int = 0
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.tokens)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -100,7 +83,7 @@ class PyRadixTree:
         """How many distinct ids of block_ids num_evictable_blocks counts (a sequence that
         shares them takes them out of what eviction can free). Pure. Raises ValueError for a
         block id not in [0, 2**31)."""
-        blocks = set(int_list(block_ids, "block_ids", _check_block_id))
+        blocks = set(int_list(block_ids, "block_ids", check_block_id))
         return len(blocks & self._unlocked_only())
 
     # ---- helpers --------------------------------------------------------------------------
@@ -139,7 +122,7 @@ class PyRadixTree:
             max_tokens = operator.index(max_tokens)
             if max_tokens < 0:
                 raise ValueError(f"max_tokens must be non-negative, got {max_tokens}")
-        tokens = _tokens(token_ids, max_tokens)
+        tokens = token_list(token_ids, max_tokens)
         node_id, pos = ROOT, 0
         block_ids: list[int] = []
         while pos < len(tokens):
@@ -178,8 +161,8 @@ class PyRadixTree:
         Raises ValueError for a token id not in [0, 2**32), a block id not in [0, 2**31), or
         fewer than ceil(len(token_ids) / block_size) block ids (extra ones are ignored).
         """
-        tokens = _tokens(token_ids)
-        blocks = int_list(block_ids, "block_ids", _check_block_id)
+        tokens = token_list(token_ids)
+        blocks = int_list(block_ids, "block_ids", check_block_id)
         need = -(-len(tokens) // self._block_size)
         if len(blocks) < need:
             raise ValueError(
@@ -402,64 +385,4 @@ class PyRadixTree:
         every non-root node holds tokens, starts at its parent's end and holds exactly the
         blocks its positions span, lock_count = own locks + the children's lock_counts, and no
         stamp is newer than the parent's or the clock."""
-
-        def broken(what: str) -> KVCacheError:
-            return KVCacheError(f"RadixTree integrity: {what}")
-
-        root = self._nodes.get(ROOT)
-        if root is None or root.tokens or root.blocks or root.start != 0:
-            raise broken("missing root, or a root holding tokens or blocks")
-        seen: set[int] = set()
-        stack = [ROOT]
-        while stack:
-            node_id = stack.pop()
-            if node_id in seen:
-                raise broken(f"node {node_id} is reached twice")
-            seen.add(node_id)
-            node = self._nodes[node_id]
-            if node_id != ROOT:
-                if not 0 < node_id < self._next_id:
-                    raise broken(f"node {node_id} has an id not yet handed out")
-                if not node.tokens:
-                    raise broken(f"node {node_id} holds no tokens")
-                if len(node.blocks) != len(self._span(node.start, node.end)):
-                    raise broken(f"node {node_id} holds {len(node.blocks)} blocks")
-                if any(not 0 <= b <= _MAX_BLOCK_ID for b in node.blocks):
-                    raise broken(f"node {node_id} holds an invalid block id")
-                if node.stamp > self._nodes[node.parent].stamp:
-                    raise broken(f"node {node_id} is more recent than its parent")
-            if node.stamp > self._clock:
-                raise broken(f"node {node_id} has a stamp from the future")
-            child_locks = 0
-            for first, child_id in node.children.items():
-                child = self._nodes.get(child_id)
-                if child is None or child_id == ROOT or child.parent != node_id:
-                    raise broken(f"child {child_id} of node {node_id} is not linked back")
-                if not child.tokens or child.tokens[0] != first:
-                    raise broken(f"child {child_id} of node {node_id} is keyed by {first}")
-                if child.start != node.end:
-                    raise broken(f"child {child_id} does not start at its parent's end")
-                child_locks += child.lock_count
-                stack.append(child_id)
-            if node.own_locks < 0 or node.lock_count != node.own_locks + child_locks:
-                raise broken(f"node {node_id} has lock_count {node.lock_count}")
-        if len(seen) != len(self._nodes):
-            raise broken(f"{len(self._nodes) - len(seen)} nodes are not reachable")
-
-
-def _check_token(t: int) -> int:
-    if not 0 <= t <= _MAX_TOKEN:
-        raise ValueError(f"token id {t} is not in [0, 2**32)")
-    return t
-
-
-def _check_block_id(b: int) -> int:
-    if not 0 <= b <= _MAX_BLOCK_ID:
-        raise ValueError(f"block id {b} is not in [0, 2**31)")
-    return b
-
-
-def _tokens(token_ids: Sequence[int], limit: int | None = None) -> list[int]:
-    if limit is not None and isinstance(token_ids, (list, tuple)):
-        token_ids = token_ids[:limit]  # the type is checked as for the whole list
-    return int_list(token_ids, "token_ids", _check_token)
+        check_nodes(self._nodes, self._next_id, self._clock, self._block_size)
