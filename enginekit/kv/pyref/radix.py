@@ -8,8 +8,10 @@ both nodes: each reference is one tree reference, mirrored by the caller as one 
 Results are the NamedTuples of ``enginekit.interfaces.structures``, which the Rust tree returns
 too.
 
-Written for reading: the count of evictable blocks and the eviction candidates are recomputed
-from the nodes on demand, where the Rust core maintains them incrementally.
+Written for reading: the set of evictable blocks and the eviction candidates are recomputed
+from the nodes on demand (the set once after each change), where the Rust core maintains them
+incrementally; only the references per block are counted as nodes gain and drop them, which
+check_integrity re-derives.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class PyRadixTree:
         self._nodes: dict[int, _Node] = {ROOT: _Node(ROOT, 0, [], [])}
         self._next_id = 1
         self._clock = 0
+        self._refs: Counter[int] = Counter()  # block -> references from all nodes
+        self._evictable: frozenset[int] | None = None  # _unlocked_only() since the last change
 
     # ---- counters -------------------------------------------------------------------------
 
@@ -71,13 +75,15 @@ class PyRadixTree:
         straddling two nodes counts once."""
         return len(self._unlocked_only())
 
-    def _unlocked_only(self) -> set[int]:
-        unlocked: set[int] = set()
-        locked: set[int] = set()
-        for node_id, node in self._nodes.items():
-            if node_id != ROOT:
-                (locked if node.lock_count else unlocked).update(node.blocks)
-        return unlocked - locked
+    def _unlocked_only(self) -> frozenset[int]:
+        if self._evictable is None:
+            unlocked: set[int] = set()
+            locked: set[int] = set()
+            for node_id, node in self._nodes.items():
+                if node_id != ROOT:
+                    (locked if node.lock_count else unlocked).update(node.blocks)
+            self._evictable = frozenset(unlocked - locked)
+        return self._evictable
 
     def num_evictable_among(self, block_ids: Sequence[int]) -> int:
         """How many distinct ids of block_ids num_evictable_blocks counts (a sequence that
@@ -99,6 +105,8 @@ class PyRadixTree:
         return path
 
     def _stamp(self, path: list[int]) -> None:
+        """Ticks the clock and stamps the path: the end of every insert, lock and unlock."""
+        self._evictable = None
         self._clock += 1
         for node_id in path:
             self._nodes[node_id].stamp = self._clock
@@ -196,6 +204,9 @@ class PyRadixTree:
                 del refs[len(refs) - 1 - refs[::-1].index(block_id)]
             else:
                 kept.append(block_id)
+        self._refs.update(refs)
+        for block_id in kept:
+            self._drop_ref(block_id)
         self._stamp(path)
         return InsertResult(num_new, refs, node_id, kept)
 
@@ -314,16 +325,7 @@ class PyRadixTree:
         num_blocks = operator.index(num_blocks)
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be non-negative, got {num_blocks}")
-        # References per block: a block is freed when its last one goes (locks do not change
-        # here and only unlocked nodes are trimmed, so such a block was unlocked-only).
-        refs: Counter[int] = Counter()
-        locked: set[int] = set()
-        for node_id, node in self._nodes.items():
-            if node_id != ROOT:
-                refs.update(node.blocks)
-                if node.lock_count:
-                    locked.update(node.blocks)
-        num_to_free = min(num_blocks, len(refs.keys() - locked))
+        num_to_free = min(num_blocks, self.num_evictable_blocks())
         released: list[int] = []
         while num_to_free > 0:
             candidates = [
@@ -339,10 +341,21 @@ class PyRadixTree:
             while num_to_free > 0 and node_id in self._nodes and self._evict_key(node_id) == first:
                 block_id = self._trim_last_block(node_id)
                 released.append(block_id)
-                refs[block_id] -= 1
-                if refs[block_id] == 0:
+                # Its last reference gone, a block is freed (locks do not change here and only
+                # unlocked nodes are trimmed, so it was one num_evictable_blocks counted).
+                if self._drop_ref(block_id):
                     num_to_free -= 1
+        if released:
+            self._evictable = None
         return released
+
+    def _drop_ref(self, block_id: int) -> bool:
+        """One reference to the block fewer; whether it was the last."""
+        self._refs[block_id] -= 1
+        if self._refs[block_id]:
+            return False
+        del self._refs[block_id]
+        return True
 
     def _evict_key(self, node_id: int) -> tuple[bool, int, int]:
         """Eviction order of a candidate leaf: one whose edge ends inside a block first,
@@ -383,6 +396,10 @@ class PyRadixTree:
         """Raises KVCacheError naming the first broken invariant: parent and child links
         agree, children are keyed by their first token, every node is reachable from the root,
         every non-root node holds tokens, starts at its parent's end and holds exactly the
-        blocks its positions span, lock_count = own locks + the children's lock_counts, and no
-        stamp is newer than the parent's or the clock."""
+        blocks its positions span, lock_count = own locks + the children's lock_counts, no
+        stamp is newer than the parent's or the clock, and the references counted per block
+        are the nodes'."""
         check_nodes(self._nodes, self._next_id, self._clock, self._block_size)
+        counted = Counter(b for i, n in self._nodes.items() if i != ROOT for b in n.blocks)
+        if counted != self._refs:
+            raise KVCacheError("RadixTree integrity: the references per block disagree")
