@@ -416,6 +416,13 @@ def test_evictable_blocks_count_a_shared_block_once(Tree) -> None:
     tree.check_integrity()
 
 
+def test_twin_integrity_covers_its_reference_counts() -> None:
+    tree = split_example(PyRadixTree)
+    tree._refs[7] += 1
+    with pytest.raises(KVCacheError, match="references per block"):
+        tree.check_integrity()
+
+
 @pytest.mark.parametrize("kind", NOT_A_LIST)
 def test_token_and_block_lists_are_lists_or_tuples(Tree, kind: str) -> None:
     tree = split_example(Tree)

@@ -8,8 +8,10 @@ both nodes: each reference is one tree reference, mirrored by the caller as one 
 Results are the NamedTuples of ``enginekit.interfaces.structures``, which the Rust tree returns
 too.
 
-Written for reading: the count of evictable blocks and the eviction candidates are recomputed
-from the nodes on demand, where the Rust core maintains them incrementally.
+Written for reading: the set of evictable blocks and the eviction candidates are recomputed
+from the nodes on demand (the set once after each change), where the Rust core maintains them
+incrementally; only the references per block are counted as nodes gain and drop them, which
+check_integrity re-derives.
 """
 
 from __future__ import annotations
@@ -17,34 +19,17 @@ from __future__ import annotations
 import operator
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from enginekit.errors import KVCacheError
 from enginekit.interfaces.structures import InsertResult, RadixMatch, RadixNode
-from enginekit.kv.pyref.args import int_list, u32_buffer
+from enginekit.kv.pyref.args import int_list
+from enginekit.kv.pyref.radix_check import check_nodes
+from enginekit.kv.pyref.radix_node import ROOT, check_block_id, token_list
+from enginekit.kv.pyref.radix_node import Node as _Node
 
 __all__ = ["PyRadixTree"]
 
-ROOT = 0
 _MAX_U64 = (1 << 64) - 1
-_MAX_TOKEN = (1 << 32) - 1
-_MAX_BLOCK_ID = (1 << 31) - 1
-
-
-@dataclass
-class _Node:
-    parent: int  # the root's is itself, never read
-    start: int
-    tokens: list[int]
-    blocks: list[int]
-    children: dict[int, int] = field(default_factory=dict)  # first token -> child id
-    lock_count: int = 0  # locks on this node or any descendant
-    own_locks: int = 0  # locks on this node itself
-    stamp: int = 0
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.tokens)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -75,6 +60,8 @@ class PyRadixTree:
         self._nodes: dict[int, _Node] = {ROOT: _Node(ROOT, 0, [], [])}
         self._next_id = 1
         self._clock = 0
+        self._refs: Counter[int] = Counter()  # block -> references from all nodes
+        self._evictable: frozenset[int] | None = None  # _unlocked_only() since the last change
 
     # ---- counters -------------------------------------------------------------------------
 
@@ -88,19 +75,21 @@ class PyRadixTree:
         straddling two nodes counts once."""
         return len(self._unlocked_only())
 
-    def _unlocked_only(self) -> set[int]:
-        unlocked: set[int] = set()
-        locked: set[int] = set()
-        for node_id, node in self._nodes.items():
-            if node_id != ROOT:
-                (locked if node.lock_count else unlocked).update(node.blocks)
-        return unlocked - locked
+    def _unlocked_only(self) -> frozenset[int]:
+        if self._evictable is None:
+            unlocked: set[int] = set()
+            locked: set[int] = set()
+            for node_id, node in self._nodes.items():
+                if node_id != ROOT:
+                    (locked if node.lock_count else unlocked).update(node.blocks)
+            self._evictable = frozenset(unlocked - locked)
+        return self._evictable
 
     def num_evictable_among(self, block_ids: Sequence[int]) -> int:
         """How many distinct ids of block_ids num_evictable_blocks counts (a sequence that
         shares them takes them out of what eviction can free). Pure. Raises ValueError for a
         block id not in [0, 2**31)."""
-        blocks = set(int_list(block_ids, "block_ids", _check_block_id))
+        blocks = set(int_list(block_ids, "block_ids", check_block_id))
         return len(blocks & self._unlocked_only())
 
     # ---- helpers --------------------------------------------------------------------------
@@ -116,6 +105,8 @@ class PyRadixTree:
         return path
 
     def _stamp(self, path: list[int]) -> None:
+        """Ticks the clock and stamps the path: the end of every insert, lock and unlock."""
+        self._evictable = None
         self._clock += 1
         for node_id in path:
             self._nodes[node_id].stamp = self._clock
@@ -139,7 +130,7 @@ class PyRadixTree:
             max_tokens = operator.index(max_tokens)
             if max_tokens < 0:
                 raise ValueError(f"max_tokens must be non-negative, got {max_tokens}")
-        tokens = _tokens(token_ids, max_tokens)
+        tokens = token_list(token_ids, max_tokens)
         node_id, pos = ROOT, 0
         block_ids: list[int] = []
         while pos < len(tokens):
@@ -178,8 +169,8 @@ class PyRadixTree:
         Raises ValueError for a token id not in [0, 2**32), a block id not in [0, 2**31), or
         fewer than ceil(len(token_ids) / block_size) block ids (extra ones are ignored).
         """
-        tokens = _tokens(token_ids)
-        blocks = int_list(block_ids, "block_ids", _check_block_id)
+        tokens = token_list(token_ids)
+        blocks = int_list(block_ids, "block_ids", check_block_id)
         need = -(-len(tokens) // self._block_size)
         if len(blocks) < need:
             raise ValueError(
@@ -213,6 +204,9 @@ class PyRadixTree:
                 del refs[len(refs) - 1 - refs[::-1].index(block_id)]
             else:
                 kept.append(block_id)
+        self._refs.update(refs)
+        for block_id in kept:
+            self._drop_ref(block_id)
         self._stamp(path)
         return InsertResult(num_new, refs, node_id, kept)
 
@@ -331,16 +325,7 @@ class PyRadixTree:
         num_blocks = operator.index(num_blocks)
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be non-negative, got {num_blocks}")
-        # References per block: a block is freed when its last one goes (locks do not change
-        # here and only unlocked nodes are trimmed, so such a block was unlocked-only).
-        refs: Counter[int] = Counter()
-        locked: set[int] = set()
-        for node_id, node in self._nodes.items():
-            if node_id != ROOT:
-                refs.update(node.blocks)
-                if node.lock_count:
-                    locked.update(node.blocks)
-        num_to_free = min(num_blocks, len(refs.keys() - locked))
+        num_to_free = min(num_blocks, self.num_evictable_blocks())
         released: list[int] = []
         while num_to_free > 0:
             candidates = [
@@ -356,10 +341,21 @@ class PyRadixTree:
             while num_to_free > 0 and node_id in self._nodes and self._evict_key(node_id) == first:
                 block_id = self._trim_last_block(node_id)
                 released.append(block_id)
-                refs[block_id] -= 1
-                if refs[block_id] == 0:
+                # Its last reference gone, a block is freed (locks do not change here and only
+                # unlocked nodes are trimmed, so it was one num_evictable_blocks counted).
+                if self._drop_ref(block_id):
                     num_to_free -= 1
+        if released:
+            self._evictable = None
         return released
+
+    def _drop_ref(self, block_id: int) -> bool:
+        """One reference to the block fewer; whether it was the last."""
+        self._refs[block_id] -= 1
+        if self._refs[block_id]:
+            return False
+        del self._refs[block_id]
+        return True
 
     def _evict_key(self, node_id: int) -> tuple[bool, int, int]:
         """Eviction order of a candidate leaf: one whose edge ends inside a block first,
@@ -400,69 +396,10 @@ class PyRadixTree:
         """Raises KVCacheError naming the first broken invariant: parent and child links
         agree, children are keyed by their first token, every node is reachable from the root,
         every non-root node holds tokens, starts at its parent's end and holds exactly the
-        blocks its positions span, lock_count = own locks + the children's lock_counts, and no
-        stamp is newer than the parent's or the clock."""
-
-        def broken(what: str) -> KVCacheError:
-            return KVCacheError(f"RadixTree integrity: {what}")
-
-        root = self._nodes.get(ROOT)
-        if root is None or root.tokens or root.blocks or root.start != 0:
-            raise broken("missing root, or a root holding tokens or blocks")
-        seen: set[int] = set()
-        stack = [ROOT]
-        while stack:
-            node_id = stack.pop()
-            if node_id in seen:
-                raise broken(f"node {node_id} is reached twice")
-            seen.add(node_id)
-            node = self._nodes[node_id]
-            if node_id != ROOT:
-                if not 0 < node_id < self._next_id:
-                    raise broken(f"node {node_id} has an id not yet handed out")
-                if not node.tokens:
-                    raise broken(f"node {node_id} holds no tokens")
-                if len(node.blocks) != len(self._span(node.start, node.end)):
-                    raise broken(f"node {node_id} holds {len(node.blocks)} blocks")
-                if any(not 0 <= b <= _MAX_BLOCK_ID for b in node.blocks):
-                    raise broken(f"node {node_id} holds an invalid block id")
-                if node.stamp > self._nodes[node.parent].stamp:
-                    raise broken(f"node {node_id} is more recent than its parent")
-            if node.stamp > self._clock:
-                raise broken(f"node {node_id} has a stamp from the future")
-            child_locks = 0
-            for first, child_id in node.children.items():
-                child = self._nodes.get(child_id)
-                if child is None or child_id == ROOT or child.parent != node_id:
-                    raise broken(f"child {child_id} of node {node_id} is not linked back")
-                if not child.tokens or child.tokens[0] != first:
-                    raise broken(f"child {child_id} of node {node_id} is keyed by {first}")
-                if child.start != node.end:
-                    raise broken(f"child {child_id} does not start at its parent's end")
-                child_locks += child.lock_count
-                stack.append(child_id)
-            if node.own_locks < 0 or node.lock_count != node.own_locks + child_locks:
-                raise broken(f"node {node_id} has lock_count {node.lock_count}")
-        if len(seen) != len(self._nodes):
-            raise broken(f"{len(self._nodes) - len(seen)} nodes are not reachable")
-
-
-def _check_token(t: int) -> int:
-    if not 0 <= t <= _MAX_TOKEN:
-        raise ValueError(f"token id {t} is not in [0, 2**32)")
-    return t
-
-
-def _check_block_id(b: int) -> int:
-    if not 0 <= b <= _MAX_BLOCK_ID:
-        raise ValueError(f"block id {b} is not in [0, 2**31)")
-    return b
-
-
-def _tokens(token_ids: Sequence[int], limit: int | None = None) -> list[int]:
-    buffered = u32_buffer(token_ids)  # an array("I"): every value is a token id
-    if buffered is not None:
-        return buffered if limit is None else buffered[:limit]
-    if limit is not None and isinstance(token_ids, (list, tuple)):
-        token_ids = token_ids[:limit]  # the type is checked as for the whole list
-    return int_list(token_ids, "token_ids", _check_token)
+        blocks its positions span, lock_count = own locks + the children's lock_counts, no
+        stamp is newer than the parent's or the clock, and the references counted per block
+        are the nodes'."""
+        check_nodes(self._nodes, self._next_id, self._clock, self._block_size)
+        counted = Counter(b for i, n in self._nodes.items() if i != ROOT for b in n.blocks)
+        if counted != self._refs:
+            raise KVCacheError("RadixTree integrity: the references per block disagree")

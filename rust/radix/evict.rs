@@ -1,0 +1,57 @@
+//! `RadixTree::evict`: block-granular eviction from the tails of unlocked leaves, in
+//! [`EvictKey`](super::EvictKey) order.
+
+use super::RadixTree;
+
+impl RadixTree {
+    /// Releases tree references at block granularity until `num_blocks` distinct blocks have
+    /// lost their last tree reference (`num_evictable_blocks` then falls by exactly
+    /// `min(num_blocks, num_evictable_blocks())`) or nothing unlocked is left. Each round
+    /// takes the first unlocked leaf in eviction order ([`EvictKey`](super::EvictKey): a leaf
+    /// ending inside a block first, then least recent) and trims the last block off its edge:
+    /// the edge is cut back to the start of that block (or to the node's start), and the
+    /// block's reference is released; a block the node shares with another (the parent's
+    /// straddling block) drops a reference without freeing a distinct block. A node left
+    /// without tokens is removed, and its parent may become an unlocked leaf, listed at its
+    /// own stamp. A trimmed leaf keeps its stamp, so it stays in its place in the order until
+    /// it is gone: a released sequence loses its tail before its prefix, as a block LRU list
+    /// gives blocks back. Returns every released reference in release order (the caller frees
+    /// each once).
+    pub fn evict(&mut self, num_blocks: u64) -> Vec<u32> {
+        let mut released = Vec::new();
+        let target = self
+            .block_counts
+            .num_unlocked_only
+            .saturating_sub(num_blocks);
+        while self.block_counts.num_unlocked_only > target {
+            let Some(&(_, _, id)) = self.evictable.first() else {
+                break;
+            };
+            released.push(self.trim_last_block(id));
+        }
+        released
+    }
+
+    /// Cuts the edge of the unlocked leaf `id` back to the start of its last block and drops
+    /// that block's reference (returned); removes the node if no token is left.
+    fn trim_last_block(&mut self, id: u64) -> u32 {
+        let bs = self.block_size;
+        self.unlist(id);
+        let n = self.node_mut(id);
+        let first_token = n.tokens[0];
+        let block = n.blocks.pop().expect("a non-root node references a block");
+        let cut = ((n.end() - 1) / bs * bs).max(n.start);
+        n.tokens.truncate((cut - n.start) as usize);
+        let (is_empty, parent) = (n.tokens.is_empty(), n.parent);
+        self.block_counts.remove(&[block], false);
+        if is_empty {
+            self.nodes.remove(&id);
+            self.unlist(parent);
+            self.node_mut(parent).children.remove(&first_token);
+            self.relist(parent);
+        } else {
+            self.relist(id);
+        }
+        block
+    }
+}
