@@ -64,9 +64,6 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def __contains__(self, request: Request) -> bool:
-        return any(r is request for r in self.requests)
-
     # -- membership ------------------------------------------------------------------------
 
     def add(self, requests: Sequence[Request]) -> None:

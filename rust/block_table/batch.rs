@@ -97,22 +97,7 @@ impl BlockTables {
         if let Some(i) = blocks.iter().position(|&b| b == HOLE) {
             return Err(Self::hole_error(seq_id, first_index + i as u64));
         }
-        // Blocks recorded by this call, to undo on error. Each block is recorded at most once:
-        // a second cache_block on it returns false or errors.
-        let mut recorded: Vec<u32> = Vec::new();
-        for (&b, &h) in blocks.iter().zip(block_hashes) {
-            match pool.cache_block(b, h) {
-                Ok(true) => recorded.push(b),
-                Ok(false) => {}
-                Err(e) => {
-                    for &b2 in recorded.iter().rev() {
-                        pool.uncache_used(b2);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        Ok(recorded.len())
+        Self::record_hashes(pool, blocks, block_hashes)
     }
 
     /// `pool.cache_block(block_id_at(seq_ids[i], block_indices[i]), block_hashes[i])` for
@@ -148,6 +133,17 @@ impl BlockTables {
             }
             blocks.push(b);
         }
+        Self::record_hashes(pool, &blocks, block_hashes)
+    }
+
+    /// `pool.cache_block(blocks[i], block_hashes[i])` for each i; returns how many were
+    /// recorded. If one errors, the ones this call recorded are undone (each block is
+    /// recorded at most once: a second `cache_block` on it returns false or errors).
+    fn record_hashes(
+        pool: &mut BlockPool,
+        blocks: &[u32],
+        block_hashes: &[u64],
+    ) -> KvResult<usize> {
         let mut recorded: Vec<u32> = Vec::new();
         for (&b, &h) in blocks.iter().zip(block_hashes) {
             match pool.cache_block(b, h) {

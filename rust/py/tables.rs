@@ -56,6 +56,16 @@ fn int64_array_into(
     Ok(true)
 }
 
+/// Fills `out` (cleared first) with the non-negative counts of the list or tuple `obj`
+/// (argument `what`; see [`count`]).
+fn counts_into(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<u64>) -> PyResult<()> {
+    out.clear();
+    for_each_item(obj, what, |x| {
+        out.push(count(x, what)?);
+        Ok(())
+    })
+}
+
 #[pyclass(name = "BlockTables", module = "enginekit._native")]
 pub(super) struct PyBlockTables {
     inner: BlockTables,
@@ -98,12 +108,7 @@ impl PyBlockTables {
         if int64_array_into(num_tokens, &mut self.toks, negative)? {
             return Ok(());
         }
-        self.toks.clear();
-        let toks = &mut self.toks;
-        for_each_item(num_tokens, "num_tokens", |x| {
-            toks.push(count(x, "num_tokens")?);
-            Ok(())
-        })
+        counts_into(num_tokens, "num_tokens", &mut self.toks)
     }
 }
 
@@ -320,12 +325,7 @@ impl PyBlockTables {
     ) -> PyResult<usize> {
         guard(|| {
             seq_ids_into(seq_ids, &mut self.seqs)?;
-            self.toks.clear();
-            let indices = &mut self.toks;
-            for_each_item(block_indices, "block_indices", |x| {
-                indices.push(count(x, "block_indices")?);
-                Ok(())
-            })?;
+            counts_into(block_indices, "block_indices", &mut self.toks)?;
             let hashes = block_hashes_arg(block_hashes)?;
             self.inner
                 .cache_blocks_at(&mut pool.inner, &self.seqs, &self.toks, &hashes)

@@ -303,17 +303,7 @@ class PyBlockTables:
         for offset in range(len(hashes)):
             if table[first_index + offset] == HOLE:
                 raise KVCacheError(f"block {first_index + offset} of sequence {seq_id} is a hole")
-        recorded: list[int] = []
-        try:
-            for offset, block_hash in enumerate(hashes):
-                block_id = table[first_index + offset]
-                if pool._cache_block(block_id, block_hash):
-                    recorded.append(block_id)
-        except Exception:
-            for block_id in reversed(recorded):
-                pool._uncache(block_id)
-            raise
-        return len(recorded)
+        return _record_hashes(pool, table[first_index : first_index + len(hashes)], hashes)
 
     def cache_blocks_at(
         self,
@@ -352,16 +342,7 @@ class PyBlockTables:
             if table[index] == HOLE:
                 raise KVCacheError(f"block {index} of sequence {seq_id} is a hole")
             block_ids.append(table[index])
-        recorded: list[int] = []
-        try:
-            for block_id, block_hash in zip(block_ids, hashes, strict=True):
-                if pool._cache_block(block_id, block_hash):
-                    recorded.append(block_id)
-        except Exception:
-            for block_id in reversed(recorded):
-                pool._uncache(block_id)
-            raise
-        return len(recorded)
+        return _record_hashes(pool, block_ids, hashes)
 
     def max_num_blocks(self, seq_ids: Sequence[int]) -> int:
         """The longest table among seq_ids (0 for an empty batch)."""
@@ -431,3 +412,18 @@ class PyBlockTables:
 def _held(entries: list[int]) -> list[int]:
     """The entries that are blocks, holes skipped."""
     return [b for b in entries if b != HOLE]
+
+
+def _record_hashes(pool: PyBlockPool, block_ids: list[int], hashes: list[int]) -> int:
+    """``pool._cache_block(block_ids[i], hashes[i])`` for each i; returns how many were
+    recorded. If one raises, the ones this call recorded are undone first."""
+    recorded: list[int] = []
+    try:
+        for block_id, block_hash in zip(block_ids, hashes, strict=True):
+            if pool._cache_block(block_id, block_hash):
+                recorded.append(block_id)
+    except Exception:
+        for block_id in reversed(recorded):
+            pool._uncache(block_id)
+        raise
+    return len(recorded)
