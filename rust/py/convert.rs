@@ -14,7 +14,7 @@
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use pyo3::buffer::PyBuffer;
+use pyo3::buffer::{Element, PyBuffer};
 use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
@@ -305,23 +305,36 @@ pub(super) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 /// of a 1-D C-contiguous buffer of u32 (an `array.array("I")`: every u32 is a token id),
 /// which is read without a Python call per item.
 pub(super) fn leading_token_ids_arg(obj: &Bound<'_, PyAny>, limit: usize) -> PyResult<Vec<u32>> {
-    if !obj.is_instance_of::<PyList>() && !obj.is_instance_of::<PyTuple>() {
-        match PyBuffer::<u32>::get(obj) {
-            Ok(buf) if buf.dimensions() == 1 => {
-                if let Some(cells) = buf.as_slice(obj.py()) {
-                    return Ok(cells.iter().take(limit).map(|c| c.get()).collect());
-                }
-            }
-            Ok(_) => {}
-            Err(_) if is_empty_buffer(obj, 4, &["I"]) => return Ok(Vec::new()),
-            Err(_) => {}
-        }
+    if let Some(mut tokens) = typed_buffer::<u32>(obj, &["I"]) {
+        tokens.truncate(limit);
+        return Ok(tokens);
     }
     let mut v = Vec::new();
     collect_leading_ints(obj, "token_ids", &mut v, u64::from(u32::MAX), limit, |x| {
         value_err(format!("token id {x} is not in [0, 2**32)"))
     })?;
     Ok(v)
+}
+
+/// The items of `obj` if it exposes a 1-D C-contiguous buffer of `T` (a typed array), read
+/// in one pass with no per-item Python call; None for anything else (lists and tuples take
+/// the item-by-item path, which also reports a wrong type). An empty buffer in one of
+/// `empty_formats` counts too (see [`is_empty_buffer`]).
+pub(super) fn typed_buffer<T: Element + Copy>(
+    obj: &Bound<'_, PyAny>,
+    empty_formats: &[&str],
+) -> Option<Vec<T>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return None;
+    }
+    let Ok(buf) = PyBuffer::<T>::get(obj) else {
+        let size = std::mem::size_of::<T>();
+        return is_empty_buffer(obj, size, empty_formats).then(Vec::new);
+    };
+    if buf.dimensions() != 1 || !buf.is_c_contiguous() {
+        return None;
+    }
+    buf.to_vec(obj.py()).ok()
 }
 
 /// Whether `obj` exposes an empty 1-D buffer of `itemsize`-byte items in one of `formats`

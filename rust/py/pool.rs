@@ -1,11 +1,10 @@
 //! Python wrapper of [`BlockPool`]: argument conversion and error mapping only.
 
-use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::PyDict;
 
 use super::convert::{
-    as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, is_empty_buffer, to_py,
+    as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, to_py, typed_buffer,
     OutOfBlocksError,
 };
 use crate::block_pool::BlockPool;
@@ -21,23 +20,6 @@ fn request(num_blocks: &Bound<'_, PyAny>, verb: &str, available: u32, kind: &str
         )));
     }
     Ok(n)
-}
-
-/// The values of `obj` if it is a 1-D C-contiguous buffer of u64 (an `array.array("Q")`, a
-/// numpy uint64 array), read in one pass with no per-item Python calls; None for anything
-/// else (lists and tuples take the item-by-item path, which also reports a wrong type).
-fn u64_buffer(obj: &Bound<'_, PyAny>) -> Option<Vec<u64>> {
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        return None;
-    }
-    let Ok(buf) = PyBuffer::<u64>::get(obj) else {
-        // An empty array may have no data pointer to align, which PyBuffer refuses.
-        return is_empty_buffer(obj, 8, &["Q", "L"]).then(Vec::new);
-    };
-    if buf.dimensions() != 1 {
-        return None;
-    }
-    buf.to_vec(obj.py()).ok()
 }
 
 #[pyclass(name = "BlockPool", module = "enginekit._native")]
@@ -140,7 +122,7 @@ impl PyBlockPool {
 
     fn lookup_prefix(&self, block_hashes: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         guard(|| {
-            if let Some(hashes) = u64_buffer(block_hashes) {
+            if let Some(hashes) = typed_buffer::<u64>(block_hashes, &["Q", "L"]) {
                 return Ok(self.inner.lookup_prefix(&hashes));
             }
             let hashes = block_hashes_arg(block_hashes)?;

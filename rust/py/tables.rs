@@ -2,12 +2,11 @@
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
 
 use super::convert::{
     as_i32, as_u64, bad_table_block, block_hashes_arg, cache_err, count, empty_tuple,
     for_each_item, guard, int_default, new_seq_arg, seq_arg, seq_ids_into, table_block_ids, to_py,
-    value_err,
+    typed_buffer, value_err,
 };
 use super::pool::PyBlockPool;
 use crate::block_table::{BlockTables, HOLE};
@@ -24,30 +23,18 @@ fn entry(b: u32) -> i32 {
 }
 
 /// Fills `out` (cleared first) from `obj` and returns true if `obj` is a 1-D C-contiguous
-/// int64 buffer (a numpy array), read in one pass with no per-item Python calls; returns
-/// false, reading nothing, for anything else (lists and tuples take the item-by-item path,
-/// which also reports a wrong type). `negative` builds the error for a value below 0.
+/// int64 buffer (a numpy array: see [`typed_buffer`]); false, reading nothing, for anything
+/// else. `negative` builds the error for a value below 0.
 fn int64_array_into(
     obj: &Bound<'_, PyAny>,
     out: &mut Vec<u64>,
     negative: impl Fn(i64) -> PyErr,
 ) -> PyResult<bool> {
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        return Ok(false);
-    }
-    let Ok(buf) = PyBuffer::<i64>::get(obj) else {
-        return Ok(false);
-    };
-    if buf.dimensions() != 1 {
-        return Ok(false);
-    }
-    let Some(cells) = buf.as_slice(obj.py()) else {
+    let Some(values) = typed_buffer::<i64>(obj, &[]) else {
         return Ok(false);
     };
     out.clear();
-    out.reserve(cells.len());
-    for cell in cells {
-        let v = cell.get();
+    for v in values {
         if v < 0 {
             return Err(negative(v));
         }
