@@ -38,16 +38,16 @@ FP8_NAN, FP8_MAX_BITS = 0x7F, 0x7E
 NONE = KVQuant()
 
 
-def quant_of(kind: str, block_size: int) -> KVQuant:
+def quant_of(kind: str, block_size: int, head_dim: int = HEAD_DIM) -> KVQuant:
     """``none``, ``fp8`` or ``int4-g<group>``."""
     if kind.startswith("int4"):
-        return KVQuant.int4(int(kind.split("-g")[1]), block_size, HEAD_DIM)
+        return KVQuant.int4(int(kind.split("-g")[1]), block_size, head_dim)
     return KVQuant(kind)
 
 
-def new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g) -> KVTensors:
+def new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g, head_dim=HEAD_DIM) -> KVTensors:
     bits = quant.bits_per_element(torch.finfo(dtype).bits)
-    spec = KVSpec(NUM_LAYERS, num_kv_heads, HEAD_DIM, bits, block_size, quant)
+    spec = KVSpec(NUM_LAYERS, num_kv_heads, head_dim, bits, block_size, quant)
     pool = allocate_kv_tensors(spec, num_blocks, dtype, "cpu")
     if pool.fp8_scales is not None:
         pool.set_fp8_scales(None, (0.5 + torch.rand(pool.fp8_scales.shape, generator=g)) * 3 / 448)
@@ -85,13 +85,13 @@ def attended_blocks(total, first_query, block_size, window, sinks):
 
 
 def make_pool(seq_lens, num_kv_heads, block_size, dtype, seed, quant=NONE, first_queries=None,
-              window=None, sinks=0):  # fmt: skip
+              window=None, sinks=0, head_dim=HEAD_DIM):  # fmt: skip
     """(pool, block_tables int32 [S, W] padded with -1) for sequences of ``seq_lens``,
     whose first queries sit at ``first_queries`` (for holes; default: the last token)."""
     g = torch.Generator().manual_seed(seed)
     need = [-(-n // block_size) for n in seq_lens]
     num_blocks = 1 + sum(need) + 3
-    pool = new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g)
+    pool = new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g, head_dim)
     ids = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
     width = max(need) + 1
     tables = torch.full((len(seq_lens), width), -1, dtype=torch.int32)
@@ -102,7 +102,7 @@ def make_pool(seq_lens, num_kv_heads, block_size, dtype, seed, quant=NONE, first
             owned.add(int(tables[s, j]))
         positions = torch.arange(n)
         slots = tables[s, positions // block_size].long() * block_size + positions % block_size
-        kv = torch.randn(n, 2, num_kv_heads, HEAD_DIM, generator=g).to(dtype)
+        kv = torch.randn(n, 2, num_kv_heads, head_dim, generator=g).to(dtype)
         for chunk in (slice(0, n // 2 + 1), slice(n // 2 + 1, n)):
             reference.write_kv(pool, LAYER, kv[chunk, 0], kv[chunk, 1], slots[chunk])
         used = n - (need[s] - 1) * block_size
@@ -156,6 +156,68 @@ def case_prefill(num_heads, num_kv_heads, block_size, window, dtype, kind="none"
     got = triton_attention.prefill_attention(q, pool, LAYER, tables, q_starts, ctx, max(chunk),
                                              0.25, window, sinks)  # fmt: skip
     check(got, want, dtype)
+
+
+def case_decode_splits(lens, num_heads, num_kv_heads, block_size, dtype, kind="none",
+                       window=None, sinks=0, num_splits=None, head_dim=HEAD_DIM):  # fmt: skip
+    """Decode with the keys split across programs (``num_splits``, or the launcher's
+    choice, which must then split) against the reference, e.g. at a 32K context."""
+    pool, tables = make_pool(lens, num_kv_heads, block_size, dtype, 7,
+                             quant_of(kind, block_size, head_dim), None, window, sinks,
+                             head_dim)  # fmt: skip
+    q = torch.randn(len(lens), num_heads, head_dim, generator=torch.Generator().manual_seed(8))
+    q = q.to(dtype)
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    scale = head_dim**-0.5
+    if num_splits is None:
+        max_keys = tables.shape[1] * block_size if window is None else window + sinks
+        chosen = triton_attention.num_decode_splits(len(lens), num_kv_heads, max_keys)
+        assert chosen > 1, chosen
+    want = reference.decode_attention(q, pool, LAYER, tables, ctx, scale, window, sinks)
+    got = triton_attention.decode_attention(q, pool, LAYER, tables, ctx, scale, window, sinks,
+                                            num_splits=num_splits)  # fmt: skip
+    check(got, want, dtype)
+
+
+def needed_key_tiles(starts, chunks, block_m, window, sinks):
+    """Key tiles of BLOCK_N a prefill must read at least: for each query tile of each
+    chunk (block_m tokens), the keys some row of it attends, in whole tiles."""
+    total = 0
+    for start, chunk in zip(starts, chunks, strict=True):
+        for first in range(0, chunk, block_m):
+            rows = range(start + first, start + min(first + block_m, chunk))
+            keys = set()
+            for p in rows:
+                lo = 0 if window is None else max(0, p - window + 1)
+                keys.update(range(lo, p + 1))
+                keys.update(range(min(sinks, p + 1)))
+            total += -(-len(keys) // triton_attention.BLOCK_N)
+    return total
+
+
+def case_prefill_tile_loads(num_heads, num_kv_heads, block_size, starts, chunks, window=None,
+                            sinks=0):  # fmt: skip
+    """A prefill reads at most 1.1x the key tiles its query tiles need (so no tile past
+    a chunk's end streams the context), and still equals the reference."""
+    dtype = torch.float32
+    totals = [s + c for s, c in zip(starts, chunks, strict=True)]
+    pool, tables = make_pool(totals, num_kv_heads, block_size, dtype, 9, NONE, starts, window,
+                             sinks)  # fmt: skip
+    q_starts = torch.tensor([0] + torch.tensor(chunks).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(sum(chunks), num_heads, HEAD_DIM, generator=torch.Generator().manual_seed(9))
+    ctx = torch.tensor(starts, dtype=torch.int32)
+    grid = triton_attention.prefill_grid(len(starts), num_heads, num_kv_heads, max(chunks))
+    counts = torch.full((grid[0] * grid[1] * grid[2],), -1, dtype=torch.int32)
+    got = triton_attention.prefill_attention(q, pool, LAYER, tables, q_starts, ctx, max(chunks),
+                                             0.25, window, sinks, tile_counts=counts)  # fmt: skip
+    want = reference.prefill_attention(q, pool, LAYER, tables, q_starts.tolist(), starts, 0.25,
+                                       window, sinks)  # fmt: skip
+    check(got, want, dtype)
+    assert (counts >= 0).all(), "a program did not report its tiles"
+    block_m = triton_attention.prefill_query_tile(num_heads, num_kv_heads)
+    needed = num_kv_heads * needed_key_tiles(starts, chunks, block_m, window, sinks)
+    read = int(counts.sum())
+    assert needed <= read <= 1.1 * needed, (read, needed)
 
 
 def clone(pool: KVTensors) -> KVTensors:
@@ -314,6 +376,17 @@ def cases():
     out["prefill-fp8-bf16"] = (case_prefill, 8, 2, 16, 9, torch.bfloat16, "fp8", 3)
     out["prefill-int4-g8-fp16"] = (case_prefill, 4, 4, 16, None, torch.float16, "int4-g8")
     out["decode-int4-g4-bf16"] = (case_decode, 8, 2, 4, 6, torch.bfloat16, "int4-g4", 2)
+    bf16 = torch.bfloat16
+    out["decode-split-32k"] = (case_decode_splits, [32768, 5], 4, 1, 16, f32)
+    out["decode-split-fp8-bf16"] = (case_decode_splits, [3000, 70], 4, 1, 32, bf16, "fp8")
+    out["decode-split-real-shape-bf16"] = (case_decode_splits, [1200, 17], 32, 8, 16, bf16,
+                                           "none", None, 0, None, 128)  # fmt: skip
+    out["decode-splits-7-int4-window"] = (case_decode_splits, [1, 70, 300, 1000], 8, 2, 16, f32,
+                                          "int4-g8", 200, 4, 7)  # fmt: skip
+    out["prefill-tile-loads"] = (case_prefill_tile_loads, 8, 2, 16, [0, 1000, 1000], [256, 16, 1])
+    out["prefill-tile-loads-long"] = (case_prefill_tile_loads, 1, 1, 16, [2000, 2000], [256, 16])
+    out["prefill-tile-loads-window"] = (case_prefill_tile_loads, 8, 1, 16, [300, 0], [200, 50],
+                                        64, 4)  # fmt: skip
     for kvh in (1, 2, 3):
         for bs in (4, 16):
             out[f"write-kv{kvh}-bs{bs}"] = (case_write, kvh, bs, f32)

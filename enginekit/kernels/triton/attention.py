@@ -2,25 +2,36 @@
 chunks over cached prefixes). Twins of ``reference.decode_attention`` and
 ``reference.prefill_attention``, same arguments and semantics (window and sinks).
 
-Both walk a sequence's block table one KV block at a time with an online softmax in
-float32, and are GQA-aware: a program owns one kv head and every query head of its group,
-so each K/V tile is loaded once per group. Quantized pools are dequantized tile by tile
-in registers as they are loaded (fp8 decoded from its bits times the (layer, head)
-scale; int4 nibbles times their group's float16 scale plus zero): the cache is never
-copied to full precision. Prefill tiles use ``tl.dot`` when every tile side is at least
-16 (in IEEE float32 for float32 models; natively for half types, dequantized tiles cast
-to the model's dtype first, except bfloat16 under ``TRITON_INTERPRET=1``, whose
-``tl.dot`` on bfloat16 operands is wrong in Triton 3.9's interpreter: there the operands
-are upcast). Every load is masked (block-size and head-dim padding, positions past the
-context or outside the attended ranges), and only blocks holding an attended position
-are read: with a window, the sink blocks and then the window's blocks, so ``-1`` table
-padding and holes (released blocks between the sinks and the window) are never
-dereferenced.
+Both read keys in tiles of ``BLOCK_N`` attended positions gathered across pages
+(``tiles.load_kv_tile``), so the tile shape does not depend on the page size, and run an
+online softmax in float32 (base 2) with ``tl.dot`` for both products. A program owns one
+kv head and every query head of its group, so each K/V tile is loaded once per group.
+
+- **Decode** (a memory-bound step) splits each sequence's attended keys across
+  ``num_splits`` programs, so that a small batch still fills the GPU: grid (sequence,
+  kv head, split), each split at least ``MIN_SPLIT_TOKENS`` keys. The group's query
+  heads are the rows of one ``tl.dot`` tile, padded to 16. With more than one split each
+  program writes its normalised partial output and log-sum-exp, and ``_merge_kernel``
+  combines them.
+- **Prefill**: grid (query tile, kv head, sequence), query tiles of ``BLOCK_M`` tokens ×
+  the group's heads, the last (longest) tiles of a chunk first. A tile reads only the keys
+  its rows attend (the sinks and its window, or the whole causal prefix), and a tile past
+  its chunk's end reads nothing.
+
+Quantized pools are dequantized per tile in registers, never copied to full precision:
+fp8 is converted by the hardware on a GPU (from its bits under the interpreter), and its
+(layer, head) scales are folded into the softmax scale (keys) and the output (values);
+int4 is dequantized with its group scales. Dots run in IEEE float32 for float32 models,
+and natively on the model's half type otherwise (dequantized tiles cast to it), except
+bfloat16 under the interpreter, whose ``tl.dot`` on bfloat16 operands is wrong there: it
+runs in float32 instead. Per-call integers (layer, window, sinks, table width, splits)
+are not specialised on, so a configuration compiles once.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import triton
@@ -28,156 +39,168 @@ import triton.language as tl
 
 from enginekit.kernels.checks import check_attention_args
 from enginekit.kernels.layout import KVTensors
-from enginekit.kernels.triton.quant import KIND_IDS, e4m3_to_float32, int4_dequantize
+from enginekit.kernels.triton.quant import KIND_IDS
+from enginekit.kernels.triton.tiles import (
+    attended_positions,
+    load_kv_tile,
+    scores,
+    softmax_step,
+)
+
+LOG2E = 1.4426950408889634
+BLOCK_N = 64  # keys per tile, any page size
+MIN_SPLIT_TOKENS = 256  # a decode split covers at least this many keys
+PROGRAMS_PER_SM = 4  # decode splits until the grid has this many programs per SM
+DEFAULT_NUM_SMS = 132  # an H100/H200, for split choices off a GPU (the interpreter)
+PER_CALL_INTS = ["layer", "window", "sinks", "stride_btb", "num_splits"]
 
 
-@triton.jit
-def _online_update(s, v, m, l_sum, acc, USE_DOT: tl.constexpr, IS_FP32: tl.constexpr):
-    """One softmax step: scores s [R, T] (-inf where masked) and values v [T, D]."""
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - m_safe)
-    p = tl.exp(s - m_safe[:, None])
-    l_sum = l_sum * alpha + tl.sum(p, axis=1)
-    if USE_DOT:
-        if IS_FP32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-    else:
-        pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-    acc = acc * alpha[:, None] + pv
-    return m_new, l_sum, acc
-
-
-@triton.jit
-def _scores(q, k, scale, USE_DOT: tl.constexpr, IS_FP32: tl.constexpr):
-    if USE_DOT:
-        if IS_FP32:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-    else:
-        s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-    return s * scale
-
-
-@triton.jit
-def _load_kv(
-    data_ptr, kmeta_ptr, vmeta_ptr, block_id, layer, kv_head, t, d, mask, k_scale, v_scale,
-    stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
-    stride_kmb, stride_kml, stride_kmh, stride_kmg, stride_kms,
-    stride_vmb, stride_vml, stride_vmh, stride_vmt, stride_vms,
-    KIND: tl.constexpr, KEY_GROUP: tl.constexpr, VALUE_GROUP: tl.constexpr,
-):  # fmt: skip
-    """K and V tiles [T_PAD, D_PAD] of one (block, layer, kv head), dequantized to float32
-    (stored dtype for none); 0 where ``mask`` is false. Reads only masked-in elements."""
-    base = data_ptr + block_id * stride_pb + layer * stride_pl + kv_head * stride_ph
-    if KIND == 2:
-        offsets = t[:, None] * stride_pt + (d // 2)[None, :]
-        shift = ((d % 2) * 4)[None, :]
-        k_codes = (tl.load(base + offsets, mask=mask, other=0).to(tl.int32) >> shift) & 15
-        v_codes = (tl.load(base + stride_pkv + offsets, mask=mask, other=0).to(tl.int32)
-                   >> shift) & 15  # fmt: skip
-        k_meta = (kmeta_ptr + block_id * stride_kmb + layer * stride_kml + kv_head * stride_kmh
-                  + (t // KEY_GROUP)[:, None] * stride_kmg + d[None, :])  # fmt: skip
-        v_meta = (vmeta_ptr + block_id * stride_vmb + layer * stride_vml + kv_head * stride_vmh
-                  + t[:, None] * stride_vmt + (d // VALUE_GROUP)[None, :])  # fmt: skip
-        k = int4_dequantize(
-            k_codes,
-            tl.load(k_meta, mask=mask, other=0.0),
-            tl.load(k_meta + stride_kms, mask=mask, other=0.0),
-        )
-        v = int4_dequantize(
-            v_codes,
-            tl.load(v_meta, mask=mask, other=0.0),
-            tl.load(v_meta + stride_vms, mask=mask, other=0.0),
-        )
-    else:
-        offsets = t[:, None] * stride_pt + d[None, :]
-        k = tl.load(base + offsets, mask=mask, other=0)
-        v = tl.load(base + stride_pkv + offsets, mask=mask, other=0)
-        if KIND == 1:
-            k = e4m3_to_float32(k) * k_scale
-            v = e4m3_to_float32(v) * v_scale
-    return k, v
-
-
-@triton.jit
-def _attend_blocks(
-    q, q_pos, row_ok, m, l_sum, acc, key_lo, key_hi, window, sinks,
-    data_ptr, kmeta_ptr, vmeta_ptr, bt_row_ptr, layer, kv_head, scale, k_scale, v_scale,
-    stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
-    stride_kmb, stride_kml, stride_kmh, stride_kmg, stride_kms,
-    stride_vmb, stride_vml, stride_vmh, stride_vmt, stride_vms,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    T_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_DOT: tl.constexpr,
-    IS_FP32: tl.constexpr, KIND: tl.constexpr, KEY_GROUP: tl.constexpr,
-    VALUE_GROUP: tl.constexpr,
-):  # fmt: skip
-    """Online softmax over the keys at positions [key_lo, key_hi), reading only the blocks
-    they fall in; each row also applies its own causal/window/sink mask."""
-    t = tl.arange(0, T_PAD)
-    d = tl.arange(0, D_PAD)
-    d_ok = d < HEAD_DIM
-    for j in range(key_lo // BLOCK_SIZE, (key_hi + BLOCK_SIZE - 1) // BLOCK_SIZE):
-        block_id = tl.load(bt_row_ptr + j).to(tl.int64)
-        k_pos = j * BLOCK_SIZE + t
-        k_ok = (t < BLOCK_SIZE) & (k_pos < key_hi) & (k_pos >= key_lo)
-        k, v = _load_kv(
-            data_ptr, kmeta_ptr, vmeta_ptr, block_id, layer, kv_head, t, d,
-            k_ok[:, None] & d_ok[None, :], k_scale, v_scale,
-            stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
-            stride_kmb, stride_kml, stride_kmh, stride_kmg, stride_kms,
-            stride_vmb, stride_vml, stride_vmh, stride_vmt, stride_vms,
-            KIND, KEY_GROUP, VALUE_GROUP,
-        )  # fmt: skip
-        if KIND != 0 and USE_DOT and not IS_FP32:
-            # Tensor-core dots on the model's half type, as the unquantized cache stores.
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
-        s = _scores(q, k, scale, USE_DOT, IS_FP32)
-        allowed = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        if HAS_WINDOW:
-            allowed = allowed & (
-                (k_pos[None, :] > q_pos[:, None] - window) | (k_pos[None, :] < sinks)
-            )
-        s = tl.where(allowed, s, float("-inf"))
-        m, l_sum, acc = _online_update(s, v, m, l_sum, acc, USE_DOT, IS_FP32)
-    return m, l_sum, acc
-
-
-@triton.jit
-def _paged_attention_kernel(
-    q_ptr, out_ptr, data_ptr, kmeta_ptr, vmeta_ptr, fp8_ptr, bt_ptr, q_starts_ptr,
-    ctx_starts_ptr, layer, scale, window, sinks,
+@triton.jit(do_not_specialize=PER_CALL_INTS)
+def _decode_kernel(
+    q_ptr, out_ptr, part_out_ptr, part_lse_ptr, data_ptr, kmeta_ptr, vmeta_ptr, fp8_ptr,
+    bt_ptr, ctx_ptr, layer, qk_scale, window, sinks, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
     stride_kmb, stride_kml, stride_kmh, stride_kmg, stride_kms,
     stride_vmb, stride_vml, stride_vmh, stride_vmt, stride_vms,
-    stride_fl, stride_fkv, stride_fh,
-    stride_btb,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, T_PAD: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, IS_DECODE: tl.constexpr,
-    USE_DOT: tl.constexpr, IS_FP32: tl.constexpr,
-    KIND: tl.constexpr, KEY_GROUP: tl.constexpr, VALUE_GROUP: tl.constexpr,
+    stride_fl, stride_fkv, stride_fh, stride_btb,
+    GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    IS_SPLIT: tl.constexpr, KIND: tl.constexpr, KEY_GROUP: tl.constexpr,
+    VALUE_GROUP: tl.constexpr, HW_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):  # fmt: skip
-    """Program (seq, kv head, query tile). Rows r = (token r // GROUP_PAD, head r % GROUP_PAD).
-    Decode: seq s has query row s at position ctx_starts[s] - 1 (ctx_starts = context
-    lens). Prefill: rows q_starts[s]..q_starts[s+1], first at position ctx_starts[s]."""
+    """Program (seq, kv head, split): the query of ``seq`` sits at position
+    ``ctx[seq] - 1``; its attended keys (sinks, then window; or all) are numbered
+    0..n-1 and this split reads its share, whole tiles of BLOCK_N, in order. Rows are
+    the group's query heads (padded to ROWS). Writes ``out`` (one split) or the split's
+    normalised output and base-2 log-sum-exp (-inf when it read nothing)."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
-    tile = tl.program_id(2)
-    if IS_DECODE:
-        q_begin = seq
-        q_len = 1
-        first_pos = tl.load(ctx_starts_ptr + seq) - 1
+    split = tl.program_id(2)
+    g = tl.arange(0, ROWS)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    row_ok = g < GROUP
+    head = kv_head * GROUP + g
+    q = tl.load(
+        q_ptr + seq.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    ).to(DOT_DTYPE)
+    ctx = tl.load(ctx_ptr + seq)
+    lo = 0
+    sink_end = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+        sink_end = tl.minimum(lo, sinks)
+    num_keys = sink_end + ctx - lo
+    per_split = tl.cdiv(tl.cdiv(num_keys, num_splits), BLOCK_N) * BLOCK_N
+    begin = split * per_split
+    end = tl.minimum(begin + per_split, num_keys)
+    k_scale = 1.0
+    v_scale = 1.0
+    if KIND == 1:
+        scale_ptr = fp8_ptr + layer * stride_fl + kv_head * stride_fh
+        k_scale = tl.load(scale_ptr)
+        v_scale = tl.load(scale_ptr + stride_fkv)
+    tile_scale = qk_scale * k_scale
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l_sum = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D_PAD], tl.float32)
+    bt_row_ptr = bt_ptr + seq.to(tl.int64) * stride_btb
+    n = tl.arange(0, BLOCK_N)
+    for first in range(begin, end, BLOCK_N):
+        index = first + n
+        key_ok = index < end
+        pos = attended_positions(index, sink_end, lo)
+        k, v = load_kv_tile(
+            data_ptr, kmeta_ptr, vmeta_ptr, bt_row_ptr, layer, kv_head, pos, key_ok, d, d_ok,
+            stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
+            stride_kmb, stride_kml, stride_kmh, stride_kmg, stride_kms,
+            stride_vmb, stride_vml, stride_vmh, stride_vmt, stride_vms,
+            BLOCK_SIZE, KIND, KEY_GROUP, VALUE_GROUP, HW_FP8, DOT_DTYPE,
+        )  # fmt: skip
+        s = tl.where(key_ok[None, :], scores(q, k, tile_scale, DOT_DTYPE), float("-inf"))
+        m, l_sum, acc = softmax_step(s, v, m, l_sum, acc, DOT_DTYPE)
+    has_keys = l_sum > 0.0
+    out = acc * (v_scale / tl.where(has_keys, l_sum, 1.0))[:, None]
+    mask = row_ok[:, None] & d_ok[None, :]
+    if IS_SPLIT:
+        part = (seq * num_splits + split).to(tl.int64) * (GROUP * tl.num_programs(1))
+        part_rows = part + head
+        tl.store(part_out_ptr + part_rows[:, None] * D_PAD + d[None, :], out, mask=mask)
+        lse = tl.where(has_keys, m + tl.log2(tl.where(has_keys, l_sum, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
     else:
-        q_begin = tl.load(q_starts_ptr + seq)
-        q_len = tl.load(q_starts_ptr + seq + 1) - q_begin
-        first_pos = tl.load(ctx_starts_ptr + seq)
+        tl.store(
+            out_ptr + seq.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=mask,
+        )
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _merge_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+):  # fmt: skip
+    """Program (seq, head): out = Σ_s 2^(lse_s - LSE) · out_s over the splits, where
+    LSE = log2 Σ_s 2^lse_s; splits that read nothing (lse -inf) weigh 0."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+    best = float("-inf")
+    weight = 0.0
+    acc = tl.zeros([D_PAD], tl.float32)
+    for split in range(0, num_splits):
+        row = (seq * num_splits + split).to(tl.int64) * num_heads + head
+        lse = tl.load(part_lse_ptr + row)
+        part = tl.load(part_out_ptr + row * D_PAD + d, mask=d_ok, other=0.0)
+        new_best = tl.maximum(best, lse)
+        safe = tl.where(new_best == float("-inf"), 0.0, new_best)
+        old_factor = tl.exp2(best - safe)
+        factor = tl.exp2(lse - safe)
+        acc = acc * old_factor + part * factor
+        weight = weight * old_factor + factor
+        best = new_best
+    out = acc / tl.where(weight > 0.0, weight, 1.0)
+    tl.store(
+        out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_ok,
+    )
+
+
+@triton.jit(do_not_specialize=PER_CALL_INTS[:-1])
+def _prefill_kernel(
+    q_ptr, out_ptr, data_ptr, kmeta_ptr, vmeta_ptr, fp8_ptr, bt_ptr, q_starts_ptr,
+    ctx_starts_ptr, tile_counts_ptr, layer, qk_scale, window, sinks,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
+    stride_kmb, stride_kml, stride_kmh, stride_kmg, stride_kms,
+    stride_vmb, stride_vml, stride_vmh, stride_vmt, stride_vms,
+    stride_fl, stride_fkv, stride_fh, stride_btb,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, KIND: tl.constexpr,
+    KEY_GROUP: tl.constexpr, VALUE_GROUP: tl.constexpr, HW_FP8: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, COUNT_TILES: tl.constexpr,
+):  # fmt: skip
+    """Program (tile from the end, kv head, seq). Rows r = (token r // GROUP_PAD, head
+    r % GROUP_PAD) of query tile ``tile`` of seq's chunk (rows q_starts[s]..q_starts[s+1],
+    the first at position ctx_starts[s]). The tile's rows attend keys in [lo, hi) after
+    the sinks [0, sink_end) that lie before it; those keys are numbered 0..n-1 and read in
+    tiles of BLOCK_N, each row applying its own causal/window/sink mask. A tile with no
+    rows reads nothing. With COUNT_TILES, the number of key tiles read is stored at
+    ``tile_counts[program]``."""
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_begin = tl.load(q_starts_ptr + seq)
+    q_len = tl.load(q_starts_ptr + seq + 1) - q_begin
+    first_pos = tl.load(ctx_starts_ptr + seq)
     rows = tl.arange(0, BLOCK_M * GROUP_PAD)
     tok = tile * BLOCK_M + rows // GROUP_PAD
     g = rows % GROUP_PAD
@@ -191,101 +214,109 @@ def _paged_attention_kernel(
         q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
-    )
+    ).to(DOT_DTYPE)
+    # hi = lo = sink_end = 0 for a tile with no rows: it reads no keys.
+    tile_first = first_pos + tile * BLOCK_M
+    hi = tl.maximum(first_pos + tl.minimum(tile * BLOCK_M + BLOCK_M, q_len), 0)
+    hi = tl.where(tile * BLOCK_M < q_len, hi, 0)
+    lo = 0
+    sink_end = 0
+    if HAS_WINDOW:
+        lo = tl.minimum(tl.maximum(tile_first - window + 1, 0), hi)
+        sink_end = tl.minimum(lo, sinks)
+    num_keys = sink_end + hi - lo
     k_scale = 1.0
     v_scale = 1.0
     if KIND == 1:
         scale_ptr = fp8_ptr + layer * stride_fl + kv_head * stride_fh
         k_scale = tl.load(scale_ptr)
         v_scale = tl.load(scale_ptr + stride_fkv)
-    # Keys the tile's rows can attend: the window's [lo, hi), after the sinks [0, sink_end)
-    # that lie before it; the two ranges are disjoint and their blocks hold attended keys.
-    tile_first = first_pos + tile * BLOCK_M
-    hi = first_pos + tl.minimum(tile * BLOCK_M + BLOCK_M, q_len)
-    lo = 0
+    tile_scale = qk_scale * k_scale
     m = tl.full([BLOCK_M * GROUP_PAD], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M * GROUP_PAD], tl.float32)
     acc = tl.zeros([BLOCK_M * GROUP_PAD, D_PAD], tl.float32)
-    bt_row_ptr = bt_ptr + seq * stride_btb
-    if HAS_WINDOW:
-        lo = tl.maximum(tile_first - window + 1, 0)
-        sink_end = tl.minimum(tl.minimum(lo, sinks), hi)
-        m, l_sum, acc = _attend_blocks(
-            q, q_pos, row_ok, m, l_sum, acc, 0, sink_end, window, sinks,
-            data_ptr, kmeta_ptr, vmeta_ptr, bt_row_ptr, layer, kv_head, scale, k_scale, v_scale,
+    bt_row_ptr = bt_ptr + seq.to(tl.int64) * stride_btb
+    n = tl.arange(0, BLOCK_N)
+    for first in range(0, num_keys, BLOCK_N):
+        index = first + n
+        key_ok = index < num_keys
+        pos = attended_positions(index, sink_end, lo)
+        k, v = load_kv_tile(
+            data_ptr, kmeta_ptr, vmeta_ptr, bt_row_ptr, layer, kv_head, pos, key_ok, d, d_ok,
             stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
             stride_kmb, stride_kml, stride_kmh, stride_kmg, stride_kms,
             stride_vmb, stride_vml, stride_vmh, stride_vmt, stride_vms,
-            HEAD_DIM, D_PAD, BLOCK_SIZE, T_PAD, HAS_WINDOW, USE_DOT, IS_FP32,
-            KIND, KEY_GROUP, VALUE_GROUP,
+            BLOCK_SIZE, KIND, KEY_GROUP, VALUE_GROUP, HW_FP8, DOT_DTYPE,
         )  # fmt: skip
-    m, l_sum, acc = _attend_blocks(
-        q, q_pos, row_ok, m, l_sum, acc, lo, hi, window, sinks,
-        data_ptr, kmeta_ptr, vmeta_ptr, bt_row_ptr, layer, kv_head, scale, k_scale, v_scale,
-        stride_pb, stride_pl, stride_pkv, stride_ph, stride_pt,
-        stride_kmb, stride_kml, stride_kmh, stride_kmg, stride_kms,
-        stride_vmb, stride_vml, stride_vmh, stride_vmt, stride_vms,
-        HEAD_DIM, D_PAD, BLOCK_SIZE, T_PAD, HAS_WINDOW, USE_DOT, IS_FP32,
-        KIND, KEY_GROUP, VALUE_GROUP,
-    )  # fmt: skip
-    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+        allowed = row_ok[:, None] & key_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            allowed = allowed & ((pos[None, :] > q_pos[:, None] - window) | (pos[None, :] < sinks))
+        s = tl.where(allowed, scores(q, k, tile_scale, DOT_DTYPE), float("-inf"))
+        m, l_sum, acc = softmax_step(s, v, m, l_sum, acc, DOT_DTYPE)
+    out = acc * (v_scale / tl.where(l_sum == 0.0, 1.0, l_sum))[:, None]
     tl.store(
         out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & d_ok[None, :],
     )
+    if COUNT_TILES:
+        program = (seq * tl.num_programs(1) + kv_head) * tl.num_programs(0) + tl.program_id(0)
+        tl.store(tile_counts_ptr + program, tl.cdiv(num_keys, BLOCK_N))
 
 
-def _launch(
-    query: torch.Tensor,
-    pool: KVTensors,
-    layer: int,
-    block_tables: torch.Tensor,
-    q_starts: torch.Tensor,
-    ctx_starts: torch.Tensor,
-    num_seqs: int,
-    max_query_len: int,
-    scale: float,
-    window: int | None,
-    sinks: int,
-    is_decode: bool,
-) -> torch.Tensor:
-    out = torch.empty_like(query)
-    if num_seqs == 0 or max_query_len == 0:
-        return out
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads, block_size = pool.num_kv_heads, pool.block_size
-    group = num_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
-    block_m = 1 if is_decode else max(1, min(16, 64 // group_pad))
-    d_pad = max(triton.next_power_of_2(head_dim), 16)
-    t_pad = triton.next_power_of_2(block_size)
-    upcast = query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-    use_dot = block_m * group_pad >= 16 and t_pad >= 16 and d_pad >= 16 and not is_decode
+def _is_interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _pool_args(pool: KVTensors, query: torch.Tensor) -> tuple[list[Any], dict[str, Any]]:
+    """The pool's pointer and stride arguments (data, key meta, value meta, fp8 scales,
+    in the kernels' order) and its constexprs. Absent tensors are never read (KIND
+    dispatch): the data tensor with zero strides stands in."""
     kind = pool.quant.kind
     data = pool.data.view(torch.uint8) if kind == "fp8" else pool.data
-    # Absent tensors are never read (KIND dispatch): any pointer with zero strides stands in.
     key_meta = pool.key_meta if pool.key_meta is not None else data
     value_meta = pool.value_meta if pool.value_meta is not None else data
     fp8_scales = pool.fp8_scales if pool.fp8_scales is not None else data
-    key_meta_strides = key_meta.stride()[:5] if pool.key_meta is not None else (0,) * 5
-    value_meta_strides = value_meta.stride()[:5] if pool.value_meta is not None else (0,) * 5
-    fp8_strides = fp8_scales.stride() if pool.fp8_scales is not None else (0,) * 3
-    grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_m))
-    _paged_attention_kernel[grid](
-        query, out, data, key_meta, value_meta, fp8_scales, block_tables, q_starts, ctx_starts,
-        layer, scale, window or 0, sinks,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        *data.stride()[:5], *key_meta_strides, *value_meta_strides, *fp8_strides,
-        block_tables.stride(0),
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m,
-        HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, T_PAD=t_pad,
-        HAS_WINDOW=window is not None, IS_DECODE=is_decode,
-        USE_DOT=use_dot, IS_FP32=query.dtype == torch.float32 or upcast,
-        KIND=KIND_IDS[kind], KEY_GROUP=max(pool.quant.key_group_tokens, 1),
-        VALUE_GROUP=max(pool.quant.value_group_channels, 1),
-    )  # fmt: skip
-    return out
+    interpreted = _is_interpreter()
+    upcast = query.dtype == torch.float32 or (query.dtype == torch.bfloat16 and interpreted)
+    pointers = [data, key_meta, value_meta, fp8_scales]
+    strides = [
+        *data.stride()[:5],
+        *(key_meta.stride()[:5] if pool.key_meta is not None else (0,) * 5),
+        *(value_meta.stride()[:5] if pool.value_meta is not None else (0,) * 5),
+        *(fp8_scales.stride() if pool.fp8_scales is not None else (0,) * 3),
+    ]
+    constexprs = {
+        "HEAD_DIM": query.shape[2],
+        "D_PAD": max(triton.next_power_of_2(query.shape[2]), 16),
+        "BLOCK_SIZE": pool.block_size,
+        "BLOCK_N": BLOCK_N,
+        "KIND": KIND_IDS[kind],
+        "KEY_GROUP": max(pool.quant.key_group_tokens, 1),
+        "VALUE_GROUP": max(pool.quant.value_group_channels, 1),
+        "HW_FP8": not interpreted,
+        "DOT_DTYPE": tl.float32 if upcast else _TL_DTYPES[query.dtype],
+    }
+    return [pointers, strides], constexprs
+
+
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def num_decode_splits(
+    num_seqs: int, num_kv_heads: int, max_keys: int, num_sms: int = DEFAULT_NUM_SMS
+) -> int:
+    """Splits per (sequence, kv head) for a decode step: enough for PROGRAMS_PER_SM
+    programs on each of ``num_sms`` SMs, no more than leaves every split at least
+    MIN_SPLIT_TOKENS of the ``max_keys`` any sequence attends, and at least 1."""
+    wanted = -(-PROGRAMS_PER_SM * num_sms // max(num_seqs * num_kv_heads, 1))
+    return max(1, min(wanted, max_keys // MIN_SPLIT_TOKENS))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_NUM_SMS
 
 
 def decode_attention(
@@ -297,15 +328,59 @@ def decode_attention(
     scale: float,
     window: int | None = None,
     sinks: int = 0,
+    *,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
-    """See ``reference.decode_attention``. Raises ValueError on a bad shape, dtype,
-    device or stride. Pure."""
+    """See ``reference.decode_attention``. ``num_splits`` (default: ``num_decode_splits``
+    for the table's width, the window and the device) splits each sequence's keys across
+    that many programs. Raises ValueError on a bad shape, dtype, device or stride, or
+    ``num_splits`` < 1. Pure."""
     num_seqs = query.shape[0]
     check_attention_args(query, pool, layer, block_tables, num_seqs, (context_lens,), sinks)
-    return _launch(
-        query, pool, layer, block_tables, context_lens, context_lens,
-        num_seqs, 1, scale, window, sinks, is_decode=True,
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    out = torch.empty_like(query)
+    if num_seqs == 0:
+        return out
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = pool.num_kv_heads
+    group = num_heads // num_kv_heads
+    if num_splits is None:
+        max_keys = block_tables.shape[1] * pool.block_size
+        if window is not None:
+            max_keys = min(max_keys, window + sinks)
+        num_splits = num_decode_splits(num_seqs, num_kv_heads, max_keys, _num_sms(query.device))
+    (pointers, strides), constexprs = _pool_args(pool, query)
+    d_pad = constexprs["D_PAD"]
+    if num_splits > 1:
+        part_out = torch.empty(
+            (num_seqs * num_splits * num_heads, d_pad), dtype=torch.float32, device=query.device
+        )
+        part_lse = torch.empty(part_out.shape[0], dtype=torch.float32, device=query.device)
+    else:
+        part_out = part_lse = out  # not read
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query, out, part_out, part_lse, *pointers, block_tables, context_lens,
+        layer, scale * LOG2E, window or 0, sinks, num_splits,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        *strides, block_tables.stride(0),
+        GROUP=group, ROWS=max(triton.next_power_of_2(group), 16),
+        HAS_WINDOW=window is not None, IS_SPLIT=num_splits > 1, **constexprs,
+        num_warps=4, num_stages=2,
     )  # fmt: skip
+    if num_splits > 1:
+        _merge_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, D_PAD=d_pad,
+        )  # fmt: skip
+    return out
+
+
+def prefill_query_tile(num_heads: int, num_kv_heads: int) -> int:
+    """Query tokens per prefill tile: 64 rows of (token, head of the group), at most 64
+    tokens."""
+    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+    return max(1, 64 // group_pad)
 
 
 def prefill_attention(
@@ -319,15 +394,45 @@ def prefill_attention(
     scale: float,
     window: int | None = None,
     sinks: int = 0,
+    *,
+    tile_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See ``reference.prefill_attention``; ``query_starts`` int32 [S + 1],
-    ``context_starts`` int32 [S], every chunk at most ``max_query_len`` rows. Raises
-    ValueError on a bad shape, dtype, device or stride. Pure."""
+    ``context_starts`` int32 [S], every chunk at most ``max_query_len`` rows. With
+    ``tile_counts`` (int32, one entry per program, ``prefill_grid``'s size), each
+    program stores how many key tiles it read. Raises ValueError on a bad shape, dtype,
+    device or stride. Pure (but for ``tile_counts``)."""
     num_seqs = context_starts.shape[0]
     check_attention_args(query, pool, layer, block_tables, num_seqs, (context_starts,), sinks)
     if query_starts.shape != (num_seqs + 1,) or query_starts.dtype != torch.int32:
         raise ValueError("query_starts must be int32 [num_seqs + 1]")
-    return _launch(
-        query, pool, layer, block_tables, query_starts, context_starts,
-        num_seqs, max_query_len, scale, window, sinks, is_decode=False,
+    out = torch.empty_like(query)
+    if num_seqs == 0 or max_query_len == 0:
+        return out
+    num_heads = query.shape[1]
+    num_kv_heads = pool.num_kv_heads
+    group = num_heads // num_kv_heads
+    block_m = prefill_query_tile(num_heads, num_kv_heads)
+    grid = prefill_grid(num_seqs, num_heads, num_kv_heads, max_query_len)
+    if tile_counts is not None and tile_counts.shape != (grid[0] * grid[1] * grid[2],):
+        raise ValueError(f"tile_counts must have {grid[0] * grid[1] * grid[2]} entries")
+    (pointers, strides), constexprs = _pool_args(pool, query)
+    _prefill_kernel[grid](
+        query, out, *pointers, block_tables, query_starts, context_starts,
+        tile_counts if tile_counts is not None else context_starts,
+        layer, scale * LOG2E, window or 0, sinks,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        *strides, block_tables.stride(0),
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_M=block_m,
+        HAS_WINDOW=window is not None, COUNT_TILES=tile_counts is not None, **constexprs,
+        num_warps=8 if query.shape[2] > 64 else 4, num_stages=2,
     )  # fmt: skip
+    return out
+
+
+def prefill_grid(
+    num_seqs: int, num_heads: int, num_kv_heads: int, max_query_len: int
+) -> tuple[int, int, int]:
+    """The prefill launch grid: (query tiles of the longest chunk, kv heads, sequences)."""
+    block_m = prefill_query_tile(num_heads, num_kv_heads)
+    return (triton.cdiv(max_query_len, block_m), num_kv_heads, num_seqs)
