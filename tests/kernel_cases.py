@@ -1,8 +1,8 @@
 """Triton kernels against their pure-torch references, under the Triton interpreter.
 
-Run as a script (``python tests/kernel_cases.py [name ...]``): it sets TRITON_INTERPRET=1
-before Triton is imported, runs the cases on the CPU and prints one JSON object
-{case: "ok" | error}. ``test_torch_kernels.py`` runs it in a subprocess.
+Run as a script (``python tests/kernel_cases.py [name ... | --shard K/N]``): it sets
+TRITON_INTERPRET=1 before Triton is imported, runs the cases on the CPU and prints one
+JSON object {case: "ok" | error}. ``test_torch_kernels.py`` runs it in two subprocesses.
 
 Pools of every storage kind (none, fp8, int4 with several group sizes) are filled by the
 reference write in two chunks per sequence (so int4 key groups are re-quantized), then
@@ -179,9 +179,9 @@ def case_decode_splits(lens, num_heads, num_kv_heads, block_size, dtype, kind="n
     check(got, want, dtype)
 
 
-def needed_key_tiles(starts, chunks, block_m, window, sinks):
-    """Key tiles of BLOCK_N a prefill must read at least: for each query tile of each
-    chunk (block_m tokens), the keys some row of it attends, in whole tiles."""
+def needed_key_tiles(starts, chunks, block_m, block_n, window, sinks):
+    """Key tiles of ``block_n`` keys a prefill must read at least: for each query tile of
+    each chunk (``block_m`` tokens), the keys some row of it attends, in whole tiles."""
     total = 0
     for start, chunk in zip(starts, chunks, strict=True):
         for first in range(0, chunk, block_m):
@@ -191,7 +191,7 @@ def needed_key_tiles(starts, chunks, block_m, window, sinks):
                 lo = 0 if window is None else max(0, p - window + 1)
                 keys.update(range(lo, p + 1))
                 keys.update(range(min(sinks, p + 1)))
-            total += -(-len(keys) // triton_attention.BLOCK_N)
+            total += -(-len(keys) // block_n)
     return total
 
 
@@ -206,16 +206,18 @@ def case_prefill_tile_loads(num_heads, num_kv_heads, block_size, starts, chunks,
     q_starts = torch.tensor([0] + torch.tensor(chunks).cumsum(0).tolist(), dtype=torch.int32)
     q = torch.randn(sum(chunks), num_heads, HEAD_DIM, generator=torch.Generator().manual_seed(9))
     ctx = torch.tensor(starts, dtype=torch.int32)
-    grid = triton_attention.prefill_grid(len(starts), num_heads, num_kv_heads, max(chunks))
-    counts = torch.full((grid[0] * grid[1] * grid[2],), -1, dtype=torch.int32)
+    config = triton_attention.prefill_config(dtype, HEAD_DIM)
+    block_m = triton_attention.prefill_query_tile(config, num_heads, num_kv_heads)
+    num_programs = -(-max(chunks) // block_m) * num_kv_heads * len(starts)
+    counts = torch.full((num_programs,), -1, dtype=torch.int32)
     got = triton_attention.prefill_attention(q, pool, LAYER, tables, q_starts, ctx, max(chunks),
                                              0.25, window, sinks, tile_counts=counts)  # fmt: skip
     want = reference.prefill_attention(q, pool, LAYER, tables, q_starts.tolist(), starts, 0.25,
                                        window, sinks)  # fmt: skip
     check(got, want, dtype)
     assert (counts >= 0).all(), "a program did not report its tiles"
-    block_m = triton_attention.prefill_query_tile(num_heads, num_kv_heads)
-    needed = num_kv_heads * needed_key_tiles(starts, chunks, block_m, window, sinks)
+    needed = num_kv_heads * needed_key_tiles(starts, chunks, block_m, config.block_n, window,
+                                             sinks)  # fmt: skip
     read = int(counts.sum())
     assert needed <= read <= 1.1 * needed, (read, needed)
 
@@ -377,7 +379,7 @@ def cases():
     out["prefill-int4-g8-fp16"] = (case_prefill, 4, 4, 16, None, torch.float16, "int4-g8")
     out["decode-int4-g4-bf16"] = (case_decode, 8, 2, 4, 6, torch.bfloat16, "int4-g4", 2)
     bf16 = torch.bfloat16
-    out["decode-split-32k"] = (case_decode_splits, [32768, 5], 4, 1, 16, f32)
+    out["decode-split-32k"] = (case_decode_splits, [32768, 5], 4, 1, 16, bf16)
     out["decode-split-fp8-bf16"] = (case_decode_splits, [3000, 70], 4, 1, 32, bf16, "fp8")
     out["decode-split-real-shape-bf16"] = (case_decode_splits, [1200, 17], 32, 8, 16, bf16,
                                            "none", None, 0, None, 128)  # fmt: skip
@@ -407,13 +409,20 @@ def cases():
     return out
 
 
-def main(names):
+def main(args):
+    """Runs the cases named in ``args`` (all when none), or with ``--shard K/N`` every
+    N-th case from the K-th, so that N processes share the cases."""
+    names = set(args)
+    shard = None
+    if args[:1] == ["--shard"]:
+        index, count = map(int, args[1].split("/"))
+        shard, names = (index, count), set()
     results = {}
-    for name, (fn, *args) in cases().items():
-        if names and name not in names:
+    for i, (name, (fn, *case_args)) in enumerate(cases().items()):
+        if (names and name not in names) or (shard and i % shard[1] != shard[0]):
             continue
         try:
-            fn(*args)
+            fn(*case_args)
             results[name] = "ok"
         except Exception:  # reported per case
             results[name] = traceback.format_exc(limit=3)

@@ -6,6 +6,8 @@ Both read keys in tiles of ``BLOCK_N`` attended positions gathered across pages
 (``tiles.load_kv_tile``), so the tile shape does not depend on the page size, and run an
 online softmax in float32 (base 2) with ``tl.dot`` for both products. A program owns one
 kv head and every query head of its group, so each K/V tile is loaded once per group.
+Tile sizes, warps and pipeline stages (``decode_config``, ``prefill_config``) are chosen
+so that every configuration compiles for sm_90 without register spills.
 
 - **Decode** (a memory-bound step) splits each sequence's attended keys across
   ``num_splits`` programs, so that a small batch still fills the GPU: grid (sequence,
@@ -31,7 +33,7 @@ are not specialised on, so a configuration compiles once.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -48,7 +50,6 @@ from enginekit.kernels.triton.tiles import (
 )
 
 LOG2E = 1.4426950408889634
-BLOCK_N = 64  # keys per tile, any page size
 MIN_SPLIT_TOKENS = 256  # a decode split covers at least this many keys
 PROGRAMS_PER_SM = 4  # decode splits until the grid has this many programs per SM
 DEFAULT_NUM_SMS = 132  # an H100/H200, for split choices off a GPU (the interpreter)
@@ -290,7 +291,6 @@ def _pool_args(pool: KVTensors, query: torch.Tensor) -> tuple[list[Any], dict[st
         "HEAD_DIM": query.shape[2],
         "D_PAD": max(triton.next_power_of_2(query.shape[2]), 16),
         "BLOCK_SIZE": pool.block_size,
-        "BLOCK_N": BLOCK_N,
         "KIND": KIND_IDS[kind],
         "KEY_GROUP": max(pool.quant.key_group_tokens, 1),
         "VALUE_GROUP": max(pool.quant.value_group_channels, 1),
@@ -301,6 +301,40 @@ def _pool_args(pool: KVTensors, query: torch.Tensor) -> tuple[list[Any], dict[st
 
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+class LaunchConfig(NamedTuple):
+    """How an attention kernel is launched: keys per tile (``block_n``), query rows per
+    program (``rows``: prefill tokens × padded group heads, at least), warps, stages."""
+
+    block_n: int
+    rows: int
+    num_warps: int
+    num_stages: int
+
+
+def decode_config(dtype: torch.dtype, head_dim: int, kind: str) -> LaunchConfig:
+    """Half-precision models: 64-key tiles, 4 warps (8 for int4's dequantization), 3
+    stages at head_dim <= 64, else 2. float32 models (IEEE dots without tensor cores):
+    32-key tiles on 8 warps. ``rows`` is unused (the group's heads, padded to 16)."""
+    if dtype == torch.float32:
+        return LaunchConfig(32, 16, 8, 2)
+    return LaunchConfig(64, 16, 8 if kind == "int4" else 4, 3 if head_dim <= 64 else 2)
+
+
+def prefill_config(dtype: torch.dtype, head_dim: int) -> LaunchConfig:
+    """Half-precision models: 64 query rows × 64-key tiles, 8 warps above head_dim 64;
+    float32 models 32 × 32 on 8 warps."""
+    if dtype == torch.float32:
+        return LaunchConfig(32, 32, 8, 2)
+    return LaunchConfig(64, 64, 8 if head_dim > 64 else 4, 2)
+
+
+def prefill_query_tile(config: LaunchConfig, num_heads: int, num_kv_heads: int) -> int:
+    """Query tokens per prefill tile: ``config.rows`` rows of (token, head of the group
+    padded to a power of 2), at least one token."""
+    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+    return max(1, config.rows // group_pad)
 
 
 def num_decode_splits(
@@ -352,6 +386,7 @@ def decode_attention(
         num_splits = num_decode_splits(num_seqs, num_kv_heads, max_keys, _num_sms(query.device))
     (pointers, strides), constexprs = _pool_args(pool, query)
     d_pad = constexprs["D_PAD"]
+    config = decode_config(query.dtype, head_dim, pool.quant.kind)
     if num_splits > 1:
         part_out = torch.empty(
             (num_seqs * num_splits * num_heads, d_pad), dtype=torch.float32, device=query.device
@@ -364,9 +399,9 @@ def decode_attention(
         layer, scale * LOG2E, window or 0, sinks, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *strides, block_tables.stride(0),
-        GROUP=group, ROWS=max(triton.next_power_of_2(group), 16),
-        HAS_WINDOW=window is not None, IS_SPLIT=num_splits > 1, **constexprs,
-        num_warps=4, num_stages=2,
+        GROUP=group, ROWS=max(triton.next_power_of_2(group), config.rows),
+        BLOCK_N=config.block_n, HAS_WINDOW=window is not None, IS_SPLIT=num_splits > 1,
+        **constexprs, num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if num_splits > 1:
         _merge_kernel[(num_seqs, num_heads)](
@@ -374,13 +409,6 @@ def decode_attention(
             HEAD_DIM=head_dim, D_PAD=d_pad,
         )  # fmt: skip
     return out
-
-
-def prefill_query_tile(num_heads: int, num_kv_heads: int) -> int:
-    """Query tokens per prefill tile: 64 rows of (token, head of the group), at most 64
-    tokens."""
-    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
-    return max(1, 64 // group_pad)
 
 
 def prefill_attention(
@@ -399,9 +427,10 @@ def prefill_attention(
 ) -> torch.Tensor:
     """See ``reference.prefill_attention``; ``query_starts`` int32 [S + 1],
     ``context_starts`` int32 [S], every chunk at most ``max_query_len`` rows. With
-    ``tile_counts`` (int32, one entry per program, ``prefill_grid``'s size), each
-    program stores how many key tiles it read. Raises ValueError on a bad shape, dtype,
-    device or stride. Pure (but for ``tile_counts``)."""
+    ``tile_counts`` (int32, one entry per program of the grid (query tiles of the
+    longest chunk, kv heads, sequences)), each program stores how many key tiles it
+    read. Raises ValueError on a bad shape, dtype, device or stride. Pure (but for
+    ``tile_counts``)."""
     num_seqs = context_starts.shape[0]
     check_attention_args(query, pool, layer, block_tables, num_seqs, (context_starts,), sinks)
     if query_starts.shape != (num_seqs + 1,) or query_starts.dtype != torch.int32:
@@ -412,10 +441,12 @@ def prefill_attention(
     num_heads = query.shape[1]
     num_kv_heads = pool.num_kv_heads
     group = num_heads // num_kv_heads
-    block_m = prefill_query_tile(num_heads, num_kv_heads)
-    grid = prefill_grid(num_seqs, num_heads, num_kv_heads, max_query_len)
-    if tile_counts is not None and tile_counts.shape != (grid[0] * grid[1] * grid[2],):
-        raise ValueError(f"tile_counts must have {grid[0] * grid[1] * grid[2]} entries")
+    config = prefill_config(query.dtype, query.shape[2])
+    block_m = prefill_query_tile(config, num_heads, num_kv_heads)
+    grid = (triton.cdiv(max_query_len, block_m), num_kv_heads, num_seqs)
+    num_programs = grid[0] * grid[1] * grid[2]
+    if tile_counts is not None and tile_counts.shape != (num_programs,):
+        raise ValueError(f"tile_counts must have {num_programs} entries")
     (pointers, strides), constexprs = _pool_args(pool, query)
     _prefill_kernel[grid](
         query, out, *pointers, block_tables, query_starts, context_starts,
@@ -424,15 +455,8 @@ def prefill_attention(
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         *strides, block_tables.stride(0),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_M=block_m,
-        HAS_WINDOW=window is not None, COUNT_TILES=tile_counts is not None, **constexprs,
-        num_warps=8 if query.shape[2] > 64 else 4, num_stages=2,
+        BLOCK_N=config.block_n, HAS_WINDOW=window is not None,
+        COUNT_TILES=tile_counts is not None, **constexprs,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out
-
-
-def prefill_grid(
-    num_seqs: int, num_heads: int, num_kv_heads: int, max_query_len: int
-) -> tuple[int, int, int]:
-    """The prefill launch grid: (query tiles of the longest chunk, kv heads, sequences)."""
-    block_m = prefill_query_tile(num_heads, num_kv_heads)
-    return (triton.cdiv(max_query_len, block_m), num_kv_heads, num_seqs)
