@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -245,9 +246,11 @@ def assert_same_pool(got: KVTensors, want: KVTensors) -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
-def case_write(num_kv_heads, block_size, dtype, kind="none"):
+def case_write(num_kv_heads, block_size, dtype, kind="none", shuffle_rows=False):
     """A random scatter of tokens (none, fp8), or for int4 a batch continuing sequences
-    whose groups already hold tokens, in shuffled sequence order with skipped slots."""
+    whose groups already hold tokens, in shuffled sequence order with a skipped slot;
+    ``shuffle_rows``: with three skipped slots and every row shuffled, so that a group's
+    new tokens are neither adjacent nor in position order in the batch."""
     g = torch.Generator().manual_seed(3)
     quant = quant_of(kind, block_size)
     num_blocks = 10
@@ -270,7 +273,11 @@ def case_write(num_kv_heads, block_size, dtype, kind="none"):
         order = [3, 0, 4, 1, 2]
         parts = [batch[i] for i in order]
         parts.insert(2, torch.tensor([-1]))
-        batches = [torch.cat(prefix), torch.cat(parts)]
+        last = torch.cat(parts)
+        if shuffle_rows:
+            last = torch.cat([last, torch.tensor([-1, -1])])
+            last = last[torch.randperm(last.shape[0], generator=g)]
+        batches = [torch.cat(prefix), last]
     want = clone(pool)
     for i, slots in enumerate(batches):
         n = slots.shape[0]
@@ -282,6 +289,74 @@ def case_write(num_kv_heads, block_size, dtype, kind="none"):
         else:
             reference.write_kv(pool, LAYER, key, value, slots)
     assert_same_pool(pool, want)
+
+
+def fp8_edge_values(g: torch.Generator) -> torch.Tensor:
+    """float32 values at every edge of the e4m3 encoding, both signs: each finite e4m3
+    value, each midpoint between neighbours (ties, subnormal ones included) and the
+    floats one ulp either side of both; the max 448, values past it up to infinity,
+    zeros, float32 subnormals and NaN; then 2048 random float32 bit patterns."""
+    codes = torch.arange(0x7F, dtype=torch.uint8)  # every finite non-negative e4m3
+    exact = codes.view(torch.float8_e4m3fn).double()
+    ties = (exact[1:] + exact[:-1]) / 2
+    base = torch.cat([exact, ties]).float()
+    up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))
+    near = torch.cat([base, torch.nextafter(base, up), torch.nextafter(base, down)])
+    beyond = [448.0, 449.0, 463.99, 464.0, 464.01, 480.0, 1e30, float("inf"), 2.0**-10,
+              2.0**-11, 1e-45, 1e-40, float("nan")]  # fmt: skip
+    magnitudes = torch.cat([near, torch.tensor(beyond)])
+    bits = torch.randint(-(2**31), 2**31, (2048,), dtype=torch.int64, generator=g)
+    return torch.cat([magnitudes, -magnitudes, bits.to(torch.int32).view(torch.float32)])
+
+
+def case_write_fp8_edges():
+    """fp8 writes bit for bit on every rounding edge (``fp8_edge_values``): K/V heads with
+    power-of-two scales, where ``x / scale`` is exact and the values reach the encoding
+    as they are, and a V head with a random scale, whose division rounds."""
+    g = torch.Generator().manual_seed(6)
+    num_kv_heads, block_size = 2, 16
+    edges = fp8_edge_values(g)
+    num_tokens = -(-edges.shape[0] // HEAD_DIM)
+    num_blocks = -(-num_tokens // block_size) + 1
+    pool = new_pool(KVQuant("fp8"), num_blocks, num_kv_heads, block_size, torch.float32, g)
+    scales = torch.tensor([[1.0, 0.5], [0.25, 0.0]])
+    scales[1, 1] = float(torch.rand(1, generator=g)) * 3 / 448 + 1e-3
+    pool.set_fp8_scales(LAYER, scales)
+    fill_random(pool, g)
+    padded = torch.cat([edges, edges[: num_tokens * HEAD_DIM - edges.shape[0]]])
+    tiles = padded.reshape(num_tokens, HEAD_DIM)
+    key = torch.stack([tiles * scales[0, h] for h in range(num_kv_heads)], dim=1)
+    value = torch.stack([tiles * scales[1, 0], tiles], dim=1)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
+    want = clone(pool)
+    reference.write_kv(want, LAYER, key, value, slots)
+    with warnings.catch_warnings():  # numpy, interpreting x / scale past float32's range
+        warnings.simplefilter("ignore", RuntimeWarning)
+        triton_cache.write_kv(pool, LAYER, key, value, slots)
+    assert_same_pool(pool, want)
+    stored = pool.data.view(torch.uint8)[slots // block_size, LAYER, :, :, slots % block_size]
+    # The keys, whose scales are exact, hit every one of the 256 codes (NaN: 0x7F, 0xFF).
+    num_codes = stored[:, 0].unique().numel()
+    assert num_codes == 256, num_codes
+
+
+def case_write_decode(num_kv_heads, block_size, dtype, kind):
+    """Token by token, as decode steps write, alternating layers: after each one-token
+    write the pools are equal (int4: each write re-quantizes a key group holding earlier
+    tokens)."""
+    g = torch.Generator().manual_seed(7)
+    quant = quant_of(kind, block_size)
+    pool = new_pool(quant, 4, num_kv_heads, block_size, dtype, g)
+    fill_random(pool, g)
+    want = clone(pool)
+    blocks = torch.tensor([2, 0, 3])
+    for position in range(2 * block_size + 3):
+        slot = blocks[position // block_size] * block_size + position % block_size
+        for layer in (0, 1):
+            kv = torch.randn(1, 2, num_kv_heads, HEAD_DIM, generator=g).to(dtype)
+            reference.write_kv(want, layer, kv[:, 0], kv[:, 1], slot.reshape(1))
+            triton_cache.write_kv(pool, layer, kv[:, 0], kv[:, 1], slot.reshape(1))
+        assert_same_pool(pool, want)
 
 
 def case_copy(block_size, dtype, kind="none"):
@@ -398,6 +473,13 @@ def cases():
                                  ("int4-g8", 3, 16, f32), ("int4-g16", 2, 16, torch.bfloat16),
                                  ("int4-g16", 2, 4, torch.float16)):  # fmt: skip
         out[f"write-{kind}-kv{kvh}-bs{bs}-{str(dtype)[6:]}"] = (case_write, kvh, bs, dtype, kind)
+    out["write-int4-g4-shuffled"] = (case_write, 2, 4, f32, "int4-g4", True)
+    out["write-int4-g8-shuffled-bf16"] = (case_write, 3, 16, torch.bfloat16, "int4-g8", True)
+    out["write-fp8-edges"] = (case_write_fp8_edges,)
+    decodes = [("none", 2, 4, torch.float16), ("fp8", 3, 8, torch.bfloat16),
+               ("int4-g4", 2, 8, f32), ("int4-g16", 1, 16, torch.float16)]  # fmt: skip
+    for kind, kvh, bs, dtype in decodes:
+        out[f"write-decode-{kind}-{str(dtype)[6:]}"] = (case_write_decode, kvh, bs, dtype, kind)
     out["copy-bs4"] = (case_copy, 4, f32)
     out["copy-bs16-bf16"] = (case_copy, 16, torch.bfloat16)
     out["copy-fp8"] = (case_copy, 4, f32, "fp8")

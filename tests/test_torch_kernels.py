@@ -5,7 +5,8 @@ kind (none, fp8, int4 with key/value groups of 4, 8 and 16), GQA ratios 1, 4 and
 ragged lengths, partial last blocks, prefixes ending mid-block, sliding windows with and
 without attention sinks (released blocks between them: -1 or NaN-filled), in float32 to
 1e-5, float16 to 2e-3, bfloat16 to 2e-2. Writes (int4 key groups re-quantized over
-earlier tokens) and block copies of every block tensor match bit for bit. Decode split
+earlier tokens, batches in any row order, one-token decode writes; fp8 on every rounding
+edge of e4m3) and block copies of every block tensor match bit for bit. Decode split
 across programs matches at a 32K context, at Llama-3-8B's heads (32 query, 8 kv, head_dim
 128) and with empty splits; prefill reads at most 1.1x the key tiles its query tiles need.
 Then the engine end to end with kernels=triton against kernels=reference, unquantized, fp8
@@ -20,8 +21,7 @@ import sys
 from pathlib import Path
 
 CASES = Path(__file__).with_name("kernel_cases.py")
-NUM_CASES = 96
-
+NUM_CASES = 103
 
 NUM_PROCESSES = 2  # the interpreter is single-threaded: one process per core
 

@@ -16,6 +16,7 @@ from enginekit.errors import ConfigError
 from enginekit.executor.torch.executor import TorchExecutor
 from enginekit.kernels.layout import TORCH_DTYPES
 from enginekit.kernels.ops import REFERENCE_OPS, PagedOps
+from enginekit.kernels.triton.runtime import env_flag
 from enginekit.models.llama import LlamaModel
 from enginekit.spec.kv import KVSpec, swap_space_num_blocks
 from enginekit.spec.model import ModelShape, resolve_dtype
@@ -54,7 +55,7 @@ def _ops(kind: str, device: torch.device) -> PagedOps:
         kind = "triton" if device.type == "cuda" else "reference"
     if kind not in ("triton", "reference"):
         raise ConfigError(f"kernels={kind!r}: choose auto, triton or reference")
-    if kind == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if kind == "triton" and device.type != "cuda" and not env_flag("TRITON_INTERPRET"):
         raise ConfigError(
             f"kernels=triton needs a CUDA device (device={device}); on a CPU use "
             "kernels=reference (or auto), or set TRITON_INTERPRET=1 to interpret the kernels"

@@ -32,7 +32,6 @@ are not specialised on, so a configuration compiles once.
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import torch
@@ -42,6 +41,7 @@ import triton.language as tl
 from enginekit.kernels.checks import check_attention_args
 from enginekit.kernels.layout import KVTensors
 from enginekit.kernels.triton.quant import KIND_IDS
+from enginekit.kernels.triton.runtime import is_interpreter
 from enginekit.kernels.triton.tiles import (
     attended_positions,
     load_kv_tile,
@@ -265,10 +265,6 @@ def _prefill_kernel(
         tl.store(tile_counts_ptr + program, tl.cdiv(num_keys, BLOCK_N))
 
 
-def _is_interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
 def _pool_args(pool: KVTensors, query: torch.Tensor) -> tuple[list[Any], dict[str, Any]]:
     """The pool's pointer and stride arguments (data, key meta, value meta, fp8 scales,
     in the kernels' order) and its constexprs. Absent tensors are never read (KIND
@@ -278,7 +274,7 @@ def _pool_args(pool: KVTensors, query: torch.Tensor) -> tuple[list[Any], dict[st
     key_meta = pool.key_meta if pool.key_meta is not None else data
     value_meta = pool.value_meta if pool.value_meta is not None else data
     fp8_scales = pool.fp8_scales if pool.fp8_scales is not None else data
-    interpreted = _is_interpreter()
+    interpreted = is_interpreter()
     upcast = query.dtype == torch.float32 or (query.dtype == torch.bfloat16 and interpreted)
     pointers = [data, key_meta, value_meta, fp8_scales]
     strides = [
