@@ -207,7 +207,7 @@ def case_prefill_tile_loads(num_heads, num_kv_heads, block_size, starts, chunks,
     q_starts = torch.tensor([0] + torch.tensor(chunks).cumsum(0).tolist(), dtype=torch.int32)
     q = torch.randn(sum(chunks), num_heads, HEAD_DIM, generator=torch.Generator().manual_seed(9))
     ctx = torch.tensor(starts, dtype=torch.int32)
-    config = triton_attention.prefill_config(dtype, HEAD_DIM)
+    config = triton_attention.prefill_config(dtype, HEAD_DIM, "none")
     block_m = triton_attention.prefill_query_tile(config, num_heads, num_kv_heads)
     num_programs = -(-max(chunks) // block_m) * num_kv_heads * len(starts)
     counts = torch.full((num_programs,), -1, dtype=torch.int32)

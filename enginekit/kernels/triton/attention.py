@@ -312,17 +312,18 @@ class LaunchConfig(NamedTuple):
 def decode_config(dtype: torch.dtype, head_dim: int, kind: str) -> LaunchConfig:
     """Half-precision models: 64-key tiles, 4 warps (8 for int4's dequantization), 3
     stages at head_dim <= 64, else 2. float32 models (IEEE dots without tensor cores):
-    32-key tiles on 8 warps. ``rows`` is unused (the group's heads, padded to 16)."""
+    32-key tiles on 8 warps, 16 for a quantized cache. ``rows``: the group's heads are
+    padded to at least this many."""
     if dtype == torch.float32:
-        return LaunchConfig(32, 16, 8, 2)
+        return LaunchConfig(32 if kind == "none" else 16, 16, 8, 2)
     return LaunchConfig(64, 16, 8 if kind == "int4" else 4, 3 if head_dim <= 64 else 2)
 
 
-def prefill_config(dtype: torch.dtype, head_dim: int) -> LaunchConfig:
+def prefill_config(dtype: torch.dtype, head_dim: int, kind: str) -> LaunchConfig:
     """Half-precision models: 64 query rows × 64-key tiles, 8 warps above head_dim 64;
-    float32 models 32 × 32 on 8 warps."""
+    float32 models 32 × 32 on 8 warps, 16 rows and one stage for a quantized cache."""
     if dtype == torch.float32:
-        return LaunchConfig(32, 32, 8, 2)
+        return LaunchConfig(32, 32, 8, 2) if kind == "none" else LaunchConfig(32, 16, 8, 1)
     return LaunchConfig(64, 64, 8 if head_dim > 64 else 4, 2)
 
 
@@ -437,7 +438,7 @@ def prefill_attention(
     num_heads = query.shape[1]
     num_kv_heads = pool.num_kv_heads
     group = num_heads // num_kv_heads
-    config = prefill_config(query.dtype, query.shape[2])
+    config = prefill_config(query.dtype, query.shape[2], pool.quant.kind)
     block_m = prefill_query_tile(config, num_heads, num_kv_heads)
     grid = (triton.cdiv(max_query_len, block_m), num_kv_heads, num_seqs)
     num_programs = grid[0] * grid[1] * grid[2]
