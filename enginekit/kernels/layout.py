@@ -22,9 +22,10 @@ float32 scale per (layer, K|V, kv head) for the whole pool (``value ≈ stored �
 which is not per block and so does not travel with swaps (a host pool has none).
 
 Why this order: a block's bytes are one contiguous run per tensor, and for one (block,
-layer, K|V, kv head) the ``block_size × stored_dim`` tile is contiguous, so the attention
-kernels, which walk a sequence's blocks per kv head, load each tile with coalesced reads
-and share it among the query heads of its GQA group.
+layer, K|V, kv head) each token's ``stored_dim`` elements are contiguous, so the attention
+kernels, which gather tiles of keys across a sequence's blocks per kv head, load every
+token's row with wide coalesced reads and share the tile among the query heads of its GQA
+group.
 """
 
 from __future__ import annotations
