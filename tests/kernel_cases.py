@@ -453,6 +453,8 @@ def cases():
     out["prefill-fp8-bf16"] = (case_prefill, 8, 2, 16, 9, torch.bfloat16, "fp8", 3)
     out["prefill-int4-g8-fp16"] = (case_prefill, 4, 4, 16, None, torch.float16, "int4-g8")
     out["decode-int4-g4-bf16"] = (case_decode, 8, 2, 4, 6, torch.bfloat16, "int4-g4", 2)
+    out["decode-fp8-fp16"] = (case_decode, 8, 2, 16, None, torch.float16, "fp8")
+    out["prefill-fp8-fp16"] = (case_prefill, 8, 1, 16, 9, torch.float16, "fp8", 3)
     bf16 = torch.bfloat16
     out["decode-split-32k"] = (case_decode_splits, [32768, 5], 4, 1, 16, bf16)
     out["decode-split-fp8-bf16"] = (case_decode_splits, [3000, 70], 4, 1, 32, bf16, "fp8")

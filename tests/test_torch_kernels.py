@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 CASES = Path(__file__).with_name("kernel_cases.py")
-NUM_CASES = 103
+NUM_CASES = 105
 
 NUM_PROCESSES = 2  # the interpreter is single-threaded: one process per core
 

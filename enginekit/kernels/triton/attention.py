@@ -23,11 +23,13 @@ so that every configuration compiles for sm_90 without register spills.
 Quantized pools are dequantized per tile in registers, never copied to full precision:
 fp8 is converted by the hardware on a GPU (from its bits under the interpreter), and its
 (layer, head) scales are folded into the softmax scale (keys) and the output (values);
-int4 is dequantized with its group scales. Dots run in IEEE float32 for float32 models,
-and natively on the model's half type otherwise (dequantized tiles cast to it), except
-bfloat16 under the interpreter, whose ``tl.dot`` on bfloat16 operands is wrong there: it
-runs in float32 instead. Per-call integers (layer, window, sinks, table width, splits)
-are not specialised on, so a configuration compiles once.
+int4 is dequantized with its group scales. Dots run in IEEE float32 for float32 models;
+on an fp8 cache in float16, which holds every e4m3 value exactly and is one hardware
+conversion away from it (a bfloat16 query is clamped to float16's range first); otherwise
+natively on the model's half type (int4 tiles cast to it). Under the interpreter, whose
+``tl.dot`` on bfloat16 operands is wrong, bfloat16 dots run in float32 instead. Per-call
+integers (layer, window, sinks, table width, splits) are not specialised on, so a
+configuration compiles once.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from enginekit.kernels.triton.runtime import is_interpreter
 from enginekit.kernels.triton.tiles import (
     attended_positions,
     load_kv_tile,
+    query_operand,
     scores,
     softmax_step,
 )
@@ -87,7 +90,8 @@ def _decode_kernel(
         q_ptr + seq.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
-    ).to(DOT_DTYPE)
+    )
+    q = query_operand(q, DOT_DTYPE)
     ctx = tl.load(ctx_ptr + seq)
     lo = 0
     sink_end = 0
@@ -215,7 +219,8 @@ def _prefill_kernel(
         q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
-    ).to(DOT_DTYPE)
+    )
+    q = query_operand(q, DOT_DTYPE)
     # hi = lo = sink_end = 0 for a tile with no rows: it reads no keys.
     tile_first = first_pos + tile * BLOCK_M
     hi = tl.maximum(first_pos + tl.minimum(tile * BLOCK_M + BLOCK_M, q_len), 0)
@@ -276,6 +281,7 @@ def _pool_args(pool: KVTensors, query: torch.Tensor) -> tuple[list[Any], dict[st
     fp8_scales = pool.fp8_scales if pool.fp8_scales is not None else data
     interpreted = is_interpreter()
     upcast = query.dtype == torch.float32 or (query.dtype == torch.bfloat16 and interpreted)
+    dot_dtype = tl.float32 if upcast else tl.float16 if kind == "fp8" else _TL_DTYPES[query.dtype]
     pointers = [data, key_meta, value_meta, fp8_scales]
     strides = [
         *data.stride()[:5],
@@ -291,7 +297,7 @@ def _pool_args(pool: KVTensors, query: torch.Tensor) -> tuple[list[Any], dict[st
         "KEY_GROUP": max(pool.quant.key_group_tokens, 1),
         "VALUE_GROUP": max(pool.quant.value_group_channels, 1),
         "HW_FP8": not interpreted,
-        "DOT_DTYPE": tl.float32 if upcast else _TL_DTYPES[query.dtype],
+        "DOT_DTYPE": dot_dtype,
     }
     return [pointers, strides], constexprs
 

@@ -81,6 +81,15 @@ def load_kv_tile(
 
 
 @triton.jit
+def query_operand(q, DOT_DTYPE: tl.constexpr):
+    """The query tile as a dot operand in ``DOT_DTYPE``; into float16 (an fp8 cache's
+    dots) clamped to its finite range, so a bfloat16 query never becomes infinite."""
+    if DOT_DTYPE == tl.float16:
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0)
+    return q.to(DOT_DTYPE)
+
+
+@triton.jit
 def scores(q, k, qk_scale, DOT_DTYPE: tl.constexpr):
     """q [R, D] · k [N, D]ᵀ × ``qk_scale`` in float32 (IEEE products for float32)."""
     if DOT_DTYPE == tl.float32:
