@@ -28,6 +28,7 @@ from enginekit.kernels import reference  # noqa: E402
 from enginekit.kernels.layout import KVTensors, allocate_kv_tensors  # noqa: E402
 from enginekit.kernels.triton import attention as triton_attention  # noqa: E402
 from enginekit.kernels.triton import cache as triton_cache  # noqa: E402
+from enginekit.kernels.triton import launch  # noqa: E402
 from enginekit.spec.kv import KVSpec  # noqa: E402
 from enginekit.spec.quant import KVQuant  # noqa: E402
 
@@ -172,7 +173,7 @@ def case_decode_splits(lens, num_heads, num_kv_heads, block_size, dtype, kind="n
     scale = head_dim**-0.5
     if num_splits is None:
         max_keys = tables.shape[1] * block_size if window is None else window + sinks
-        chosen = triton_attention.num_decode_splits(len(lens), num_kv_heads, max_keys)
+        chosen = launch.num_decode_splits(len(lens), num_kv_heads, max_keys)
         assert chosen > 1, chosen
     want = reference.decode_attention(q, pool, LAYER, tables, ctx, scale, window, sinks)
     got = triton_attention.decode_attention(q, pool, LAYER, tables, ctx, scale, window, sinks,
@@ -207,8 +208,8 @@ def case_prefill_tile_loads(num_heads, num_kv_heads, block_size, starts, chunks,
     q_starts = torch.tensor([0] + torch.tensor(chunks).cumsum(0).tolist(), dtype=torch.int32)
     q = torch.randn(sum(chunks), num_heads, HEAD_DIM, generator=torch.Generator().manual_seed(9))
     ctx = torch.tensor(starts, dtype=torch.int32)
-    config = triton_attention.prefill_config(dtype, HEAD_DIM, "none")
-    block_m = triton_attention.prefill_query_tile(config, num_heads, num_kv_heads)
+    config = launch.prefill_config(dtype, HEAD_DIM, "none")
+    block_m = launch.prefill_query_tile(config, num_heads, num_kv_heads)
     num_programs = -(-max(chunks) // block_m) * num_kv_heads * len(starts)
     counts = torch.full((num_programs,), -1, dtype=torch.int32)
     got = triton_attention.prefill_attention(q, pool, LAYER, tables, q_starts, ctx, max(chunks),

@@ -6,8 +6,7 @@ Both read keys in tiles of ``BLOCK_N`` attended positions gathered across pages
 (``tiles.load_kv_tile``), so the tile shape does not depend on the page size, and run an
 online softmax in float32 (base 2) with ``tl.dot`` for both products. A program owns one
 kv head and every query head of its group, so each K/V tile is loaded once per group.
-Tile sizes, warps and pipeline stages (``decode_config``, ``prefill_config``) are chosen
-so that every configuration compiles for sm_90 without register spills.
+Tile sizes, warps, pipeline stages and decode splits come from ``launch``.
 
 - **Decode** (a memory-bound step) splits each sequence's attended keys across
   ``num_splits`` programs, so that a small batch still fills the GPU: grid (sequence,
@@ -42,6 +41,13 @@ import triton.language as tl
 
 from enginekit.kernels.checks import check_attention_args
 from enginekit.kernels.layout import KVTensors
+from enginekit.kernels.triton.launch import (
+    decode_config,
+    device_num_sms,
+    num_decode_splits,
+    prefill_config,
+    prefill_query_tile,
+)
 from enginekit.kernels.triton.quant import KIND_IDS
 from enginekit.kernels.triton.runtime import is_interpreter
 from enginekit.kernels.triton.tiles import (
@@ -53,9 +59,6 @@ from enginekit.kernels.triton.tiles import (
 )
 
 LOG2E = 1.4426950408889634
-MIN_SPLIT_TOKENS = 256  # a decode split covers at least this many keys
-PROGRAMS_PER_SM = 4  # decode splits until the grid has this many programs per SM
-DEFAULT_NUM_SMS = 132  # an H100/H200, for split choices off a GPU (the interpreter)
 PER_CALL_INTS = ["layer", "window", "sinks", "stride_btb", "num_splits"]
 
 
@@ -270,10 +273,18 @@ def _prefill_kernel(
         tl.store(tile_counts_ptr + program, tl.cdiv(num_keys, BLOCK_N))
 
 
-def _pool_args(pool: KVTensors, query: torch.Tensor) -> tuple[list[Any], dict[str, Any]]:
-    """The pool's pointer and stride arguments (data, key meta, value meta, fp8 scales,
-    in the kernels' order) and its constexprs. Absent tensors are never read (KIND
-    dispatch): the data tensor with zero strides stands in."""
+class _PoolArgs(NamedTuple):
+    """A pool as the kernels take it: pointers (data, key meta, value meta, fp8 scales),
+    their strides in the kernels' order, and the constexprs the pool and query decide."""
+
+    pointers: list[torch.Tensor]
+    strides: list[int]
+    constexprs: dict[str, Any]
+
+
+def _pool_args(pool: KVTensors, query: torch.Tensor) -> _PoolArgs:
+    """The pool's kernel arguments. Absent tensors are never read (KIND dispatch): the
+    data tensor with zero strides stands in."""
     kind = pool.quant.kind
     data = pool.data.view(torch.uint8) if kind == "fp8" else pool.data
     key_meta = pool.key_meta if pool.key_meta is not None else data
@@ -299,61 +310,10 @@ def _pool_args(pool: KVTensors, query: torch.Tensor) -> tuple[list[Any], dict[st
         "HW_FP8": not interpreted,
         "DOT_DTYPE": dot_dtype,
     }
-    return [pointers, strides], constexprs
+    return _PoolArgs(pointers, strides, constexprs)
 
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-
-
-class LaunchConfig(NamedTuple):
-    """How an attention kernel is launched: keys per tile (``block_n``), query rows per
-    program (``rows``: prefill tokens × padded group heads, at least), warps, stages."""
-
-    block_n: int
-    rows: int
-    num_warps: int
-    num_stages: int
-
-
-def decode_config(dtype: torch.dtype, head_dim: int, kind: str) -> LaunchConfig:
-    """Half-precision models: 64-key tiles, 4 warps (8 for int4's dequantization), 3
-    stages at head_dim <= 64, else 2. float32 models (IEEE dots without tensor cores):
-    32-key tiles on 8 warps, 16 for a quantized cache. ``rows``: the group's heads are
-    padded to at least this many."""
-    if dtype == torch.float32:
-        return LaunchConfig(32 if kind == "none" else 16, 16, 8, 2)
-    return LaunchConfig(64, 16, 8 if kind == "int4" else 4, 3 if head_dim <= 64 else 2)
-
-
-def prefill_config(dtype: torch.dtype, head_dim: int, kind: str) -> LaunchConfig:
-    """Half-precision models: 64 query rows × 64-key tiles, 8 warps above head_dim 64;
-    float32 models 32 × 32 on 8 warps, 16 rows and one stage for a quantized cache."""
-    if dtype == torch.float32:
-        return LaunchConfig(32, 32, 8, 2) if kind == "none" else LaunchConfig(32, 16, 8, 1)
-    return LaunchConfig(64, 64, 8 if head_dim > 64 else 4, 2)
-
-
-def prefill_query_tile(config: LaunchConfig, num_heads: int, num_kv_heads: int) -> int:
-    """Query tokens per prefill tile: ``config.rows`` rows of (token, head of the group
-    padded to a power of 2), at least one token."""
-    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
-    return max(1, config.rows // group_pad)
-
-
-def num_decode_splits(
-    num_seqs: int, num_kv_heads: int, max_keys: int, num_sms: int = DEFAULT_NUM_SMS
-) -> int:
-    """Splits per (sequence, kv head) for a decode step: enough for PROGRAMS_PER_SM
-    programs on each of ``num_sms`` SMs, no more than leaves every split at least
-    MIN_SPLIT_TOKENS of the ``max_keys`` any sequence attends, and at least 1."""
-    wanted = -(-PROGRAMS_PER_SM * num_sms // max(num_seqs * num_kv_heads, 1))
-    return max(1, min(wanted, max_keys // MIN_SPLIT_TOKENS))
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return DEFAULT_NUM_SMS
 
 
 def decode_attention(
@@ -386,8 +346,10 @@ def decode_attention(
         max_keys = block_tables.shape[1] * pool.block_size
         if window is not None:
             max_keys = min(max_keys, window + sinks)
-        num_splits = num_decode_splits(num_seqs, num_kv_heads, max_keys, _num_sms(query.device))
-    (pointers, strides), constexprs = _pool_args(pool, query)
+        num_splits = num_decode_splits(
+            num_seqs, num_kv_heads, max_keys, device_num_sms(query.device)
+        )
+    pointers, strides, constexprs = _pool_args(pool, query)
     d_pad = constexprs["D_PAD"]
     config = decode_config(query.dtype, head_dim, pool.quant.kind)
     if num_splits > 1:
@@ -450,7 +412,7 @@ def prefill_attention(
     num_programs = grid[0] * grid[1] * grid[2]
     if tile_counts is not None and tile_counts.shape != (num_programs,):
         raise ValueError(f"tile_counts must have {num_programs} entries")
-    (pointers, strides), constexprs = _pool_args(pool, query)
+    pointers, strides, constexprs = _pool_args(pool, query)
     _prefill_kernel[grid](
         query, out, *pointers, block_tables, query_starts, context_starts,
         tile_counts if tile_counts is not None else context_starts,
