@@ -27,9 +27,10 @@ Shapes are Llama-3-8B's and its neighbours: 32 query heads with 32, 8 or 4 kv he
 1, 4, 8), head_dim 64 or 128, blocks of 16, 32 or 64 tokens, KV stored as is (``none``),
 ``fp8`` or ``int4`` (``KVQuant.int4(64, ...)``, the quantizer's default group), the model
 in bfloat16, and float16 and float32 at the default shape. ``full_grid()`` is that whole
-grid (116 attention kernels, plus the cache writes and block copies); ``ci_grid()`` is a
-representative subset of 14 that touches every value of every axis at least once, which
-``tests/test_kernel_proxies.py`` compiles (over two processes) and checks for zero spills.
+grid (112 attention configurations, plus the cache writes and block copies: 119 kernels,
+about 9 minutes over two processes on two cores); ``ci_grid()`` is a representative
+subset of 14 (every value of every axis at least once) that
+``tests/test_kernel_proxies.py`` compiles over two processes and checks for zero spills.
 
     python benchmarks/kernel_proxies.py [--ci] [--jobs 2] [--json FILE] [--only SUBSTRING]
 

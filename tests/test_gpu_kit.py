@@ -292,3 +292,31 @@ def test_results_puts_the_kernel_report_in_the_readme(tmp_path, monkeypatch) -> 
     assert "No kernel figures yet" in results.kernels_section(None, "")
     whole = results.apply_section("# r\n", results.BEGIN + "\n" + section + results.END + "\n")
     assert section in whole
+
+
+# -- the end-to-end run -------------------------------------------------------------------
+
+
+def test_the_end_to_end_run_on_a_small_model_on_the_cpu(tmp_path) -> None:
+    """e2e.py's pieces on the tiny model's shape: its weights written and read by both
+    systems, one prefill step then one decode step per token, each with a prediction, and
+    the same greedy tokens from enginekit and transformers."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    import e2e
+
+    from enginekit.models.tiny import tiny_config
+
+    config = tiny_config()
+    e2e.write_random_model(tmp_path, 0, torch.device("cpu"), config)
+    batch = e2e.prompts(4, 24, config["vocab_size"], 0)
+    ek, steps, _ = e2e.run_enginekit(tmp_path, batch, 6, 0.01, "cpu")
+    hf = e2e.run_transformers(tmp_path, batch, 6, "cpu")
+    assert [(s.num_prefill_tokens, s.num_decodes) for s in steps] == [(96, 0)] + [(0, 4)] * 5
+    assert all(s.measured_s > 0 and s.predicted_s > 0 for s in steps)
+    assert ek.wall_s == pytest.approx(sum(s.measured_s for s in steps))
+    assert ek.ttft_s == pytest.approx(steps[0].measured_s)  # every request's first token
+    for result in (ek, hf):
+        assert [len(t) for t in result.output_token_ids] == [6] * 4
+        assert result.tokens_per_s > 0 and result.ttft_s > 0 and result.tpot_s > 0
+    assert e2e.agreement(ek.output_token_ids, hf.output_token_ids)["first_token"] == 1.0

@@ -72,13 +72,16 @@ def llama3_8b_config() -> dict[str, Any]:
     }
 
 
-def write_random_model(folder: Path, seed: int, device: torch.device) -> None:
-    """config.json and model.safetensors of seeded random weights (see the module doc)."""
+def write_random_model(
+    folder: Path, seed: int, device: torch.device, config: dict[str, Any] | None = None
+) -> None:
+    """config.json and model.safetensors of seeded random weights (see the module doc) of
+    ``config`` (default: Llama-3-8B's), drawn on ``device``."""
     from safetensors.torch import save_file
 
     from enginekit.models.tiny import llama_parameter_shapes
 
-    config = llama3_8b_config()
+    config = config or llama3_8b_config()
     g = torch.Generator(device=device).manual_seed(seed)
     tensors = {}
     for name, shape in sorted(llama_parameter_shapes(config).items()):
@@ -123,7 +126,7 @@ class SystemResult(NamedTuple):
 
 
 def run_enginekit(
-    folder: Path, batch: list[list[int]], output_len: int, memory_gib: float
+    folder: Path, batch: list[list[int]], output_len: int, memory_gib: float, device: str = "cuda"
 ) -> tuple[SystemResult, list[Step], dict[str, Any]]:
     """Runs the batch (after a warm-up) and records every step beside its prediction."""
     from enginekit import Engine, SamplingParams
@@ -131,12 +134,13 @@ def run_enginekit(
     from enginekit.spec.hardware import hardware_preset
 
     engine = Engine.from_overrides(
-        ["executor=torch", "device=cuda", f"model.path={folder}", "model.dtype=bfloat16",
+        ["executor=torch", f"device={device}", f"model.path={folder}", "model.dtype=bfloat16",
          "progress=false", f"cache.memory_gib={memory_gib}"]
     )  # fmt: skip
     sim = SimExecutor(engine.shape, hardware_preset("h200"), engine.kv_spec, 2)
-    for p in batch[:2]:  # warm-up: the kernels compile here
-        engine.add_request(p[:64], SamplingParams(max_tokens=4, ignore_eos=True))
+    # Warm-up on other prompts (the kernels compile here; nothing of it is cached for the run).
+    for p in prompts(2, min(64, len(batch[0])), engine.shape.vocab_size, seed=99):
+        engine.add_request(p, SamplingParams(max_tokens=4, ignore_eos=True))
     engine.run()
     steps: list[Step] = []
     execute = engine.executor.execute
@@ -165,23 +169,29 @@ def run_enginekit(
     return result, steps, {"engine": str(engine.describe()), "host_wall_s": wall}
 
 
-def run_transformers(folder: Path, batch: list[list[int]], output_len: int) -> SystemResult:
+def run_transformers(
+    folder: Path, batch: list[list[int]], output_len: int, device: str = "cuda"
+) -> SystemResult:
     from transformers import AutoModelForCausalLM
 
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
     except TypeError:  # transformers before `dtype`
         model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16)
-    model = model.to("cuda").eval()
-    ids = torch.tensor(batch, device="cuda")
+    model = model.to(device).eval()
+    ids = torch.tensor(batch, device=device)
+
+    def synchronize() -> None:
+        if ids.is_cuda:
+            torch.cuda.synchronize()
 
     def generate(tokens: torch.Tensor, n: int) -> tuple[float, torch.Tensor]:
-        torch.cuda.synchronize()
+        synchronize()
         start = time.perf_counter()
         with torch.no_grad():
             out = model.generate(tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=n,
                                  min_new_tokens=n, do_sample=False, pad_token_id=0)  # fmt: skip
-        torch.cuda.synchronize()
+        synchronize()
         return time.perf_counter() - start, out
 
     generate(ids[:2, :64], 4)  # warm-up
