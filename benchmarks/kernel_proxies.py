@@ -504,8 +504,20 @@ def measure(config: KernelConfig) -> list[KernelStats | str]:
     error message (so a grid run reports every failure)."""
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, made explicit
-    # A fresh cache per process: a cached kernel would skip ptxas and its report.
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernel-proxies-")
+    previous = os.environ.get("TRITON_CACHE_DIR")
+    # A fresh cache for each configuration: a cached kernel would skip ptxas and its report.
+    with tempfile.TemporaryDirectory(prefix="kernel-proxies-") as cache_dir:
+        os.environ["TRITON_CACHE_DIR"] = cache_dir
+        try:
+            return _measure(config)
+        finally:
+            if previous is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = previous
+
+
+def _measure(config: KernelConfig) -> list[KernelStats | str]:
     try:
         launches = record_launches(lambda: call_kernel(config))
     except Exception as exc:  # reported per configuration
