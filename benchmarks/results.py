@@ -11,13 +11,15 @@ Runs, side by side where there is something to compare:
 - ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
 - ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
 - the claims (``enginekit.claims.job``): the main table, the rest folded;
-- kernels: no benchmark times them yet, and the section says so (and what checks them).
+- kernels: ``--kernels FILE`` puts the tables of a ``bench_kernels.py --json`` report in
+  (measured on a CUDA machine, which the section names); without it, the README's kernel
+  figures are carried over, or the section says how to measure them and what checks them.
 
 The section is headed with the machine (CPU, cores, memory, OS, Python and torch
 versions, GPU or "no GPU"), the date and the command. Absolute times are this machine's;
 the ratios are what carries over.
 
-    python benchmarks/results.py [--quick] [--readme README.md] [--print]
+    python benchmarks/results.py [--quick] [--readme README.md] [--print] [--kernels FILE]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -210,15 +213,78 @@ def claims_section(quick: bool) -> str:
     )
 
 
-def kernels_section() -> str:
-    """What is known of the Triton kernels' speed: nothing measured yet."""
+KERNELS_HEADING = "### Kernels"
+KERNELS_MEASURED = "Measured on "  # how a section of measured kernel figures begins
+
+
+def kernels_section(path: Path | None = None, readme: str = "") -> str:
+    """The attention kernels' figures from ``bench_kernels.py --json`` output at ``path``
+    (a section naming the machine that measured them); without one, ``readme``'s kernel
+    section when it holds measured figures (carried over as it is); else what checks the
+    kernels and how to measure them."""
+    if path is not None:
+        return kernels_figures(json.loads(path.read_text()))
+    previous = carried_section(readme, KERNELS_HEADING)
+    if KERNELS_MEASURED in previous:
+        return previous
     return (
-        "### Kernels\n\n"
-        "No benchmark times the Triton kernels yet, so there are no kernel figures. Their "
-        "correctness is tested: `tests/test_torch_kernels.py` runs every kernel against its "
-        "pure-torch reference under the Triton interpreter, and the engine end to end with "
-        "`kernels=triton` against `kernels=reference`.\n"
+        f"{KERNELS_HEADING}\n\n"
+        "No kernel figures yet: `benchmarks/bench_kernels.py` times the Triton kernels on a "
+        "CUDA machine only (`--json FILE`, then `python3 benchmarks/results.py --kernels "
+        "FILE` writes its tables here). Their correctness is tested: "
+        "`tests/test_torch_kernels.py` runs every kernel against its pure-torch reference "
+        "under the Triton interpreter, and the engine end to end with `kernels=triton` "
+        "against `kernels=reference`; `tests/test_kernel_proxies.py` compiles them for "
+        "sm_90a offline and checks for register spills.\n"
     )
+
+
+def kernels_figures(report: dict) -> str:
+    """The section of one ``bench_kernels.py --json`` report: which machine, its measured
+    ceilings, then a decode table (GB/s) and a prefill table (TFLOP/s)."""
+    m, c, shape = report["machine"], report["ceilings"], report["shape"]
+    peak_tb_s = report["peaks"]["bandwidth_bytes_s"] / 1e12
+    peak_tflops = report["peaks"]["bf16_flops"] / 1e12
+
+    def num(x: float | None, spec: str) -> str:
+        return "—" if x is None else format(x, spec)
+
+    parts = [
+        f"{KERNELS_HEADING}\n\n"
+        f"{KERNELS_MEASURED}{m['gpu']} ({m['gpu_memory_gib']} GiB, {m['multiprocessors']} "
+        f"multiprocessors; torch {m['torch']}, Triton {m['triton']}, Python {m['python']}) "
+        f"on {m['date']}, not on the machine above: `{report['command']} --json FILE`, then "
+        "`python3 benchmarks/results.py --kernels FILE`. One layer of "
+        f"{shape['num_heads']} query heads over {shape['num_kv_heads']} kv heads, head_dim "
+        f"{shape['head_dim']}, {shape['dtype']} queries, pages of {shape['page']} in random "
+        "order; every sequence at the context length given. Medians of "
+        "`triton.testing.do_bench`; SDPA is torch's `scaled_dot_product_attention` on the "
+        "same K/V laid out contiguously in bfloat16 (dequantized for fp8/int4), and the "
+        "relative error compares the two outputs. That machine's own ceilings: copy "
+        f"{c['copy_gb_s']:,.0f} GB/s, bf16 matmul {c['bf16_matmul_tflop_s']:.0f} TFLOP/s; "
+        f"percentages are of the datasheet's {peak_tb_s:.1f} TB/s and {peak_tflops:.0f} "
+        "TFLOP/s.\n"
+    ]
+    tables = (
+        ("decode", "GB/s", ",.0f", f"{peak_tb_s:.1f} TB/s"),
+        ("prefill", "TFLOP/s", ".1f", f"{peak_tflops:.0f} TFLOP/s"),
+    )
+    for op, unit, spec, peak in tables:
+        rows = [r for r in report["rows"] if r["op"] == op]
+        if not rows:
+            continue
+        header = ("KV", "batch", "context", "kernel ms", f"kernel {unit}", f"% of {peak}",
+                  "SDPA ms", f"SDPA {unit}", "SDPA ÷ kernel", "rel. error", "note")  # fmt: skip
+        cells = [
+            (r["kind"], f"{r['batch']:,}", f"{r['context']:,}", num(r["kernel_ms"], ".3f"),
+             num(r["kernel_rate"], spec), num(r["kernel_pct_peak"], ".1f"),
+             num(r["sdpa_ms"], ".3f"), num(r["sdpa_rate"], spec),
+             num(r["sdpa_over_kernel"], ".2f"), num(r["rel_error"], ".1e"), r["note"])
+            for r in rows
+        ]  # fmt: skip
+        what = "one query per sequence" if op == "decode" else "each context one causal chunk"
+        parts.append(f"{op.capitalize()} ({what}):\n\n{markdown_table(header, cells)}\n")
+    return "\n".join(parts)
 
 
 # Sections measured by long runs this generator does not repeat (30 minutes and more on two
@@ -240,9 +306,10 @@ def carried_section(readme: str, heading: str) -> str:
     return readme[start : min(ends, default=len(readme))].rstrip("\n") + "\n"
 
 
-def build_section(quick: bool, command: str, readme: str = "") -> str:
+def build_section(quick: bool, command: str, readme: str = "", kernels: Path | None = None) -> str:
     """The whole Results section, markers included; ``readme``: the current README, whose
-    long-run sections (``CARRIED_HEADINGS``) are kept as they are."""
+    long-run sections (``CARRIED_HEADINGS``) are kept as they are; ``kernels``: a
+    ``bench_kernels.py --json`` report for the kernel section (see ``kernels_section``)."""
     parts = [
         bookkeeping_section(quick),
         simulator_section(quick),
@@ -250,7 +317,7 @@ def build_section(quick: bool, command: str, readme: str = "") -> str:
         capacity_section(),
         quality_section(readme),
         claims_section(quick),
-        kernels_section(),
+        kernels_section(kernels, readme),
     ]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     head = (
@@ -285,10 +352,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer calls, requests, counts")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--print", action="store_true", help="print only, write nothing")
+    parser.add_argument(
+        "--kernels", type=Path, metavar="FILE", help="a bench_kernels.py --json report"
+    )
     args = parser.parse_args(argv)
     command = "python3 benchmarks/results.py" + " --quick" * args.quick
+    if args.kernels is not None:
+        command += f" --kernels {args.kernels}"
     start = time.perf_counter()
-    section = build_section(args.quick, command, args.readme.read_text())
+    section = build_section(args.quick, command, args.readme.read_text(), args.kernels)
     if args.print:
         print(section, end="")
     else:

@@ -14,6 +14,7 @@
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+#[cfg(not(feature = "abi3"))]
 use pyo3::buffer::{Element, PyBuffer};
 use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -195,17 +196,17 @@ where
             return false;
         }
         let len = if is_list {
-            ffi::PyList_GET_SIZE(ptr)
+            list_len(ptr)
         } else {
-            ffi::PyTuple_GET_SIZE(ptr)
+            tuple_len(ptr)
         };
         let n = usize::try_from(len).unwrap_or(0).min(limit);
         out.reserve(n);
         for i in 0..n as ffi::Py_ssize_t {
             let item = if is_list {
-                ffi::PyList_GET_ITEM(ptr, i)
+                list_item(ptr, i)
             } else {
-                ffi::PyTuple_GET_ITEM(ptr, i)
+                tuple_item(ptr, i)
             };
             if ffi::PyLong_CheckExact(item) == 0 {
                 return false;
@@ -223,6 +224,21 @@ where
     }
     true
 }
+
+// The size and borrowed-item reads of an exact list or tuple: the unchecked macros in the
+// default build, the limited API's checked functions under the stable ABI (`abi3`).
+// SAFETY (all four): the GIL is held and `ptr` is an exact list (tuple) of which `i` is an
+// index below its size.
+#[cfg(not(feature = "abi3"))]
+use pyo3::ffi::{
+    PyList_GET_ITEM as list_item, PyList_GET_SIZE as list_len, PyTuple_GET_ITEM as tuple_item,
+    PyTuple_GET_SIZE as tuple_len,
+};
+#[cfg(feature = "abi3")]
+use pyo3::ffi::{
+    PyList_GetItem as list_item, PyList_Size as list_len, PyTuple_GetItem as tuple_item,
+    PyTuple_Size as tuple_len,
+};
 
 pub(super) fn seq_ids_into(obj: &Bound<'_, PyAny>, out: &mut Vec<u64>) -> PyResult<()> {
     collect_ints(obj, "seq_ids", out, u64::MAX, |x| {
@@ -320,6 +336,7 @@ pub(super) fn leading_token_ids_arg(obj: &Bound<'_, PyAny>, limit: usize) -> PyR
 /// in one pass with no per-item Python call; None for anything else (lists and tuples take
 /// the item-by-item path, which also reports a wrong type). An empty buffer in one of
 /// `empty_formats` counts too (see [`is_empty_buffer`]).
+#[cfg(not(feature = "abi3"))]
 pub(super) fn typed_buffer<T: Element + Copy>(
     obj: &Bound<'_, PyAny>,
     empty_formats: &[&str],
@@ -335,6 +352,20 @@ pub(super) fn typed_buffer<T: Element + Copy>(
         return None;
     }
     buf.to_vec(obj.py()).ok()
+}
+
+/// [`typed_buffer`] under the stable ABI of 3.10, read through a memoryview (see
+/// `limited`): the same answers, except that every empty buffer of `T`s reads as empty.
+#[cfg(feature = "abi3")]
+pub(super) fn typed_buffer<T: super::limited::BufferItem>(
+    obj: &Bound<'_, PyAny>,
+    empty_formats: &[&str],
+) -> Option<Vec<T>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return None;
+    }
+    super::limited::read_items::<T>(obj)
+        .or_else(|| is_empty_buffer(obj, std::mem::size_of::<T>(), empty_formats).then(Vec::new))
 }
 
 /// Whether `obj` exposes an empty 1-D buffer of `itemsize`-byte items in one of `formats`

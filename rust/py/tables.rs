@@ -1,5 +1,6 @@
 //! Python wrapper of [`BlockTables`]: argument conversion and error mapping only.
 
+#[cfg(not(feature = "abi3"))]
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 
@@ -96,6 +97,49 @@ impl PyBlockTables {
             return Ok(());
         }
         counts_into(num_tokens, "num_tokens", &mut self.toks)
+    }
+
+    /// Writes the tables of the scratch `seqs` into `out` (see `export_into`), in place.
+    #[cfg(not(feature = "abi3"))]
+    fn export_rows(
+        &self,
+        py: Python<'_>,
+        out: &Bound<'_, PyAny>,
+        width: usize,
+        pad: i32,
+    ) -> PyResult<()> {
+        let buf = PyBuffer::<i32>::get(out).map_err(|e| {
+            value_err(format!(
+                "out must be a writable C-contiguous int32 buffer: {e}"
+            ))
+        })?;
+        let cells = match buf.as_mut_slice(py) {
+            Some(c) => c,
+            None if buf.readonly() => return Err(value_err("out is read-only".into())),
+            None => return Err(value_err("out is not C-contiguous".into())),
+        };
+        self.inner
+            .export_into(&self.seqs, cells, width, pad)
+            .map_err(to_py)
+    }
+
+    /// [`Self::export_rows`] under the stable ABI of 3.10: the rows are built in a copy and
+    /// written back with one slice assignment (see `limited`).
+    #[cfg(feature = "abi3")]
+    fn export_rows(
+        &self,
+        _py: Python<'_>,
+        out: &Bound<'_, PyAny>,
+        width: usize,
+        pad: i32,
+    ) -> PyResult<()> {
+        super::limited::fill_i32_buffer(out, |items| {
+            let cells = std::cell::Cell::from_mut(items).as_slice_of_cells();
+            self.inner
+                .export_into(&self.seqs, cells, width, pad)
+                .map_err(to_py)?;
+            Ok(self.seqs.len() * width)
+        })
     }
 }
 
@@ -353,19 +397,7 @@ impl PyBlockTables {
                 Some(v) => v,
                 None => return Err(value_err(format!("pad {pad} is not in [-2**31, 2**31)"))),
             };
-            let buf = PyBuffer::<i32>::get(out).map_err(|e| {
-                value_err(format!(
-                    "out must be a writable C-contiguous int32 buffer: {e}"
-                ))
-            })?;
-            let cells = match buf.as_mut_slice(py) {
-                Some(c) => c,
-                None if buf.readonly() => return Err(value_err("out is read-only".into())),
-                None => return Err(value_err("out is not C-contiguous".into())),
-            };
-            self.inner
-                .export_into(&self.seqs, cells, width, pad)
-                .map_err(to_py)
+            self.export_rows(py, out, width, pad)
         })
     }
 
