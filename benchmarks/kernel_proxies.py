@@ -139,6 +139,7 @@ class KernelStats(NamedTuple):
     loop_matrix_instructions: int
     num_innermost_loops: int
     block_size: int
+    tile_tokens: int  # keys one main-loop iteration reads (a key tile or a page); 0: none
     compile_s: float
 
     @property
@@ -224,7 +225,9 @@ def new_pool(config: KernelConfig, num_blocks: int, device: str | torch.device,
 
 def call_kernel(config: KernelConfig, device: str | torch.device = "cpu") -> None:
     """Calls ``config``'s public kernel function once on small inputs (two sequences of a
-    few blocks): enough for every launch it makes, with the argument kinds of a real run."""
+    few blocks): enough for every launch it makes, with the argument kinds of a real run.
+    Decode is split in two, so that the split kernel and the merge kernel are recorded
+    (an unsplit decode runs the same kernel but for the epilogue, which stores directly)."""
     from enginekit.kernels.triton import attention, cache
 
     dtype = DTYPES[config.dtype]
@@ -238,7 +241,8 @@ def call_kernel(config: KernelConfig, device: str | torch.device = "cpu") -> Non
         if config.op == "decode":
             lens = torch.tensor([bs + 3, 2 * bs + 5], dtype=torch.int32, device=device)
             q = torch.randn(2, NUM_HEADS, config.head_dim, generator=g, device=device)
-            attention.decode_attention(q.to(dtype), pool, LAYER, tables, lens, scale)
+            attention.decode_attention(q.to(dtype), pool, LAYER, tables, lens, scale,
+                                       num_splits=2)  # fmt: skip
         else:
             chunks, starts = [bs + 1, 5], [bs, 3]
             q_starts = torch.tensor([0, chunks[0], sum(chunks)], dtype=torch.int32, device=device)
@@ -482,6 +486,7 @@ def compile_launch(launch: Launch, config: KernelConfig) -> KernelStats:
         num_warps=int(metadata.num_warps),
         num_stages=int(metadata.num_stages),
         block_size=config.block_size,
+        tile_tokens=int(launch.kwargs.get("BLOCK_N", launch.kwargs.get("BLOCK_SIZE", 0))),
         compile_s=round(compile_s, 2),
         **counts,
     )
@@ -563,12 +568,12 @@ def table(results: Sequence[KernelStats | str]) -> str:
     for r in results:
         if isinstance(r, str):
             continue
-        per_token = r.loop_instructions / r.block_size if r.loop_instructions else 0
+        per_token = f"{r.loop_instructions / r.tile_tokens:.0f}" if r.tile_tokens else "-"
         rows.append((
             r.config, r.kernel.lstrip("_"), str(r.registers),
             f"{r.spill_store_bytes}/{r.spill_load_bytes}", str(r.stack_bytes),
             str(r.shared_bytes), str(r.num_warps), f"{r.sass_instructions:,}",
-            f"{r.loop_instructions:,}", f"{per_token:.0f}", str(r.loop_global_loads),
+            f"{r.loop_instructions:,}", per_token, str(r.loop_global_loads),
             str(r.loop_matrix_instructions), f"{r.compile_s:.1f}",
         ))  # fmt: skip
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)

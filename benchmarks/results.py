@@ -319,7 +319,7 @@ def build_section(quick: bool, command: str, readme: str = "", kernels: Path | N
         claims_section(quick),
         kernels_section(kernels, readme),
     ]
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     head = (
         "## Results\n\n"
         f"Generated on {date} by `{command}` (rewrite it with that command; edits between "

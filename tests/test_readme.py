@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,11 +17,6 @@ from conftest import REPO_ROOT, run_cli
 
 from enginekit.interfaces import KVContext, KVSpec
 from enginekit.kv.backend import make_backend
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, as pip vendors it (pip runs the tutorial's install)
-    from pip._vendor import tomli as tomllib
 
 README = REPO_ROOT / "README.md"
 RESULTS = REPO_ROOT / "benchmarks" / "results.py"

@@ -13,6 +13,7 @@ import json
 import random
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,11 +28,6 @@ from enginekit.errors import ConfigError
 from enginekit.interfaces import KVQuant, PreemptionMode
 from enginekit.plugins import config_keys, load_plugin
 from enginekit.request import Request
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, as pip vendors it
-    from pip._vendor import tomli as tomllib
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 ALLOWED_ENGINEKIT_MODULES = (

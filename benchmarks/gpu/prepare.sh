@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the GPU kit's wheel folder from wheels.txt, on a machine with a network and a Rust
-# toolchain: the enginekit wheel (maturin, one cp310-abi3 wheel for every CPython >= 3.10),
+# toolchain: the enginekit wheel (maturin, one cp311-abi3 wheel for every CPython >= 3.11),
 # the enginekit-plugins wheel, and the pinned pure-Python wheels (pip wheel --no-deps:
 # downloaded, or built from the sdist where PyPI has no wheel, as for antlr4 4.9.3).
 #

@@ -14,7 +14,6 @@
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-#[cfg(not(feature = "abi3"))]
 use pyo3::buffer::{Element, PyBuffer};
 use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -336,7 +335,6 @@ pub(super) fn leading_token_ids_arg(obj: &Bound<'_, PyAny>, limit: usize) -> PyR
 /// in one pass with no per-item Python call; None for anything else (lists and tuples take
 /// the item-by-item path, which also reports a wrong type). An empty buffer in one of
 /// `empty_formats` counts too (see [`is_empty_buffer`]).
-#[cfg(not(feature = "abi3"))]
 pub(super) fn typed_buffer<T: Element + Copy>(
     obj: &Bound<'_, PyAny>,
     empty_formats: &[&str],
@@ -352,20 +350,6 @@ pub(super) fn typed_buffer<T: Element + Copy>(
         return None;
     }
     buf.to_vec(obj.py()).ok()
-}
-
-/// [`typed_buffer`] under the stable ABI of 3.10, read through a memoryview (see
-/// `limited`): the same answers, except that every empty buffer of `T`s reads as empty.
-#[cfg(feature = "abi3")]
-pub(super) fn typed_buffer<T: super::limited::BufferItem>(
-    obj: &Bound<'_, PyAny>,
-    empty_formats: &[&str],
-) -> Option<Vec<T>> {
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        return None;
-    }
-    super::limited::read_items::<T>(obj)
-        .or_else(|| is_empty_buffer(obj, std::mem::size_of::<T>(), empty_formats).then(Vec::new))
 }
 
 /// Whether `obj` exposes an empty 1-D buffer of `itemsize`-byte items in one of `formats`

@@ -12,8 +12,6 @@ use crate::hash::ROOT_HASH;
 
 mod convert;
 mod functions;
-#[cfg(feature = "abi3")]
-mod limited;
 mod pool;
 mod radix;
 mod tables;

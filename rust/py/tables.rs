@@ -1,6 +1,5 @@
 //! Python wrapper of [`BlockTables`]: argument conversion and error mapping only.
 
-#[cfg(not(feature = "abi3"))]
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 
@@ -100,7 +99,6 @@ impl PyBlockTables {
     }
 
     /// Writes the tables of the scratch `seqs` into `out` (see `export_into`), in place.
-    #[cfg(not(feature = "abi3"))]
     fn export_rows(
         &self,
         py: Python<'_>,
@@ -121,25 +119,6 @@ impl PyBlockTables {
         self.inner
             .export_into(&self.seqs, cells, width, pad)
             .map_err(to_py)
-    }
-
-    /// [`Self::export_rows`] under the stable ABI of 3.10: the rows are built in a copy and
-    /// written back with one slice assignment (see `limited`).
-    #[cfg(feature = "abi3")]
-    fn export_rows(
-        &self,
-        _py: Python<'_>,
-        out: &Bound<'_, PyAny>,
-        width: usize,
-        pad: i32,
-    ) -> PyResult<()> {
-        super::limited::fill_i32_buffer(out, |items| {
-            let cells = std::cell::Cell::from_mut(items).as_slice_of_cells();
-            self.inner
-                .export_into(&self.seqs, cells, width, pad)
-                .map_err(to_py)?;
-            Ok(self.seqs.len() * width)
-        })
     }
 }
 
