@@ -11,6 +11,8 @@ Runs, side by side where there is something to compare:
 - ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
 - ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
 - the claims (``enginekit.claims.job``): the main table, the rest folded;
+- ``kernel_proxies.py --ci``: the kernels compiled offline for sm_90a (registers, spills,
+  main-loop instructions per key);
 - kernels: ``--kernels FILE`` puts the tables of a ``bench_kernels.py --json`` report in
   (measured on a CUDA machine, which the section names); without it, the README's kernel
   figures are carried over, or the section says how to measure them and what checks them.
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import bench_bookkeeping
 import bench_simulator
+import kernel_proxies
 
 from enginekit.claims.job import markdown_table, render_markdown, run_claims
 
@@ -296,6 +299,47 @@ CARRIED_HEADINGS = (
 )
 
 
+PROXIES_HEADING = "### Kernels compiled offline for sm_90a"
+
+
+def proxies_section(results: Sequence[kernel_proxies.KernelStats | str] | None = None) -> str:
+    """The kernels of ``kernel_proxies.py --ci`` compiled for sm_90a on this machine (no
+    GPU needed): registers, spills, shared memory and main-loop instructions per key of a
+    tile, for each configuration (``results``: already measured ones, e.g. in tests)."""
+    if results is None:
+        if kernel_proxies.tool_problem() is not None:
+            return (
+                f"{PROXIES_HEADING}\n\nNot measured: this machine has no offline sm_90a "
+                f"toolchain ({kernel_proxies.tool_problem()}).\n"
+            )
+        results = kernel_proxies.measure_all(kernel_proxies.ci_grid())
+    stats = [r for r in results if not isinstance(r, str)]
+    failures = [r for r in results if isinstance(r, str)]
+    header = ("configuration", "kernel", "registers", "spilled B", "shared B", "warps",
+              "loop instructions", "per key")  # fmt: skip
+    rows = [
+        (r.config, r.kernel.lstrip("_"), str(r.registers),
+         str(r.spill_store_bytes + r.spill_load_bytes), f"{r.shared_bytes:,}", str(r.num_warps),
+         f"{r.loop_instructions:,}",
+         f"{r.loop_instructions / r.tile_tokens:.0f}" if r.tile_tokens else "—")
+        for r in stats
+    ]  # fmt: skip
+    text = (
+        f"{PROXIES_HEADING}\n\n"
+        "`python3 benchmarks/kernel_proxies.py --ci` (the full grid without `--ci`): each "
+        "kernel launch recorded on CPU tensors and compiled for sm_90a with Triton's bundled "
+        "ptxas on this machine, no GPU involved. Loop instructions are the SASS of the "
+        "innermost loop, per warp and iteration; per key divides by the keys one iteration "
+        "reads. Configurations: decode split in two (and its merge), prefill, the int4 write "
+        "and a block copy; `d` head_dim, `gqa` query heads per kv head, `bs` page size. "
+        f"{len(stats)} kernels, "
+        f"{sum(r.has_spills for r in stats)} with spills, {len(failures)} failed to compile.\n\n"
+        + markdown_table(header, rows)
+        + "\n"
+    )
+    return text + "".join(f"\nFailed: {f}\n" for f in failures)
+
+
 def carried_section(readme: str, heading: str) -> str:
     """The README's section under ``heading`` (up to the next ``###`` heading, the end
     marker or the end of the text), or "" when the README has none."""
@@ -318,6 +362,7 @@ def build_section(quick: bool, command: str, readme: str = "", kernels: Path | N
         quality_section(readme),
         claims_section(quick),
         kernels_section(kernels, readme),
+        proxies_section(),
     ]
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     head = (

@@ -73,6 +73,34 @@ def test_readme_kernels_paragraph_is_what_the_generator_writes(monkeypatch):
     assert "GPU" not in section  # no kernel figures: no benchmark, whatever the machine
 
 
+def test_the_offline_compile_section_tabulates_every_kernel_and_counts_spills(monkeypatch):
+    monkeypatch.syspath_prepend(str(RESULTS.parent))
+    sys.modules.pop("results", None)
+    import kernel_proxies
+    import results
+
+    def stats(config, kernel, spilled, loop, tile):
+        return kernel_proxies.KernelStats(
+            config=config, kernel=kernel, registers=80, spill_store_bytes=spilled,
+            spill_load_bytes=spilled, local_instructions=0, stack_bytes=0, shared_bytes=4096,
+            num_warps=4, num_stages=2, sass_instructions=900, loop_instructions=loop,
+            loop_global_loads=2, loop_matrix_instructions=8, num_innermost_loops=1,
+            block_size=16, tile_tokens=tile, compile_s=1.0,
+        )  # fmt: skip
+
+    section = results.proxies_section(
+        [stats("decode-a", "_decode_kernel", 0, 448, 64),
+         stats("decode-a", "_merge_kernel", 0, 90, 0),
+         stats("prefill-b", "_prefill_kernel", 8, 640, 64), "copy-c: the call failed: boom"]
+    )  # fmt: skip
+    assert section.startswith(results.PROXIES_HEADING + "\n")
+    assert "3 kernels, 1 with spills, 1 failed to compile." in section
+    assert "| decode-a | decode_kernel | 80 | 0 | 4,096 | 4 | 448 | 7 |" in section
+    assert "| decode-a | merge_kernel | 80 | 0 | 4,096 | 4 | 90 | — |" in section
+    assert "| prefill-b | prefill_kernel | 80 | 16 | 4,096 | 4 | 640 | 10 |" in section
+    assert section.endswith("Failed: copy-c: the call failed: boom\n")
+
+
 def test_the_generator_keeps_the_long_run_sections_it_does_not_repeat(monkeypatch):
     monkeypatch.syspath_prepend(str(RESULTS.parent))
     sys.modules.pop("results", None)
