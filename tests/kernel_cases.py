@@ -40,16 +40,17 @@ FP8_NAN, FP8_MAX_BITS = 0x7F, 0x7E
 NONE = KVQuant()
 
 
-def quant_of(kind: str, block_size: int, head_dim: int = HEAD_DIM) -> KVQuant:
-    """``none``, ``fp8`` or ``int4-g<group>``."""
+def quant_of(kind: str, block_size: int, head_dim: int | None = None) -> KVQuant:
+    """``none``, ``fp8`` or ``int4-g<group>``; head_dim None: ``HEAD_DIM`` (read at call
+    time, so that a runner may change it)."""
     if kind.startswith("int4"):
-        return KVQuant.int4(int(kind.split("-g")[1]), block_size, head_dim)
+        return KVQuant.int4(int(kind.split("-g")[1]), block_size, head_dim or HEAD_DIM)
     return KVQuant(kind)
 
 
-def new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g, head_dim=HEAD_DIM) -> KVTensors:
+def new_pool(quant, num_blocks, num_kv_heads, block_size, dtype, g, head_dim=None) -> KVTensors:
     bits = quant.bits_per_element(torch.finfo(dtype).bits)
-    spec = KVSpec(NUM_LAYERS, num_kv_heads, head_dim, bits, block_size, quant)
+    spec = KVSpec(NUM_LAYERS, num_kv_heads, head_dim or HEAD_DIM, bits, block_size, quant)
     pool = allocate_kv_tensors(spec, num_blocks, dtype, "cpu")
     if pool.fp8_scales is not None:
         pool.set_fp8_scales(None, (0.5 + torch.rand(pool.fp8_scales.shape, generator=g)) * 3 / 448)
@@ -87,7 +88,7 @@ def attended_blocks(total, first_query, block_size, window, sinks):
 
 
 def make_pool(seq_lens, num_kv_heads, block_size, dtype, seed, quant=NONE, first_queries=None,
-              window=None, sinks=0, head_dim=HEAD_DIM):  # fmt: skip
+              window=None, sinks=0, head_dim=None):  # fmt: skip
     """(pool, block_tables int32 [S, W] padded with -1) for sequences of ``seq_lens``,
     whose first queries sit at ``first_queries`` (for holes; default: the last token)."""
     g = torch.Generator().manual_seed(seed)
@@ -104,7 +105,7 @@ def make_pool(seq_lens, num_kv_heads, block_size, dtype, seed, quant=NONE, first
             owned.add(int(tables[s, j]))
         positions = torch.arange(n)
         slots = tables[s, positions // block_size].long() * block_size + positions % block_size
-        kv = torch.randn(n, 2, num_kv_heads, head_dim, generator=g).to(dtype)
+        kv = torch.randn(n, 2, num_kv_heads, head_dim or HEAD_DIM, generator=g).to(dtype)
         for chunk in (slice(0, n // 2 + 1), slice(n // 2 + 1, n)):
             reference.write_kv(pool, LAYER, kv[chunk, 0], kv[chunk, 1], slots[chunk])
         used = n - (need[s] - 1) * block_size
@@ -161,9 +162,10 @@ def case_prefill(num_heads, num_kv_heads, block_size, window, dtype, kind="none"
 
 
 def case_decode_splits(lens, num_heads, num_kv_heads, block_size, dtype, kind="none",
-                       window=None, sinks=0, num_splits=None, head_dim=HEAD_DIM):  # fmt: skip
+                       window=None, sinks=0, num_splits=None, head_dim=None):  # fmt: skip
     """Decode with the keys split across programs (``num_splits``, or the launcher's
     choice, which must then split) against the reference, e.g. at a 32K context."""
+    head_dim = head_dim or HEAD_DIM
     pool, tables = make_pool(lens, num_kv_heads, block_size, dtype, 7,
                              quant_of(kind, block_size, head_dim), None, window, sinks,
                              head_dim)  # fmt: skip
