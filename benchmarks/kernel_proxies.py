@@ -568,7 +568,8 @@ def table(results: Sequence[KernelStats | str]) -> str:
     for r in results:
         if isinstance(r, str):
             continue
-        per_token = f"{r.loop_instructions / r.tile_tokens:.0f}" if r.tile_tokens else "-"
+        has_tiles = r.tile_tokens and r.loop_instructions
+        per_token = f"{r.loop_instructions / r.tile_tokens:.0f}" if has_tiles else "-"
         rows.append((
             r.config, r.kernel.lstrip("_"), str(r.registers),
             f"{r.spill_store_bytes}/{r.spill_load_bytes}", str(r.stack_bytes),

@@ -321,7 +321,8 @@ def proxies_section(results: Sequence[kernel_proxies.KernelStats | str] | None =
         (r.config, r.kernel.lstrip("_"), str(r.registers),
          str(r.spill_store_bytes + r.spill_load_bytes), f"{r.shared_bytes:,}", str(r.num_warps),
          f"{r.loop_instructions:,}",
-         f"{r.loop_instructions / r.tile_tokens:.0f}" if r.tile_tokens else "—")
+         f"{r.loop_instructions / r.tile_tokens:.0f}"
+         if r.tile_tokens and r.loop_instructions else "—")
         for r in stats
     ]  # fmt: skip
     text = (
