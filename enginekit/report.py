@@ -95,6 +95,7 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
             mk.PREFIX_CACHE_MISS_OTHER_KEY,
             mk.PREFIX_CACHE_MISS_COMPULSORY,
             mk.PREFIX_CACHE_HIT_RATE_PREDICTED,
+            mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS,
         ),
     ),
     (
@@ -189,14 +190,20 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
     pool = summary.get(mk.KV_CACHE_NUM_BLOCKS.key)
     block_bytes = summary.get(mk.KV_CACHE_BLOCK_BYTES.key)
     lines = [
-        "== hit rate by cache size (LRU stack distances of this run's block accesses) ==",
-        f"  {'blocks':>12}{'GB':>10}{'hit rate':>12}",
+        "== hit rate by cache size (LRU stack distances of this run's block accesses, "
+        "its referenced blocks taken out of the pool) ==",
+        f"  {'blocks':>12}{'GB':>10}  {'hit rate':>10}",
     ]
     for blocks, rate in curve_rows(curve, pool):
         gb = "-" if not block_bytes else f"{blocks * block_bytes / 1e9:,.2f}"
         mark = "  <- this pool" if blocks == pool else ""
-        lines.append(f"  {blocks:>12,}{gb:>10}{_perc(rate):>12}{mark}")
+        text = NOT_PREDICTED if rate is None else f"{_perc(rate):>10}"
+        lines.append(f"  {blocks:>12,}{gb:>10}  {text}{mark}")
     return lines + [""]
+
+
+NOT_PREDICTED = "would queue or preempt: not predicted"
+"""The curve's text where a pool would not have run the run's schedule."""
 
 
 def render_report(summary: Mapping[str, Any], header: Mapping[str, Any]) -> str:
@@ -252,18 +259,28 @@ CURVE_PNG = "hit_rate_curve.png"
 def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
     """Draws the summary's hit-rate curve (hit rate against cache blocks, log scale) as
     a PNG at ``path``, with the run's pool marked: its size, the hit rate the curve
-    predicts there and the one the run measured at first admissions, and the ideal.
-    Returns the path. Headless (matplotlib's Agg canvas)."""
+    predicts there and the one the run measured at first admissions, and the ideal; the
+    sizes that would not have run the run's schedule are shaded (not predicted). Returns
+    the path. Headless (matplotlib's Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    curve = summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key]
+    curve = [p for p in summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key] if p[1] is not None]
     sizes = [p[0] for p in curve]
     rates = [100 * p[1] for p in curve]
     figure = Figure(figsize=(7, 4.2))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     axes.plot(sizes, rates, color="tab:blue", label="LRU block_hash, predicted")
+    smallest = summary.get(mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key)
+    if smallest:
+        axes.axvspan(
+            min(sizes + [smallest]) / 2,
+            smallest,
+            color="gray",
+            alpha=0.15,
+            label=f"would queue or preempt: not predicted (< {smallest:,} blocks)",
+        )
     ideal = summary.get(mk.PREFIX_CACHE_HIT_RATE_IDEAL.key)
     if ideal is not None:
         axes.axhline(100 * ideal, color="gray", linestyle=":", label="ideal (unbounded)")
