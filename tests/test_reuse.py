@@ -17,7 +17,7 @@ from enginekit import Engine
 from enginekit import metric_keys as mk
 from enginekit.app import compose_config
 from enginekit.driver import WorkloadDriver
-from enginekit.report import CURVE_PNG, render_report, write_json
+from enginekit.report import CURVE_PNG, NOT_PREDICTED, render_report, write_json
 from enginekit.reuse import AccessStream, ReuseTracker, min_pool_sizes, stack_distances
 from enginekit.reuse.curve import LOOKUP, NO_HIT, RELEASE_HELD, RELEASE_WRITTEN, _count_below
 from enginekit.workloads.ideal import ideal_prefix_hit_tokens
@@ -433,6 +433,12 @@ def test_a_run_classifies_its_misses_and_predicts_its_own_hit_rate(tmp_path) -> 
     curve = s[mk.PREFIX_CACHE_HIT_RATE_CURVE.key]
     assert [400, s[mk.PREFIX_CACHE_HIT_RATE_PREDICTED.key]] in curve
     assert curve[-1][1] <= s[mk.PREFIX_CACHE_HIT_RATE_IDEAL.key] + 1e-12
+    # it preempted: its peak of referenced blocks leaves smaller pools unpredicted, and
+    # larger ones too up to its peak with the watermark; its own pool ran this schedule
+    assert s[mk.NUM_PREEMPTIONS_TOTAL.key] > 0
+    smallest = s[mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key]
+    assert smallest > 400
+    assert all((rate is None) == (size < smallest and size != 400) for size, rate in curve)
     text = render_report(s, {})
     assert "== hit rate by cache size" in text and "<- this pool" in text
     assert "missed: capacity" in text
@@ -442,15 +448,43 @@ def test_a_run_classifies_its_misses_and_predicts_its_own_hit_rate(tmp_path) -> 
 
 def test_the_curve_predicts_the_hit_rate_of_a_pool_that_evicts() -> None:
     """Conversations whose contexts outgrow a 3,000-block pool (no preemption): the
-    prediction at the pool is within 5 points of the measured first-admission rate."""
-    s = _summary(
-        "workload=multiturn",
-        "workload.num_requests=200",
-        "cache.num_blocks=3000",
-        "scheduler.max_num_seqs=16",
-        "workload.arrival_rate=2",
-    )
+    prediction at the pool is within a point of the measured first-admission rate."""
+    s = _summary(*_CONVERSATIONS, "cache.num_blocks=3000")
     assert s[mk.NUM_PREEMPTIONS_TOTAL.key] == 0
     measured = s[mk.PREFIX_CACHE_FIRST_HIT_RATE.key]
     assert 0.3 < measured < s[mk.PREFIX_CACHE_HIT_RATE_IDEAL.key] - 0.1  # it does evict
-    assert abs(s[mk.PREFIX_CACHE_HIT_RATE_PREDICTED.key] - measured) < 0.05
+    assert abs(s[mk.PREFIX_CACHE_HIT_RATE_PREDICTED.key] - measured) < 0.01
+
+
+_CONVERSATIONS = (
+    "workload=multiturn",
+    "workload.num_requests=200",
+    "scheduler.max_num_seqs=16",
+    "workload.arrival_rate=2",
+)
+
+
+def test_a_roomy_pool_predicts_the_smaller_pools_that_run_its_schedule() -> None:
+    """The curve of a 6,000-block run predicts the first-admission hit rate of reruns at
+    3,000 and 4,000 blocks within 2 points; 2,000 blocks, below its peak of referenced
+    blocks, preempts and is marked not predicted (in the summary's curve too)."""
+    engine = Engine(compose_config(["progress=false", *_CONVERSATIONS, "cache.num_blocks=6000"]))
+    driver = WorkloadDriver(engine)
+    driver.add_workload()
+    summary = driver.run().summary
+    sizes = (2000, 3000, 4000)
+    curve = driver.tracker.hit_rate_curve(driver.tracker.num_prompt_tokens, sizes, 0.01)
+    assert curve.min_num_blocks == summary[mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key]
+    assert 2000 < curve.min_num_blocks <= 3000
+    for size, rate in summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key]:
+        assert (rate is None) == (size < curve.min_num_blocks)
+    for size in sizes:
+        rerun = _summary(*_CONVERSATIONS, f"cache.num_blocks={size}")
+        measured = rerun[mk.PREFIX_CACHE_FIRST_HIT_RATE.key]
+        if size < curve.min_num_blocks:
+            assert not curve.is_predicted(size)
+            assert rerun[mk.NUM_PREEMPTIONS_TOTAL.key] > 0
+        else:
+            assert curve.is_predicted(size)
+            assert abs(curve.at(size) - measured) < 0.02
+    assert NOT_PREDICTED in render_report(summary, {})

@@ -121,18 +121,21 @@ def _count_below(
     out = np.zeros(len(prefix_lens), dtype=np.int64)
     if not num_values or not len(prefix_lens):
         return out
-    prefix_lens = np.asarray(prefix_lens, dtype=np.int64)
-    bounds = np.asarray(bounds, dtype=np.int64)
     width = max(int(values.max()), int(bounds.max())) + 1
     keys = values.astype(np.int64)  # level 0: blocks of one, keyed by their index
     _rekey(keys, width, None)
     num_levels = num_values.bit_length()  # a prefix length is at most num_values
     for level in range(num_levels):
-        has = np.flatnonzero((prefix_lens >> level) & 1)
-        if len(has):
-            block = (prefix_lens[has] >> level) - 1  # the whole block at this bit
-            found = np.searchsorted(keys, block * width + bounds[has], "left")
-            out[has] += found - (block << level)
+        for start in range(0, len(out), _CHUNK):  # the queries a chunk at a time
+            lens = prefix_lens[start : start + _CHUNK]
+            has = np.flatnonzero((lens >> level) & 1)
+            if len(has):
+                block = (lens[has].astype(np.int64) >> level) - 1  # the block at this bit
+                needles = block * width
+                needles += bounds[start : start + _CHUNK][has]
+                found = np.searchsorted(keys, needles, "left")
+                found -= block << level
+                out[start : start + _CHUNK][has] += found
         if level + 1 == num_levels:
             break
         # re-key: the block at position k goes from k >> level to k >> (level + 1), i.e.
@@ -142,7 +145,7 @@ def _count_below(
     return out
 
 
-_REKEY_CHUNK = 1 << 20
+_CHUNK = 1 << 20  # elementwise passes over a stream go a chunk at a time
 
 
 def _rekey(keys: IntArray, width: int, level: int | None) -> None:
@@ -150,8 +153,8 @@ def _rekey(keys: IntArray, width: int, level: int | None) -> None:
     at the next level (k >> (level + 1)): down by ceil((k >> level) / 2) blocks of
     ``width``; ``level`` None keys a level-0 value by its position (up by k blocks). A
     chunk at a time, so the scratch stays small."""
-    for start in range(0, len(keys), _REKEY_CHUNK):
-        chunk = keys[start : start + _REKEY_CHUNK]
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
         steps = np.arange(start, start + len(chunk), dtype=np.int64)
         if level is None:
             steps = -steps
@@ -170,7 +173,8 @@ def _sorted_by_id(ids: npt.NDArray[np.integer]) -> tuple[npt.NDArray[np.int32], 
     n = len(ids)
     keys = np.asarray(ids).astype(np.int64)
     keys <<= 32
-    keys |= np.arange(n, dtype=np.int64)
+    for start in range(0, n, _CHUNK):
+        keys[start : start + _CHUNK] |= np.arange(start, min(n, start + _CHUNK))
     keys.sort()
     order = keys.astype(np.int32)  # the low half: the position
     keys >>= 32
@@ -178,18 +182,48 @@ def _sorted_by_id(ids: npt.NDArray[np.integer]) -> tuple[npt.NDArray[np.int32], 
     return order, same
 
 
-def _previous(order: npt.NDArray[np.int32], same: np.ndarray) -> npt.NDArray[np.int32]:
-    """Each access's previous access of the same id (-1 where none)."""
-    prev = np.full(len(order), -1, dtype=np.int32)
-    prev[order[1:][same]] = order[:-1][same]
-    return prev
+def _neighbour_at(
+    order: npt.NDArray[np.int32],
+    same: np.ndarray,
+    rank: npt.NDArray[np.int32],
+    positions: npt.NDArray[np.integer],
+    step: int,
+) -> npt.NDArray[np.int32]:
+    """For the accesses at ``positions``: the access of the same id ``step`` (-1: the
+    previous, +1: the next) places away in ``order`` (``rank``: each access's place in
+    it); -1 for no previous one, len(order) for no next one."""
+    n = len(order)
+    out = np.full(len(positions), -1 if step < 0 else n, dtype=np.int32)
+    for start in range(0, len(positions), _CHUNK):  # bounded temporaries
+        place = rank[positions[start : start + _CHUNK]].astype(np.int64)
+        if step < 0:
+            has = place > 0
+            has[has] = same[place[has] - 1]
+        else:
+            has = place < n - 1
+            has[has] = same[place[has]]
+        out[start : start + _CHUNK][has] = order[place[has] + step]
+    return out
 
 
-def _next(order: npt.NDArray[np.int32], same: np.ndarray) -> npt.NDArray[np.int32]:
-    """Each access's next access of the same id (len(order) where none)."""
-    nxt = np.full(len(order), len(order), dtype=np.int32)
-    nxt[order[:-1][same]] = order[1:][same]
-    return nxt
+def _rank(order: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+    """Each access's place in ``order``."""
+    n = len(order)
+    rank = np.empty(n, dtype=np.int32)
+    for start in range(0, n, _CHUNK):
+        rank[order[start : start + _CHUNK]] = np.arange(start, min(n, start + _CHUNK))
+    return rank
+
+
+def _flatnonzero32(mask: np.ndarray) -> npt.NDArray[np.int32]:
+    """``np.flatnonzero(mask)`` as int32, a chunk at a time."""
+    out = np.empty(int(np.count_nonzero(mask)), dtype=np.int32)
+    done = 0
+    for start in range(0, len(mask), _CHUNK):
+        found = np.flatnonzero(mask[start : start + _CHUNK]) + start
+        out[done : done + len(found)] = found
+        done += len(found)
+    return out
 
 
 def _live_since(
@@ -224,29 +258,41 @@ def stack_distances(ids: np.ndarray, query: np.ndarray | None = None) -> IntArra
     if n < 2:
         return out
     order, same = _sorted_by_id(ids)
-    prev = _previous(order, same)
+    rank = _rank(order)
+    everyone = np.arange(n)
+    prev = _neighbour_at(order, same, rank, everyone, -1)
     mask = prev >= 0
     if query is not None:
         mask &= query
     positions = np.flatnonzero(mask)
     if len(positions):
         is_entry = np.ones(n, dtype=bool)
-        out[positions] = _live_since(is_entry, _next(order, same), prev[positions], positions)
+        nxt = _neighbour_at(order, same, rank, everyone, 1)
+        out[positions] = _live_since(is_entry, nxt, prev[positions], positions)
     return out
 
 
 def min_pool_sizes(stream: AccessStream) -> npt.NDArray[np.int32]:
     """For each access: the smallest pool size at which it hits under the module's rule
     (``NO_HIT`` where no size does, and where it is not a query). Each access sees the
-    ones before it, those of its own event included. Pure. Memory: about 30 bytes per
-    access besides the stream's."""
+    ones before it, those of its own event included. Pure."""
+    out = np.full(len(stream.ids), NO_HIT, dtype=np.int32)
+    queries, sizes = query_pool_sizes(stream)
+    out[queries] = sizes
+    return out
+
+
+def query_pool_sizes(
+    stream: AccessStream,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """``min_pool_sizes`` at the queries only: (their positions, their sizes). Memory:
+    about 25 bytes per access besides the stream's."""
     ids = np.asarray(stream.ids)
     n = len(ids)
-    out = np.full(n, NO_HIT, dtype=np.int32)
     kind = np.asarray(stream.kind, dtype=np.int8)
-    queries = np.flatnonzero(np.asarray(stream.query, dtype=bool) & (kind == LOOKUP))
+    queries = _flatnonzero32(np.asarray(stream.query, dtype=bool) & (kind == LOOKUP))
     if not len(queries):
-        return out
+        return queries, np.zeros(0, dtype=np.int32)
     order, same = _sorted_by_id(ids)
     # references to each block after each access: a running sum over its own accesses
     delta = (kind == LOOKUP).astype(np.int8)
@@ -254,9 +300,10 @@ def min_pool_sizes(stream: AccessStream) -> npt.NDArray[np.int32]:
     delta = delta[order]
     running = np.cumsum(delta, dtype=np.int32)
     group_starts = np.concatenate([[0], np.flatnonzero(~same) + 1])
-    group_lens = np.diff(group_starts, append=n)
-    running -= np.repeat(running[group_starts] - delta[group_starts], group_lens)
-    del delta, group_starts, group_lens
+    before_group = running[group_starts] - delta[group_starts]
+    if before_group.any():  # a block whose lookups its releases do not all drop
+        running -= np.repeat(before_group, np.diff(group_starts, append=n))
+    del delta, group_starts, before_group
     sorted_kind = kind[order]
     is_entry = np.empty(n, dtype=bool)  # the block enters the eviction order here
     is_entry[order] = (sorted_kind != LOOKUP) & (running == 0)
@@ -265,9 +312,10 @@ def min_pool_sizes(stream: AccessStream) -> npt.NDArray[np.int32]:
     del running, sorted_kind
     held = is_held[queries]
     del is_held
-    previous = _previous(order, same)[queries]
-    entry_next = _next(order, same)[is_entry]
-    del order, same
+    rank = _rank(order)
+    previous = _neighbour_at(order, same, rank, queries, -1)
+    entry_next = _neighbour_at(order, same, rank, _flatnonzero32(is_entry), 1)
+    del order, same, rank
     never = n + 1  # beyond every distance: no size hits
     distance = np.full(len(queries), never, dtype=np.int64)
     distance[held] = -1  # referenced: in the pool with the pinned blocks
@@ -287,9 +335,10 @@ def min_pool_sizes(stream: AccessStream) -> npt.NDArray[np.int32]:
     del offset
     distance = distance[::-1]
     hits = distance < never
-    pinned = np.asarray(stream.pinned, dtype=np.int64)[queries]
-    out[queries[hits]] = distance[hits] + pinned[hits] + 1
-    return out
+    distance += np.asarray(stream.pinned, dtype=np.int64)[queries]
+    distance += 1
+    sizes = np.where(hits, distance, NO_HIT).astype(np.int32)
+    return queries, sizes
 
 
 def hit_rate_curve(

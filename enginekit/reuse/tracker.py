@@ -65,7 +65,7 @@ from enginekit.reuse.curve import (
     HitRateCurve,
     hit_rate_curve,
     min_num_blocks,
-    min_pool_sizes,
+    query_pool_sizes,
 )
 
 RECENT_BYTES = 64 << 20  # the recent requests' tokens and nodes the tracker keeps
@@ -412,9 +412,12 @@ class ReuseTracker:
         below = from_end < np.repeat(split, lengths)  # a deepest-first event's last ones
         del from_end
         release = np.repeat(is_release, lengths)
-        kind = np.where(release, np.where(below, RELEASE_HELD, RELEASE_WRITTEN), LOOKUP)
-        query = ~release & below
-        return AccessStream(ids, event, kind.astype(np.int8), query, np.repeat(pinned, lengths))
+        kind = np.full(len(event), LOOKUP, dtype=np.int8)
+        kind[release] = RELEASE_WRITTEN
+        release &= below
+        kind[release] = RELEASE_HELD
+        below &= kind == LOOKUP  # a lookup's last ones: those that may hit
+        return AccessStream(ids, event, kind, below, np.repeat(pinned, lengths))
 
     def hit_rate_curve(
         self, num_prompt_tokens: int, extra_sizes: Sequence[int] = (), watermark: float = 0.0
@@ -427,7 +430,7 @@ class ReuseTracker:
         smallest = min_num_blocks(self.peak_pinned_blocks, watermark)
         if not len(self._access_ids) or not num_prompt_tokens:
             return HitRateCurve((), (), 0.0, smallest, self.peak_pinned_blocks)
-        sizes = min_pool_sizes(self.access_stream())
+        _, sizes = query_pool_sizes(self.access_stream())
         return hit_rate_curve(
             sizes,
             self.block_size,
