@@ -295,7 +295,7 @@ def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
     axes.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
     axes.set_ylim(0, 100)
     axes.grid(True, alpha=0.3)
-    axes.legend(loc="upper left", fontsize=8)
+    axes.legend(loc="lower right", fontsize=8)
     axes.set_title("What more memory would buy: hit rate by cache size")
     figure.tight_layout()
     path = Path(path)

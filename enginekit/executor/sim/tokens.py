@@ -7,9 +7,10 @@ pseudo-random id of the sequence's key (its seq id; a forked sample's own key) a
 position only, so tokens depend neither on batching nor on which other sequences run.
 
 Layout: every script lies in one int64 arena, and each sequence owns a slot of four
-aligned arrays (its script's start in the arena, its length, the tokens returned so far,
-and its fallback key premixed mod 2**64), so that drawing a step's tokens is one dict
-lookup per sequence and a few whole-array operations, not Python work per token. A
+aligned arrays (its script's start and end in the arena, its cursor: the start plus the
+tokens returned so far, and its fallback key premixed mod 2**64), so that drawing a
+step's tokens is one dict lookup per sequence and a few whole-array operations, not
+Python work per token. A
 forgotten sequence's script stays in the arena as dead space until the arena is
 compacted (when it must grow and at least half of it is dead).
 """
@@ -68,8 +69,8 @@ class ScriptedTokens:
         self._slot_of: dict[int, int] = {}
         self._free_slots: list[int] = []
         self._start = np.zeros(0, dtype=np.int64)
-        self._length = np.zeros(0, dtype=np.int64)
-        self._position = np.zeros(0, dtype=np.int64)
+        self._end = np.zeros(0, dtype=np.int64)
+        self._cursor = np.zeros(0, dtype=np.int64)  # start + tokens returned
         self._key = np.zeros(0, dtype=np.uint64)
         self._arena = np.zeros(_MIN_CAPACITY, dtype=np.int64)
         self._arena_end = 0  # the arena's used prefix
@@ -97,8 +98,8 @@ class ScriptedTokens:
             self._grow_slots()
         slot = self._free_slots.pop()
         self._start[slot] = start
-        self._length[slot] = num_tokens
-        self._position[slot] = 0
+        self._end[slot] = start + num_tokens
+        self._cursor[slot] = start
         self._key[slot] = mixed_key(key)
         self._slot_of[seq_id] = slot
 
@@ -107,7 +108,7 @@ class ScriptedTokens:
         slot = self._slot_of.pop(seq_id, None)
         if slot is None:
             return
-        self._num_dead += int(self._length[slot])
+        self._num_dead += int(self._end[slot] - self._start[slot])
         self._free_slots.append(slot)
 
     def draw(self, seq_ids: Sequence[int]) -> list[int]:
@@ -117,16 +118,18 @@ class ScriptedTokens:
         if not num:
             return []
         slots = np.fromiter(map(self._slot_of.__getitem__, seq_ids), dtype=np.intp, count=num)
-        positions = self._position[slots]
-        self._position[slots] = positions + 1
-        scripted = positions < self._length[slots]
+        cursors = self._cursor[slots]
+        self._cursor[slots] = cursors + 1
+        scripted = cursors < self._end[slots]
         if scripted.all():
-            tokens: list[int] = self._arena[self._start[slots] + positions].tolist()
+            tokens: list[int] = self._arena[cursors].tolist()
             return tokens
         out = np.empty(num, dtype=np.int64)
-        out[scripted] = self._arena[self._start[slots[scripted]] + positions[scripted]]
+        out[scripted] = self._arena[cursors[scripted]]
         past = ~scripted
-        out[past] = fallback_token_ids(self._key[slots[past]], positions[past], self.vocab_size)
+        past_slots = slots[past]
+        positions = cursors[past] - self._start[past_slots]
+        out[past] = fallback_token_ids(self._key[past_slots], positions, self.vocab_size)
         tokens = out.tolist()
         return tokens
 
@@ -134,7 +137,7 @@ class ScriptedTokens:
         """Doubles the slot arrays; the new slots are free."""
         old = len(self._start)
         new = max(_MIN_CAPACITY, 2 * old)
-        for name in ("_start", "_length", "_position", "_key"):
+        for name in ("_start", "_end", "_cursor", "_key"):
             array = getattr(self, name)
             grown = np.zeros(new, dtype=array.dtype)
             grown[:old] = array
@@ -157,12 +160,16 @@ class ScriptedTokens:
         """Moves the live scripts to the arena's front, in slot order; drops the dead."""
         live = np.fromiter(self._slot_of.values(), dtype=np.intp, count=len(self._slot_of))
         live.sort()
-        lengths = self._length[live]
+        starts = self._start[live]
+        lengths = self._end[live] - starts
         total = int(lengths.sum())
         new_starts = np.cumsum(lengths) - lengths
-        gather = np.repeat(self._start[live] - new_starts, lengths) + np.arange(total)
+        gather = np.repeat(starts - new_starts, lengths) + np.arange(total)
         self._arena[:total] = self._arena[gather]
+        moved = starts - new_starts
         self._start[live] = new_starts
+        self._end[live] -= moved
+        self._cursor[live] -= moved
         self._arena_end = total
         self._num_dead = 0
 
@@ -177,7 +184,7 @@ class ScriptedTokens:
             raise RuntimeError("a live token slot is also free")
         if len(live) + len(self._free_slots) != len(self._start):
             raise RuntimeError("token slots are lost")
-        spans = sorted((int(self._start[s]), int(self._length[s])) for s in live)
+        spans = sorted((int(self._start[s]), int(self._end[s] - self._start[s])) for s in live)
         end = 0
         for start, length in spans:
             if start < end or length < 0:
@@ -187,5 +194,5 @@ class ScriptedTokens:
             raise RuntimeError("a live script lies beyond the arena's used prefix")
         if self._num_dead != self._arena_end - sum(length for _, length in spans):
             raise RuntimeError(f"the arena's dead count {self._num_dead} is stale")
-        if any(int(self._position[s]) < 0 for s in live):
-            raise RuntimeError("a sequence has a negative output position")
+        if any(int(self._cursor[s]) < int(self._start[s]) for s in live):
+            raise RuntimeError("a sequence's cursor lies before its script")
