@@ -17,15 +17,18 @@ and a request hits its leading blocks up to the first that misses (a prefix matc
 its block j hits from the largest of those sizes over blocks 0..j on: ``min_pool_sizes``.
 The rule reads the pool at the lookup only: a block evicted earlier while more blocks
 were referenced, and whose rank has since improved, counts as a hit (an estimate from
-above).
+above). And it takes the run's pinned blocks as they were: a smaller pool that misses
+more also computes more prefill, so its requests run longer and pin more blocks at once,
+which over-predicts it a little more.
 
 An access stream (``AccessStream``) lists, in time order, every lookup and release as an
 event of contiguous accesses, deepest block first. A lookup references its blocks from
 then on (each lookup of a block is matched by one ``RELEASE_HELD`` of it later); a
 release drops the references its request's lookup took (``RELEASE_HELD``) and releases
 the blocks its request wrote itself (``RELEASE_WRITTEN``); a block enters the eviction
-order when no reference to it is left. Stack distances are counted offline in
-O(n log n) numpy passes (``_count_below``).
+order when no reference to it is left. Stack distances are counted offline in numpy
+(``_count_below``: log n levels, each one merge of the stream's entries and one search
+per lookup).
 """
 
 from __future__ import annotations
