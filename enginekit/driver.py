@@ -38,6 +38,7 @@ from typing import Any, cast
 from enginekit import metric_keys as mk
 from enginekit.engine import Engine, RunResult
 from enginekit.errors import RequestRejectedError
+from enginekit.report import CURVE_POOL_MULTIPLES
 from enginekit.request import RequestOutput, SamplingParams
 from enginekit.reuse import ReuseTracker
 from enginekit.workloads.sources import open_workload
@@ -262,8 +263,11 @@ class WorkloadDriver:
         ):
             summary[key.key] = count / total if total else None
         pool = int(summary[mk.KV_CACHE_NUM_BLOCKS.key] or 0)
+        # the pool and its multiples are points of the curve: what a rerun at a quarter,
+        # half, twice or four times the pool is predicted to hit
+        sizes = (pool, *(int(pool * scale) for scale in CURVE_POOL_MULTIPLES))
         curve = self.tracker.hit_rate_curve(
-            self.tracker.num_prompt_tokens, (pool,), engine.config.cache.watermark
+            self.tracker.num_prompt_tokens, sizes, engine.config.cache.watermark
         )
         predicted = curve.at(pool) if curve.num_blocks and pool else None
         summary[mk.PREFIX_CACHE_HIT_RATE_PREDICTED.key] = predicted

@@ -168,18 +168,21 @@ def _latency_lines(summary: Mapping[str, Any]) -> list[str]:
 
 
 CURVE_TABLE_ROWS = 12  # the hit-rate curve's rows in the text report
+CURVE_POOL_MULTIPLES = (0.25, 0.5, 2.0, 4.0)
+"""Multiples of the run's pool that the driver puts on the curve, and the report shows."""
 
 
 def curve_rows(curve: Any, pool_blocks: Any, rows: int = CURVE_TABLE_ROWS) -> list[list[Any]]:
     """About ``rows`` points of a hit-rate curve ([[blocks, hit rate], ...], sizes
-    ascending), evenly spaced along it, with its last point and the point at
-    ``pool_blocks`` when the curve has one."""
+    ascending), evenly spaced along it, with its last point and the points at
+    ``pool_blocks`` and its ``CURVE_POOL_MULTIPLES`` when the curve has them."""
     points = [list(p) for p in curve or []]
     if len(points) <= rows:
         return points
     step = (len(points) - 1) / (rows - 1)
     chosen = {round(i * step) for i in range(rows)}
-    chosen |= {i for i, p in enumerate(points) if p[0] == pool_blocks}
+    marked = {pool_blocks} | {int(pool_blocks * m) for m in CURVE_POOL_MULTIPLES if pool_blocks}
+    chosen |= {i for i, p in enumerate(points) if p[0] in marked}
     return [points[i] for i in sorted(chosen)]
 
 
@@ -197,6 +200,9 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
     for blocks, rate in curve_rows(curve, pool):
         gb = "-" if not block_bytes else f"{blocks * block_bytes / 1e9:,.2f}"
         mark = "  <- this pool" if blocks == pool else ""
+        for multiple in CURVE_POOL_MULTIPLES:
+            if pool and blocks != pool and blocks == int(pool * multiple):
+                mark = f"  <- {multiple:g}x this pool"
         text = NOT_PREDICTED if rate is None else f"{_perc(rate):>10}"
         lines.append(f"  {blocks:>12,}{gb:>10}  {text}{mark}")
     return lines + [""]
