@@ -15,7 +15,8 @@ process's so far. Workloads of more than 10,000 requests stream (``WorkloadDrive
 requests are drawn as the run needs them and released when they finish.
 
 Goal: 1,000,000 ShareGPT requests in under 20 minutes and under 4 GiB peak memory on 2
-cores. Absolute times are this machine's only.
+cores. Absolute times are this machine's only; the load average printed before and after
+says how busy the machine was.
 
     python benchmarks/bench_simulator.py [--counts 1000,10000,100000,1000000]
         [--workload sharegpt|shared_prefix|...] [--no-isolate]
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -141,7 +143,19 @@ def main() -> None:
         print(json.dumps(list(measure(args.one, *overrides))))
         return
     counts = [int(c) for c in args.counts.split(",")]
+    print(_load_average("at the start"), flush=True)
     run(counts, workload=args.workload, isolate=not args.no_isolate)
+    print(_load_average("at the end"), flush=True)
+
+
+def _load_average(when: str) -> str:
+    """The machine's load average (1, 5, 15 minutes) on a line: other processes on a
+    shared machine slow the wall time and, less, the CPU time."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return f"load average {when}: unknown"
+    return f"load average {when} (1, 5, 15 min): {one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from typing import Any, cast
 from enginekit import metric_keys as mk
 from enginekit.engine import Engine, RunResult
 from enginekit.errors import RequestRejectedError
+from enginekit.report import CURVE_POOL_MULTIPLES
 from enginekit.request import RequestOutput, SamplingParams
 from enginekit.reuse import ReuseTracker
 from enginekit.workloads.sources import open_workload
@@ -61,6 +62,10 @@ class WorkloadDriver:
         self._followers: dict[str, list[TrafficRequest]] = {}
         self._latest_arrival = float("-inf")  # of the first turns added
         self._num_added_since_step = 0
+        # streaming keeps up to this many requests waiting (read once: a config node's
+        # attributes cost tens of microseconds to read)
+        self._max_num_waiting = engine.limits.max_num_seqs + 1
+        self._sampling: dict[tuple[int, int, int], SamplingParams] = {}  # shared, frozen
         self.tracker = ReuseTracker(engine.kv_spec.block_size)
         # (arrival, order, id, prompt, scripted output, salt): added, not yet tracked
         self._untracked: list[tuple[float, int, str, TokenIds, TokenIds, Any]] = []
@@ -126,7 +131,7 @@ class WorkloadDriver:
         try:
             self.engine.add_request(  # int arrays are token ids to add_request too
                 cast(Sequence[int], prompt),
-                _sampling_of(item),
+                self._sampling_of(item),
                 request_id=item.request_id,
                 arrival_time=arrival_time,
                 extra_key=item.extra_key,
@@ -152,12 +157,24 @@ class WorkloadDriver:
         heapq.heappush(self._untracked, entry)
         return 1
 
+    def _sampling_of(self, item: TrafficRequest) -> SamplingParams:
+        """A generated request runs to its scripted length (its random tokens may hold
+        EOS). One frozen SamplingParams per distinct (max_tokens, n, beam_width): checking
+        its fields costs more than the rest of adding a request."""
+        key = (item.max_tokens, item.n, item.beam_width)
+        sampling = self._sampling.get(key)
+        if sampling is None:
+            sampling = self._sampling[key] = SamplingParams(
+                max_tokens=item.max_tokens, ignore_eos=True, n=item.n, beam_width=item.beam_width
+            )
+        return sampling
+
     def _top_up(self) -> int:
         """Streaming: adds the first turns that have arrived while fewer than
         ``max_num_seqs + 1`` wait, and the next future arrival (with its ties) when the
         engine has none. Returns how many were accepted."""
         engine = self.engine
-        target = engine.config.scheduler.max_num_seqs + 1
+        target = self._max_num_waiting
         num_accepted = 0
         while self._next is not None:
             arrival = self._next.arrival_time
@@ -178,10 +195,22 @@ class WorkloadDriver:
         queued. Streaming releases the finished requests."""
         if self.stream:
             self._top_up()
-        finished = self.engine.step()
+        engine = self.engine
+        finished = engine.step()
         self._num_added_since_step = 0
-        self._track(self.engine.clock)
-        token_granular = self.engine.cache.prefix.token_granular
+        self._track(engine.clock)
+        cache = engine.cache
+        block_size = cache.block_size
+        self.tracker.record_pinned(
+            engine.clock,
+            cache.num_blocks - cache.num_reclaimable_blocks(),
+            sum(
+                (len(output.prompt_token_ids) + sum(map(len, output.samples))) // block_size
+                + len(output.samples)
+                for output in finished
+            ),
+        )
+        token_granular = cache.prefix.token_granular
         for output in finished:
             self.tracker.finish(
                 output.request_id,
@@ -192,7 +221,7 @@ class WorkloadDriver:
             )
             self._add_followers(output)
             if self.stream:
-                self.engine.release_request(output.request_id)
+                engine.release_request(output.request_id)
         return finished
 
     def has_unfinished_requests(self) -> bool:
@@ -234,12 +263,21 @@ class WorkloadDriver:
         ):
             summary[key.key] = count / total if total else None
         pool = int(summary[mk.KV_CACHE_NUM_BLOCKS.key] or 0)
-        curve = self.tracker.hit_rate_curve(self.tracker.num_prompt_tokens, (pool,))
+        # the pool and its multiples are points of the curve: what a rerun at a quarter,
+        # half, twice or four times the pool is predicted to hit
+        sizes = (pool, *(int(pool * scale) for scale in CURVE_POOL_MULTIPLES))
+        curve = self.tracker.hit_rate_curve(
+            self.tracker.num_prompt_tokens, sizes, engine.config.cache.watermark
+        )
         predicted = curve.at(pool) if curve.num_blocks and pool else None
         summary[mk.PREFIX_CACHE_HIT_RATE_PREDICTED.key] = predicted
+        # sizes that would have queued or preempted differently are not predicted; the
+        # run's own pool ran this very schedule
         summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key] = [
-            [size, rate] for size, rate in zip(curve.num_blocks, curve.hit_rate, strict=True)
+            [size, rate if curve.is_predicted(size) or size == pool else None]
+            for size, rate in zip(curve.num_blocks, curve.hit_rate, strict=True)
         ]
+        summary[mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key] = curve.min_num_blocks or None
         summary[mk.WORKLOAD_SOURCE.key] = self.workload.source if self.workload else None
         return summary
 
@@ -279,10 +317,3 @@ class WorkloadDriver:
                 self._num_rejected + self._num_accepted,
                 self._first_rejection,
             )
-
-
-def _sampling_of(item: TrafficRequest) -> SamplingParams:
-    """A generated request runs to its scripted length (its random tokens may hold EOS)."""
-    return SamplingParams(
-        max_tokens=item.max_tokens, ignore_eos=True, n=item.n, beam_width=item.beam_width
-    )

@@ -261,7 +261,7 @@ class Engine:
         update = self.scheduler.update(scheduled, output)
         finished = self._finish(update)
         self._record(scheduled, output.step_time_s, update)
-        return [RequestOutput.of(root) for root in finished]
+        return finished
 
     def _admit_arrivals(self) -> None:
         if not self.scheduler.num_unfinished and self._pending:
@@ -290,22 +290,25 @@ class Engine:
                 "scheduler made no progress with requests waiting and nothing running"
             )
 
-    def _finish(self, update: StepUpdate) -> list[Request]:
+    def _finish(self, update: StepUpdate) -> list[RequestOutput]:
         """Stamps the step's first tokens and finished sequences with the clock; returns the
-        requests (roots) whose every sample has now finished."""
+        outputs of the requests (roots) whose every sample has now finished."""
         for request in update.first_tokens:
             request.first_token_time = self.clock
             if request.parent is None:
                 self.metrics.on_first_token(request.request_id, self.clock)
         roots: list[Request] = []
+        outputs: list[RequestOutput] = []
         for request in update.finished:
             request.finish_time = self.clock
             root = request.parent or request
             if root.is_group_finished and root not in roots:
                 roots.append(root)
-                num_outputs = sum(map(len, RequestOutput.of(root).samples))
+                output = RequestOutput.of(root)
+                outputs.append(output)
+                num_outputs = sum(map(len, output.samples))
                 self.metrics.on_request_finished(root.request_id, self.clock, num_outputs)
-        return roots
+        return outputs
 
     def _record(self, scheduled: SchedulerOutput, step_time_s: float, update: StepUpdate) -> None:
         """Feeds the step to the metrics: the scheduler's stats and the cache's usage."""

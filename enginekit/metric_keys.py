@@ -199,8 +199,17 @@ PREFIX_CACHE_HIT_RATE_CURVE = MetricKey(
     "prefix_cache_hit_rate_curve",
     "hit rate by cache size",
     Unit.CURVE,
-    "[blocks, hit rate] of an LRU block_hash cache of that many blocks on the run's "
-    "block accesses (LRU stack distances), up to the size that holds every reuse",
+    "[blocks, hit rate] of an LRU block_hash pool of that many blocks on the run's block "
+    "accesses (LRU stack distances among unreferenced blocks, the run's referenced blocks "
+    "taken out of the pool), up to the size that holds every reuse; hit rate None where "
+    "the pool would have queued or preempted (not predicted)",
+)
+PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS = MetricKey(
+    "prefix_cache_hit_rate_curve_min_blocks",
+    "hit-rate curve predicted from",
+    Unit.BLOCKS,
+    "the smallest pool that runs this run's schedule: its peak of referenced blocks with "
+    "the admission watermark to spare (below it the curve is not predicted)",
 )
 WORKLOAD_SOURCE = MetricKey(
     "workload_source",
@@ -360,6 +369,7 @@ SUMMARY_KEYS: tuple[MetricKey, ...] = (
     PREFIX_CACHE_MISS_COMPULSORY,
     PREFIX_CACHE_HIT_RATE_PREDICTED,
     PREFIX_CACHE_HIT_RATE_CURVE,
+    PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS,
     WORKLOAD_SOURCE,
     KV_CACHE_NUM_BLOCKS,
     KV_CACHE_BLOCK_BYTES,
@@ -402,6 +412,7 @@ ADDED_BY_DRIVER: tuple[MetricKey, ...] = (
     PREFIX_CACHE_MISS_COMPULSORY,
     PREFIX_CACHE_HIT_RATE_PREDICTED,
     PREFIX_CACHE_HIT_RATE_CURVE,
+    PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS,
     WORKLOAD_SOURCE,
 )
 """The keys ``enginekit.driver.WorkloadDriver`` adds to the engine's summary of a

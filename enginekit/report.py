@@ -95,6 +95,7 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
             mk.PREFIX_CACHE_MISS_OTHER_KEY,
             mk.PREFIX_CACHE_MISS_COMPULSORY,
             mk.PREFIX_CACHE_HIT_RATE_PREDICTED,
+            mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS,
         ),
     ),
     (
@@ -167,18 +168,21 @@ def _latency_lines(summary: Mapping[str, Any]) -> list[str]:
 
 
 CURVE_TABLE_ROWS = 12  # the hit-rate curve's rows in the text report
+CURVE_POOL_MULTIPLES = (0.25, 0.5, 2.0, 4.0)
+"""Multiples of the run's pool that the driver puts on the curve, and the report shows."""
 
 
 def curve_rows(curve: Any, pool_blocks: Any, rows: int = CURVE_TABLE_ROWS) -> list[list[Any]]:
     """About ``rows`` points of a hit-rate curve ([[blocks, hit rate], ...], sizes
-    ascending), evenly spaced along it, with its last point and the point at
-    ``pool_blocks`` when the curve has one."""
+    ascending), evenly spaced along it, with its last point and the points at
+    ``pool_blocks`` and its ``CURVE_POOL_MULTIPLES`` when the curve has them."""
     points = [list(p) for p in curve or []]
     if len(points) <= rows:
         return points
     step = (len(points) - 1) / (rows - 1)
     chosen = {round(i * step) for i in range(rows)}
-    chosen |= {i for i, p in enumerate(points) if p[0] == pool_blocks}
+    marked = {pool_blocks} | {int(pool_blocks * m) for m in CURVE_POOL_MULTIPLES if pool_blocks}
+    chosen |= {i for i, p in enumerate(points) if p[0] in marked}
     return [points[i] for i in sorted(chosen)]
 
 
@@ -189,14 +193,23 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
     pool = summary.get(mk.KV_CACHE_NUM_BLOCKS.key)
     block_bytes = summary.get(mk.KV_CACHE_BLOCK_BYTES.key)
     lines = [
-        "== hit rate by cache size (LRU stack distances of this run's block accesses) ==",
-        f"  {'blocks':>12}{'GB':>10}{'hit rate':>12}",
+        "== hit rate by cache size (LRU stack distances of this run's block accesses, "
+        "its referenced blocks taken out of the pool) ==",
+        f"  {'blocks':>12}{'GB':>10}  {'hit rate':>10}",
     ]
     for blocks, rate in curve_rows(curve, pool):
         gb = "-" if not block_bytes else f"{blocks * block_bytes / 1e9:,.2f}"
         mark = "  <- this pool" if blocks == pool else ""
-        lines.append(f"  {blocks:>12,}{gb:>10}{_perc(rate):>12}{mark}")
+        for multiple in CURVE_POOL_MULTIPLES:
+            if pool and blocks != pool and blocks == int(pool * multiple):
+                mark = f"  <- {multiple:g}x this pool"
+        text = NOT_PREDICTED if rate is None else f"{_perc(rate):>10}"
+        lines.append(f"  {blocks:>12,}{gb:>10}  {text}{mark}")
     return lines + [""]
+
+
+NOT_PREDICTED = "would queue or preempt: not predicted"
+"""The curve's text where a pool would not have run the run's schedule."""
 
 
 def render_report(summary: Mapping[str, Any], header: Mapping[str, Any]) -> str:
@@ -252,18 +265,28 @@ CURVE_PNG = "hit_rate_curve.png"
 def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
     """Draws the summary's hit-rate curve (hit rate against cache blocks, log scale) as
     a PNG at ``path``, with the run's pool marked: its size, the hit rate the curve
-    predicts there and the one the run measured at first admissions, and the ideal.
-    Returns the path. Headless (matplotlib's Agg canvas)."""
+    predicts there and the one the run measured at first admissions, and the ideal; the
+    sizes that would not have run the run's schedule are shaded (not predicted). Returns
+    the path. Headless (matplotlib's Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    curve = summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key]
+    curve = [p for p in summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key] if p[1] is not None]
     sizes = [p[0] for p in curve]
     rates = [100 * p[1] for p in curve]
     figure = Figure(figsize=(7, 4.2))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     axes.plot(sizes, rates, color="tab:blue", label="LRU block_hash, predicted")
+    smallest = summary.get(mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key)
+    if smallest:
+        axes.axvspan(
+            min(sizes + [smallest]) / 2,
+            smallest,
+            color="gray",
+            alpha=0.15,
+            label=f"would queue or preempt: not predicted (< {smallest:,} blocks)",
+        )
     ideal = summary.get(mk.PREFIX_CACHE_HIT_RATE_IDEAL.key)
     if ideal is not None:
         axes.axhline(100 * ideal, color="gray", linestyle=":", label="ideal (unbounded)")
@@ -278,7 +301,7 @@ def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
     axes.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
     axes.set_ylim(0, 100)
     axes.grid(True, alpha=0.3)
-    axes.legend(loc="upper left", fontsize=8)
+    axes.legend(loc="lower right", fontsize=8)
     axes.set_title("What more memory would buy: hit rate by cache size")
     figure.tight_layout()
     path = Path(path)

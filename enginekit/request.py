@@ -128,6 +128,9 @@ def as_token_ids(name: str, value: object, expected: str = "a list of token ids"
     checks (the vocabulary) are the caller's."""
     tolist = getattr(value, "tolist", None)
     items = tolist() if callable(tolist) and not isinstance(value, list | tuple) else value
+    dtype_kind = getattr(getattr(value, "dtype", None), "kind", "")
+    if type(items) is list and dtype_kind in ("i", "u") and getattr(value, "ndim", 0) == 1:
+        return items  # a 1-d numpy integer array's new list: Python ints only
     if isinstance(items, str | bytes | bytearray) or not isinstance(items, Sequence):
         raise InvalidRequestError(f"{name} must be {expected}, got {type(value).__name__}")
     tokens = list(items)

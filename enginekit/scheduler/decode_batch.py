@@ -15,19 +15,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from enginekit.request import Request, RequestStatus
-
-
-class _Calendar(NamedTuple):
-    """A batch's coming events by member index, for its membership at one clock."""
-
-    fills: dict[int, list[int]]  # (-clock) % block_size -> members filling a block then
-    dues: dict[int, list[int]]  # clock -> members reaching their max_tokens then
 
 
 class DecodeBatch:
@@ -55,8 +47,6 @@ class DecodeBatch:
         self._max_num_tokens = np.zeros(0, dtype=np.int64)
         self._stops_at_eos = np.zeros(0, dtype=bool)
         self._stop_indices: list[int] = []  # members with stop_token_ids
-        self._clock = 0  # steps whose tokens the batch has appended
-        self._calendar: _Calendar | None = None  # None: to rebuild (membership changed)
         # Bumped by every change of membership: the scheduler checks that the batch it
         # scheduled is the one its tokens come back for.
         self.version = 0
@@ -71,6 +61,10 @@ class DecodeBatch:
         compute) behind the members."""
         if not requests:
             return
+        first = len(self.requests)
+        self._stop_indices = self._stop_indices + [
+            first + k for k, r in enumerate(requests) if r.sampling.stop_token_ids
+        ]
         self.requests = self.requests + list(requests)
         self.seq_ids = self.seq_ids + [r.seq_id for r in requests]
         self.last_token_ids = self.last_token_ids + [r.token_ids[-1] for r in requests]
@@ -113,28 +107,15 @@ class DecodeBatch:
         self._num_tokens = self._num_tokens[index]
         self._max_num_tokens = self._max_num_tokens[index]
         self._stops_at_eos = self._stops_at_eos[index]
+        if self._stop_indices:
+            self._stop_indices = [
+                i for i, r in enumerate(self.requests) if r.sampling.stop_token_ids
+            ]
         self._changed()
 
     def _changed(self) -> None:
-        """After a change of membership: the indices of members change."""
-        self._stop_indices = [i for i, r in enumerate(self.requests) if r.sampling.stop_token_ids]
-        self._calendar = None
+        """After a change of membership (the indices of members change)."""
         self.version += 1
-
-    def _events(self) -> _Calendar:
-        """When each member next fills a block and when it reaches its max_tokens, as
-        ``_Calendar`` keys (built once per membership: every member gains one token per
-        step, so these stay true until the members change)."""
-        if self._calendar is None:
-            clock, block_size = self._clock, self._block_size
-            fills: dict[int, list[int]] = {}
-            dues: dict[int, list[int]] = {}
-            limits = zip(self._num_tokens.tolist(), self._max_num_tokens.tolist(), strict=True)
-            for i, (num_tokens, max_num_tokens) in enumerate(limits):
-                fills.setdefault((num_tokens - clock) % block_size, []).append(i)
-                dues.setdefault(clock + max_num_tokens - num_tokens, []).append(i)
-            self._calendar = _Calendar(fills, dues)
-        return self._calendar
 
     # -- a step ----------------------------------------------------------------------------
 
@@ -154,7 +135,10 @@ class DecodeBatch:
         indices of the members whose last block this fills, ascending."""
         for request, num_tokens in zip(self.requests, context_lens, strict=True):
             request.num_computed_tokens = num_tokens
-        return self._events().fills.get(-self._clock % self._block_size, [])
+        # One pass over the array each step: membership changes nearly every step in
+        # steady serving, so an index of coming events would be rebuilt as often.
+        filled: list[int] = np.flatnonzero(self._num_tokens % self._block_size == 0).tolist()
+        return filled
 
     def append(self, token_ids: list[int]) -> list[Request]:
         """Appends ``token_ids[i]`` to member i (``token_ids``: one per member, owned by
@@ -167,9 +151,8 @@ class DecodeBatch:
         deque(map(list.append, self._token_lists, token_ids), maxlen=0)
         self.last_token_ids = token_ids
         self._num_tokens += 1
-        self._clock += 1
         stopped = self._stopped(token_ids)
-        at_length = self._events().dues.get(self._clock, [])
+        at_length = np.flatnonzero(self._num_tokens >= self._max_num_tokens).tolist()
         if not stopped and not at_length:
             return []
         finished_indices = sorted(set(stopped).union(at_length))
@@ -235,12 +218,3 @@ class DecodeBatch:
         stop_indices = [i for i, r in enumerate(self.requests) if r.sampling.stop_token_ids]
         if self._stop_indices != stop_indices:
             raise RuntimeError("the decode batch's stop-id index is stale")
-        events = self._events()
-        fills = {i for i in range(n) if self._num_tokens[i] % self._block_size == 0}
-        if set(events.fills.get(-self._clock % self._block_size, [])) != fills:
-            raise RuntimeError("the decode batch's block-fill calendar is stale")
-        for due, members in events.dues.items():
-            if any(
-                self._max_num_tokens[i] - self._num_tokens[i] != due - self._clock for i in members
-            ):
-                raise RuntimeError("the decode batch's max_tokens calendar is stale")

@@ -212,6 +212,7 @@ def single_turn(
     """The ``single`` mode's ``config.num_requests`` requests (module docstring). The
     first pass tokenizes as it goes (a short run tokenizes only what it uses); later
     passes replay the kept pairs in fresh orders."""
+    num_requests = config.num_requests  # read once: a config node is slow to read
     order_seed, arrivals_seed = np.random.SeedSequence(config.seed).spawn(2)
     order_rng = np.random.default_rng(order_seed)
     candidates = np.array(
@@ -221,21 +222,21 @@ def single_turn(
     kept: list[tuple[np.ndarray, np.ndarray]] = []
     count = 0
     for pair in _single_pairs(file, encoder, max_model_len, order_rng.permutation(candidates)):
-        if count == config.num_requests:
+        if count == num_requests:
             return
         kept.append(pair)
         yield TrafficRequest(f"req-{count}", pair[0], pair[1], next(arrivals), len(pair[1]))
         count += 1
-    if count < config.num_requests and not kept:
+    if count < num_requests and not kept:
         raise ConfigError(
             f"no ShareGPT conversation passes the filter within max_model_len={max_model_len}"
         )
-    while count < config.num_requests:
+    while count < num_requests:
         for index in order_rng.permutation(len(kept)).tolist():
             prompt, output = kept[index]
             yield TrafficRequest(f"req-{count}", prompt, output, next(arrivals), len(output))
             count += 1
-            if count == config.num_requests:
+            if count == num_requests:
                 return
 
 
@@ -281,6 +282,7 @@ def multi_turn(
         raise ConfigError(f"workload.think_time_s must be >= 0, got {config.think_time_s}")
     if config.max_output_len < 1:
         raise ConfigError(f"workload.max_output_len must be >= 1, got {config.max_output_len}")
+    num_requests, think_time_s = config.num_requests, config.think_time_s  # read once
     order_seed, arrivals_seed, think_seed = np.random.SeedSequence(config.seed).spawn(3)
     order_rng, think_rng = np.random.default_rng(order_seed), np.random.default_rng(think_seed)
     arrivals = _arrivals(config, np.random.default_rng(arrivals_seed))
@@ -292,7 +294,7 @@ def multi_turn(
     sessions: list[list[tuple[np.ndarray, np.ndarray]]] = []  # kept for later passes
     count, session = 0, 0
     first_pass = True
-    while count < config.num_requests:
+    while count < num_requests:
         if first_pass:
             order = order_rng.permutation(len(file.conversations)).tolist()
             source = (
@@ -314,11 +316,9 @@ def multi_turn(
                 sessions.append(turns)
             start = next(arrivals)
             previous = None
-            for k, (prompt, reply) in enumerate(turns[: config.num_requests - count]):
+            for k, (prompt, reply) in enumerate(turns[: num_requests - count]):
                 request_id = f"s{session}-t{k}"
-                think = (
-                    0.0 if previous is None else float(think_rng.exponential(config.think_time_s))
-                )
+                think = 0.0 if previous is None else float(think_rng.exponential(think_time_s))
                 yield TrafficRequest(
                     request_id,
                     prompt,
@@ -331,7 +331,7 @@ def multi_turn(
                 previous = request_id
                 count += 1
             session += 1
-            if count >= config.num_requests:
+            if count >= num_requests:
                 return
         first_pass = False
 

@@ -20,10 +20,11 @@ attention sinks (``shape.attention_sinks``) that lie outside it: a query seeing 
 attends ``min(L, window) + min(sinks, max(0, L - window))``. An empty step (no prefill, no
 decode) costs nothing: no kernel is launched.
 
-Tokens: each sequence returns its scripted output ids in order, one per appearance in
-``sample_seq_ids``; its count survives preemption (the re-prefill's sample continues the
-script). Past the script's end it returns a pseudo-random id derived from (seq_id,
-output position) only, so runs are deterministic and independent of batching.
+Tokens (``ScriptedTokens``): each sequence returns its scripted output ids in order, one
+per appearance in ``sample_seq_ids``; its count survives preemption (the re-prefill's
+sample continues the script). Past the script's end it returns ``fallback_token_id(seq_id,
+output position)``, a pseudo-random id of those two only, so runs are deterministic and
+independent of batching.
 """
 
 from __future__ import annotations
@@ -31,12 +32,11 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
-import numpy as np
-
 from enginekit.executor.base import Executor
+from enginekit.executor.sim.tokens import ScriptedTokens, fallback_token_id
 from enginekit.request import SamplingParams
 from enginekit.spec.hardware import HardwareSpec
 from enginekit.spec.kv import KVSpec
@@ -46,8 +46,6 @@ from enginekit.step import ModelOutput, SchedulerOutput
 STEP_OVERHEAD_S = 30e-6
 """Fixed cost of every non-empty step: kernel launches of one CUDA-graph replay, the sampler
 and the host<->device hand-off of a batch, which a well-tuned engine keeps to tens of µs."""
-
-_MASK64 = (1 << 64) - 1
 
 
 class StepCost(NamedTuple):
@@ -63,38 +61,6 @@ class StepCost(NamedTuple):
 
 
 _EMPTY_COST = StepCost(0, 0, 0.0, 0.0, 0.0, False)
-
-
-_MIX_SEQ = 0x9E3779B97F4A7C15
-_MIX_POS = 0xD1B54A32D192ED03
-_MIX_ADD = 0x94D049BB133111EB
-_MIX_1 = 0xBF58476D1CE4E5B9
-_MIX_2 = 0x94D049BB133111EB
-_FALLBACK_CHUNK = 64  # fallback ids are computed this many at a time, vectorized
-
-
-def fallback_token_id(seq_id: int, position: int, vocab_size: int) -> int:
-    """The id returned for output ``position`` of ``seq_id`` once its script is exhausted:
-    a SplitMix64 finalizer of ``seq_id·A + position·B + C`` (mod 2**64), reduced to
-    ``[0, vocab_size)``. The scalar specification of ``_fallback_tokens``."""
-    x = (seq_id * _MIX_SEQ + position * _MIX_POS + _MIX_ADD) & _MASK64
-    x = ((x ^ (x >> 30)) * _MIX_1) & _MASK64
-    x = ((x ^ (x >> 27)) * _MIX_2) & _MASK64
-    return (x ^ (x >> 31)) % vocab_size
-
-
-def _fallback_tokens(seq_id: int, start: int, vocab_size: int) -> Iterator[int]:
-    """``fallback_token_id(seq_id, p, vocab_size)`` for p = start, start + 1, ...; numpy
-    uint64 arithmetic wraps mod 2**64 exactly like the masked scalar version."""
-    base = np.uint64((seq_id * _MIX_SEQ + _MIX_ADD) & _MASK64)
-    step = np.arange(_FALLBACK_CHUNK, dtype=np.uint64) * np.uint64(_MIX_POS)
-    for first in itertools.count(start, _FALLBACK_CHUNK):
-        with np.errstate(over="ignore"):
-            x = base + np.uint64((first * _MIX_POS) & _MASK64) + step
-            x = (x ^ (x >> np.uint64(30))) * np.uint64(_MIX_1)
-            x = (x ^ (x >> np.uint64(27))) * np.uint64(_MIX_2)
-            x = (x ^ (x >> np.uint64(31))) % np.uint64(vocab_size)
-        yield from x.tolist()
 
 
 def _causal_pairs(start: int, length: int, window: int | None) -> int:
@@ -128,9 +94,13 @@ def _sink_pairs(start: int, length: int, window: int, sinks: int) -> int:
     return upto(start + length) - upto(start)
 
 
+__all__ = ["STEP_OVERHEAD_S", "SimExecutor", "StepCost", "fallback_token_id"]
+
+
 class SimExecutor(Executor):
-    """Simulated executor. Per-sequence state: a token iterator, from ``add_sequence`` until
-    the step whose ``finished_seq_ids`` lists the sequence. ``last_cost`` is the roofline
+    """Simulated executor. Per-sequence state: its script and output position (in
+    ``ScriptedTokens``), from ``add_sequence`` until the step whose ``finished_seq_ids``
+    lists the sequence. ``last_cost`` is the roofline
     of the latest step; ``num_steps``, ``num_compute_bound_steps`` and ``busy_time_s``
     accumulate over non-empty steps. A forked sample draws pseudo-random tokens."""
 
@@ -164,7 +134,8 @@ class SimExecutor(Executor):
         self._effective_flops = hw.effective_flops
         self._effective_bandwidth = hw.effective_bandwidth
         self._vocab_size = shape.vocab_size
-        self._streams: dict[int, Iterator[int]] = {}
+        self._block_transfer_s = hw.block_transfer_s(kv_spec.bytes_per_block)
+        self._tokens = ScriptedTokens(shape.vocab_size)
         self._beam_widths: dict[int, int] = {}  # beam-search sequences: their beam width
         self.last_cost: StepCost = _EMPTY_COST
         self.num_steps = 0
@@ -180,18 +151,15 @@ class SimExecutor(Executor):
     ) -> None:
         """Registers ``seq_id``; raises ValueError if it is already registered (a preempted
         sequence stays registered and must not be added again)."""
-        if seq_id in self._streams:
+        if seq_id in self._tokens:
             raise ValueError(f"sequence {seq_id} is already registered with the executor")
-        script = tuple(scripted_output_ids or ())
-        self._streams[seq_id] = itertools.chain(
-            script, _fallback_tokens(seq_id, len(script), self._vocab_size)
-        )
+        self._tokens.add(seq_id, scripted_output_ids or (), seq_id)
         if sampling.beam_width > 1:
             self._beam_widths[seq_id] = sampling.beam_width
 
     @property
     def num_sequences(self) -> int:
-        return len(self._streams)
+        return len(self._tokens)
 
     def step_cost(self, scheduled: SchedulerOutput) -> StepCost:
         """The roofline of ``scheduled``, without running it. Pure."""
@@ -236,7 +204,7 @@ class SimExecutor(Executor):
         memory_s = num_bytes / self._effective_bandwidth
         is_compute_bound = compute_s > memory_s
         num_swapped = len(scheduled.swap_outs) + len(scheduled.swap_ins)
-        swap_s = num_swapped * self.hw.block_transfer_s(self.kv_spec.bytes_per_block)
+        swap_s = num_swapped * self._block_transfer_s
         step_s = (compute_s if is_compute_bound else memory_s) + swap_s + STEP_OVERHEAD_S
         return StepCost(flops, num_bytes, compute_s, memory_s, step_s, is_compute_bound)
 
@@ -244,14 +212,15 @@ class SimExecutor(Executor):
         """Forgets ``finished_seq_ids`` (unknown ids are ignored), costs the step into
         ``last_cost`` and returns the next token of every ``sample_seq_ids`` entry. Raises
         KeyError for a sampled sequence that was never added."""
-        streams = self._streams
+        tokens = self._tokens
         for seq_id in scheduled.finished_seq_ids:
-            streams.pop(seq_id, None)
+            tokens.remove(seq_id)
             self._beam_widths.pop(seq_id, None)
         for fork in scheduled.forks:  # a sample of its own: pseudo-random tokens that depend
             # on the request and the sample's index only, as a seeded sampler's would
             key = (fork.parent_seq_id + 1) * 1_000_003 + fork.sample_index
-            streams[fork.child_seq_id] = _fallback_tokens(key, 0, self._vocab_size)
+            tokens.remove(fork.child_seq_id)
+            tokens.add(fork.child_seq_id, (), key)
             if fork.parent_seq_id in self._beam_widths:
                 self._beam_widths[fork.child_seq_id] = self._beam_widths[fork.parent_seq_id]
         cost = self.step_cost(scheduled)
@@ -260,10 +229,10 @@ class SimExecutor(Executor):
             self.num_steps += 1
             self.num_compute_bound_steps += cost.is_compute_bound
             self.busy_time_s += cost.step_time_s
-        tokens = list(map(next, map(streams.__getitem__, scheduled.sample_seq_ids)))
+        next_token_ids = tokens.draw(scheduled.sample_seq_ids)
         if not self._beam_widths:
-            return ModelOutput(tokens, cost.step_time_s)
-        return ModelOutput(tokens, cost.step_time_s, self._beam_candidates(scheduled))
+            return ModelOutput(next_token_ids, cost.step_time_s)
+        return ModelOutput(next_token_ids, cost.step_time_s, self._beam_candidates(scheduled))
 
     def _beam_candidates(self, scheduled: SchedulerOutput) -> list[list[tuple[int, float]]]:
         """For each sampled beam sequence: 2 × beam_width pseudo-random continuations with

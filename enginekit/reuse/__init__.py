@@ -1,0 +1,22 @@
+"""What a run's traffic could reuse: the ideal prefix hits, why each missed prompt token
+missed (``ReuseTracker``, in ``enginekit.reuse.tracker``), and the hit rate the same
+traffic would get at every cache size (``enginekit.reuse.curve``)."""
+
+from enginekit.reuse.curve import (
+    NUM_CURVE_POINTS,
+    AccessStream,
+    HitRateCurve,
+    min_pool_sizes,
+    stack_distances,
+)
+from enginekit.reuse.tracker import MissCounts, ReuseTracker
+
+__all__ = [
+    "NUM_CURVE_POINTS",
+    "AccessStream",
+    "HitRateCurve",
+    "MissCounts",
+    "ReuseTracker",
+    "min_pool_sizes",
+    "stack_distances",
+]
