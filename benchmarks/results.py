@@ -307,10 +307,11 @@ def proxies_section(results: Sequence[kernel_proxies.KernelStats | str] | None =
     GPU needed): registers, spills, shared memory and main-loop instructions per key of a
     tile, for each configuration (``results``: already measured ones, e.g. in tests)."""
     if results is None:
-        if kernel_proxies.tool_problem() is not None:
+        problem = kernel_proxies.tool_problem()
+        if problem is not None:
             return (
                 f"{PROXIES_HEADING}\n\nNot measured: this machine has no offline sm_90a "
-                f"toolchain ({kernel_proxies.tool_problem()}).\n"
+                f"toolchain ({problem}).\n"
             )
         results = kernel_proxies.measure_all(kernel_proxies.ci_grid())
     stats = [r for r in results if not isinstance(r, str)]

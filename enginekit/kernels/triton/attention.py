@@ -52,6 +52,8 @@ from enginekit.kernels.triton.quant import KIND_IDS
 from enginekit.kernels.triton.runtime import is_interpreter
 from enginekit.kernels.triton.tiles import (
     attended_positions,
+    attended_span,
+    fp8_scales,
     load_kv_tile,
     query_operand,
     scores,
@@ -96,21 +98,11 @@ def _decode_kernel(
     )
     q = query_operand(q, DOT_DTYPE)
     ctx = tl.load(ctx_ptr + seq)
-    lo = 0
-    sink_end = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(ctx - window, 0)
-        sink_end = tl.minimum(lo, sinks)
-    num_keys = sink_end + ctx - lo
+    lo, sink_end, num_keys = attended_span(ctx - 1, ctx, window, sinks, HAS_WINDOW)
     per_split = tl.cdiv(tl.cdiv(num_keys, num_splits), BLOCK_N) * BLOCK_N
     begin = split * per_split
     end = tl.minimum(begin + per_split, num_keys)
-    k_scale = 1.0
-    v_scale = 1.0
-    if KIND == 1:
-        scale_ptr = fp8_ptr + layer * stride_fl + kv_head * stride_fh
-        k_scale = tl.load(scale_ptr)
-        v_scale = tl.load(scale_ptr + stride_fkv)
+    k_scale, v_scale = fp8_scales(fp8_ptr, layer, kv_head, stride_fl, stride_fkv, stride_fh, KIND)
     tile_scale = qk_scale * k_scale
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l_sum = tl.zeros([ROWS], tl.float32)
@@ -228,18 +220,8 @@ def _prefill_kernel(
     tile_first = first_pos + tile * BLOCK_M
     hi = tl.maximum(first_pos + tl.minimum(tile * BLOCK_M + BLOCK_M, q_len), 0)
     hi = tl.where(tile * BLOCK_M < q_len, hi, 0)
-    lo = 0
-    sink_end = 0
-    if HAS_WINDOW:
-        lo = tl.minimum(tl.maximum(tile_first - window + 1, 0), hi)
-        sink_end = tl.minimum(lo, sinks)
-    num_keys = sink_end + hi - lo
-    k_scale = 1.0
-    v_scale = 1.0
-    if KIND == 1:
-        scale_ptr = fp8_ptr + layer * stride_fl + kv_head * stride_fh
-        k_scale = tl.load(scale_ptr)
-        v_scale = tl.load(scale_ptr + stride_fkv)
+    lo, sink_end, num_keys = attended_span(tile_first, hi, window, sinks, HAS_WINDOW)
+    k_scale, v_scale = fp8_scales(fp8_ptr, layer, kv_head, stride_fl, stride_fkv, stride_fh, KIND)
     tile_scale = qk_scale * k_scale
     m = tl.full([BLOCK_M * GROUP_PAD], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M * GROUP_PAD], tl.float32)

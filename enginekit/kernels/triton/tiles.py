@@ -18,6 +18,32 @@ from enginekit.kernels.triton.quant import e4m3_to_float32, int4_dequantize
 
 
 @triton.jit
+def attended_span(first_pos, hi, window, sinks, HAS_WINDOW: tl.constexpr):
+    """The keys queries at positions [first_pos, hi) attend, as (lo, sink_end, n): the
+    sinks [0, sink_end) that lie before the window [lo, hi) of the first query, n keys
+    in all (without a window, everything before hi). ``hi`` = 0 gives no keys."""
+    lo = 0
+    sink_end = 0
+    if HAS_WINDOW:
+        lo = tl.minimum(tl.maximum(first_pos - window + 1, 0), hi)
+        sink_end = tl.minimum(lo, sinks)
+    return lo, sink_end, sink_end + hi - lo
+
+
+@triton.jit
+def fp8_scales(fp8_ptr, layer, kv_head, stride_fl, stride_fkv, stride_fh, KIND: tl.constexpr):
+    """(key scale, value scale) of one (layer, kv head) of an fp8 pool; (1, 1) for other
+    kinds, whose pointer is not read."""
+    k_scale = 1.0
+    v_scale = 1.0
+    if KIND == 1:
+        scale_ptr = fp8_ptr + layer * stride_fl + kv_head * stride_fh
+        k_scale = tl.load(scale_ptr)
+        v_scale = tl.load(scale_ptr + stride_fkv)
+    return k_scale, v_scale
+
+
+@triton.jit
 def attended_positions(index, sink_end, lo):
     """Positions of the attended keys numbered ``index``: the sinks ``[0, sink_end)``
     first, then the window ``[lo, ...)``. Without a window ``sink_end = lo = 0``."""
