@@ -46,30 +46,20 @@ MODEL_BYTES = 16_060_522_496  # Llama-3-8B in bfloat16 (8.03e9 parameters)
 
 def llama3_8b_config() -> dict[str, Any]:
     """config.json of a Llama-3-8B-shaped model (the simulator's ``llama-3-8b`` preset)."""
+    from enginekit.models.tiny import llama_config
     from enginekit.spec.model import model_preset
 
-    shape = model_preset("llama-3-8b")
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": shape.vocab_size,
-        "hidden_size": shape.hidden_size,
-        "intermediate_size": shape.intermediate_size,
-        "num_hidden_layers": shape.num_layers,
-        "num_attention_heads": shape.num_heads,
-        "num_key_value_heads": shape.num_kv_heads,
-        "head_dim": shape.head_dim,
-        "max_position_embeddings": shape.max_model_len,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "hidden_act": "silu",
-        "bos_token_id": 128000,
-        "eos_token_id": 128001,
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": "bfloat16",
-    }
+    return llama_config(
+        model_preset("llama-3-8b"),
+        architectures=["LlamaForCausalLM"],
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        attention_bias=False,
+        mlp_bias=False,
+        torch_dtype="bfloat16",
+    )
 
 
 def write_random_model(

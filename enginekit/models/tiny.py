@@ -20,14 +20,15 @@ import torch
 from enginekit.models.arch import ModelArch
 from enginekit.models.llama import LlamaWeights
 from enginekit.models.weights import weights_from_state_dict
-from enginekit.spec.model import model_preset
+from enginekit.spec.model import ModelShape, model_preset
 
 TINY_EOS_TOKEN_ID = 2
 
 
-def tiny_config() -> dict[str, Any]:
-    """The tiny model's config.json, as transformers would write it for a LlamaConfig."""
-    shape = model_preset("tiny")
+def llama_config(shape: ModelShape, **settings: Any) -> dict[str, Any]:
+    """A Llama config.json of ``shape``'s sizes (untied embeddings, SiLU, the shape's
+    dtype), with ``settings`` (norm epsilon, rope theta, token ids, ...) added or
+    overriding."""
     return {
         "model_type": "llama",
         "vocab_size": shape.vocab_size,
@@ -38,14 +39,22 @@ def tiny_config() -> dict[str, Any]:
         "num_key_value_heads": shape.num_kv_heads,
         "head_dim": shape.head_dim,
         "max_position_embeddings": shape.max_model_len,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
         "hidden_act": "silu",
-        "bos_token_id": 1,
-        "eos_token_id": TINY_EOS_TOKEN_ID,
         "tie_word_embeddings": False,
         "torch_dtype": shape.dtype,
+        **settings,
     }
+
+
+def tiny_config() -> dict[str, Any]:
+    """The tiny model's config.json, as transformers would write it for a LlamaConfig."""
+    return llama_config(
+        model_preset("tiny"),
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        bos_token_id=1,
+        eos_token_id=TINY_EOS_TOKEN_ID,
+    )
 
 
 def tiny_hf_config() -> Any:
