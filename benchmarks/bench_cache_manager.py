@@ -300,6 +300,8 @@ def _try_admit(cache: KVCacheManager, request: Request, is_plan_empty: bool) -> 
     and ``_schedule_chunk`` do; returns the match it kept, or None if it does not fit now
     (or, while the step already runs something, its match waits on this step)."""
     for _ in range(2):
+        if cache.still_refused(request):
+            return None
         match = cache.match(request)
         if match.num_deferred_tokens and not is_plan_empty:
             return None

@@ -266,6 +266,51 @@ def test_a_failed_admission_leaves_the_eviction_order_as_it_was(native):
     assert manager.match(request(3, tokens(17))) == PrefixMatch([0, 1, 2], 12)
 
 
+@pytest.mark.parametrize("prefix", ["block_hash", "radix"])
+def test_a_refused_request_stays_refused_until_room_frees(native, prefix):
+    manager = make_manager(native, num_blocks=8, prefix=prefix)
+    holder = request(1, tokens(24, 500))  # 6 blocks, 2 left
+    admit(manager, holder)
+    prefill(manager, holder)
+    waiting = request(2, tokens(16, 900))  # needs 4
+    assert not manager.still_refused(waiting)  # never refused: it must be matched
+    assert manager.admissible(waiting, manager.match(waiting)) is None
+    assert manager.still_refused(waiting)
+    assert not manager.still_refused(request(3, tokens(16, 900)))  # another request
+    assert not manager.still_refused(request(2, tokens(17, 900)))  # its tokens changed
+    manager.release(holder)
+    manager.check_integrity()
+    assert not manager.still_refused(waiting)
+    match = manager.match(waiting)
+    assert manager.admissible(waiting, match) == match
+    admit(manager, waiting)
+
+
+@pytest.mark.parametrize("prefix", ["block_hash", "radix"])
+def test_a_refused_request_is_matched_again_once_its_next_block_is_cached(native, prefix):
+    # The refused request's prompt continues a running one: when that one computes the
+    # block after the refused match, a longer match may fit where the room has not grown.
+    manager = make_manager(native, num_blocks=8, prefix=prefix)
+    writer = request(1, tokens(8))
+    admit(manager, writer)
+    prefill(manager, writer, 4)  # its first block is cached, its second not yet
+    other = request(3, tokens(8, 500))
+    admit(manager, other)
+    prefill(manager, other)
+    step_done(manager)
+    waiting = request(2, tokens(12) + tokens(12, 900))  # 6 blocks, 1 matched
+    match = manager.match(waiting)
+    assert match.num_tokens == 4
+    assert manager.admissible(waiting, match) is None  # 5 new blocks, room for 4
+    assert manager.still_refused(waiting)
+    prefill(manager, writer)  # computes the block after the match, room as before
+    step_done(manager)
+    assert not manager.still_refused(waiting)
+    assert manager.match(waiting).num_tokens == 8
+    manager.forget(waiting)
+    assert not manager.still_refused(waiting)
+
+
 # -- growth and eviction ------------------------------------------------------------------
 
 

@@ -184,6 +184,31 @@ def test_a_prefix_hit_is_reported_and_skips_the_cached_tokens(native):
 # -- finishing ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("prefix", ["none", "block_hash", "radix"])
+def test_the_blocked_head_of_the_queue_is_matched_once_until_room_frees(native, prefix):
+    manager = make_manager(native, num_blocks=8, prefix=prefix)
+    scheduler = make_scheduler(manager, budget=32)
+    matched: list[int] = []
+    match = manager.match
+    manager.match = lambda r: matched.append(r.seq_id) or match(r)  # type: ignore[method-assign]
+    running = request(0, tokens(20), max_tokens=6)  # 5 blocks, then a sixth
+    blocked = request(1, tokens(16, 100), max_tokens=1)  # 4 blocks
+    scheduler.add_request(running)
+    scheduler.add_request(blocked)
+    step(scheduler)
+    assert matched == [0, 1]  # admitted; refused
+    for _ in range(5):
+        step(scheduler)
+    assert running.is_finished and blocked.status is RequestStatus.WAITING
+    # The room never reached the 4 blocks it needs. Radix matches it once more, when the
+    # prefill's blocks in flight are computed (a match may end inside them from then on).
+    refusals = [0] + [1] * (2 if prefix == "radix" else 1)
+    assert matched == refusals
+    step(scheduler)  # the finished request's blocks came back: matched and admitted
+    assert matched == [*refusals, 1]
+    assert blocked.status is RequestStatus.FINISHED_LENGTH
+
+
 def test_max_tokens_finishes_a_request_and_releases_its_blocks(native):
     manager = make_manager(native, num_blocks=8)
     scheduler = make_scheduler(manager)
@@ -454,6 +479,22 @@ def request_mixes(draw: st.DrawFn) -> list[tuple[int, int, int, int, bool]]:
     )
 
 
+def check_refusals(manager: KVCacheManager) -> None:
+    """Makes every ``still_refused`` answer of ``manager`` that skips a request check that
+    matching and checking it again would have refused it too (its memo left as it was)."""
+    still_refused = manager.still_refused
+
+    def checked(request: Request) -> bool:
+        refused = still_refused(request)
+        if refused:
+            memo = manager._refusal
+            assert manager.admissible(request, manager.match(request)) is None
+            manager._refusal = memo
+        return refused
+
+    manager.still_refused = checked  # type: ignore[method-assign]
+
+
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 @pytest.mark.parametrize("prefix,window", CONFIGS, ids=[f"{p}-{w}" for p, w in CONFIGS])
 @settings(max_examples=100, derandomize=True, deadline=None)
@@ -470,6 +511,7 @@ def test_every_step_runs_something_and_every_request_finishes(
     manager = make_manager(
         native, num_blocks, prefix, window, num_swap_blocks=num_blocks // 2, watermark=0.1
     )
+    check_refusals(manager)
     budget = max(budget, max_num_seqs)
     scheduler = make_scheduler(manager, budget, max_num_seqs, preemption, SWAP_CHEAPER)
     limits = ServingLimits(MAX_MODEL_LEN, VOCAB, max_num_seqs, "test", True, False)

@@ -30,7 +30,9 @@ class Allocator(Plugin, ABC):
     @abstractmethod
     def num_blocks_to_admit(self, request: Request, num_cached_blocks: int) -> int:
         """Free blocks that ``admit`` would take for ``request`` when its first
-        ``num_cached_blocks`` blocks come from the prefix cache. Pure."""
+        ``num_cached_blocks`` blocks come from the prefix cache; never more for more
+        cached blocks (the manager relies on it to keep refusing a request whose match
+        cannot have grown). Pure."""
 
     @abstractmethod
     def admit(self, request: Request, cached_block_ids: IntList) -> None:

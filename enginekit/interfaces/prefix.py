@@ -58,6 +58,14 @@ class PrefixCache(Plugin, ABC):
         """The longest cached prefix of ``request.token_ids``. Pure: takes no references
         (the allocator's ``admit`` does) and does not reorder the LRU list."""
 
+    def may_match_more(self, request: Request, match: PrefixMatch) -> bool:
+        """False only if no ``match(request)`` now can be longer than ``match``, an earlier
+        result of ``match(request)`` (the cache gained nothing along its path since: what
+        it lost since only shortens a match). The manager then keeps refusing a request
+        that did not fit, without matching it again. The default, True, always has it
+        matched again. Pure."""
+        return True
+
     @abstractmethod
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
         """The first ``num_computed_tokens`` tokens of ``request`` have been scheduled into

@@ -34,6 +34,15 @@ class _Admission(NamedTuple):
     num_new: int  # free blocks admission takes: promised, or allocated now
 
 
+class _Refusal(NamedTuple):
+    """The last waiting request ``admissible`` refused, and what that refusal rests on."""
+
+    seq_id: int
+    num_tokens: int
+    match: PrefixMatch  # the match it was refused with
+    num_needed: int  # blocks admitting it with that match would take (the fewest of both)
+
+
 class KVCacheManager:
     """Admission, growth, forking, swapping and release of sequences' KV blocks.
 
@@ -82,6 +91,7 @@ class KVCacheManager:
         # The allocator, if it can leave holes in a table (checked once: a Protocol
         # isinstance walks its attributes).
         self._holes = allocator if isinstance(allocator, HoleAllocator) else None
+        self._refusal: _Refusal | None = None  # see still_refused
 
     @property
     def spec(self) -> KVSpec:
@@ -201,18 +211,46 @@ class KVCacheManager:
         """How the waiting ``request`` (not swapped out) can be admitted now: with
         ``match`` if ``can_admit(request, match)``, else with NO_MATCH if that fits (a hit
         pins evictable blocks that no hit leaves reclaimable), else None: the two checks,
-        sharing their room. Pure."""
-        room = self.num_reclaimable_blocks() - self._num_short_promised()
-        room -= self.admission_watermark()
+        sharing their room. Pure, but for remembering a refusal (``still_refused``)."""
+        room = self._admission_room()
         num_needed = self._num_new_blocks(request, match)
         if not match.block_ids:
-            return match if num_needed <= room else None
+            if num_needed <= room:
+                return match
         # Pinning only takes room: when the hit does not fit the whole room, skip the count.
-        if num_needed <= room and num_needed <= room - self._num_pinned_evictable(match.block_ids):
+        elif num_needed <= room and num_needed <= room - self._num_pinned_evictable(
+            match.block_ids
+        ):
             return match
-        if self._num_new_blocks(request, NO_MATCH) <= room:
+        elif self._num_new_blocks(request, NO_MATCH) <= room:
             return NO_MATCH
+        self._refusal = _Refusal(request.seq_id, request.num_tokens, match, num_needed)
         return None
+
+    def still_refused(self, request: Request) -> bool:
+        """True if the waiting ``request`` was the last one ``admissible`` refused and
+        nothing since can have made it admissible: its prefix cache says no match of it
+        can be longer than the match it was refused with, and the room is still short of
+        the blocks that match needed. Then ``admissible(request, match(request))`` is None
+        (a shorter match needs no fewer blocks, pinning only takes room), and a scheduler
+        retrying the head of its queue every step skips the match. False says nothing.
+        Pure."""
+        refusal = self._refusal
+        if (
+            refusal is None
+            or refusal.seq_id != request.seq_id
+            or refusal.num_tokens != request.num_tokens
+        ):
+            return False
+        if self.prefix.may_match_more(request, refusal.match):
+            return False
+        return refusal.num_needed > self._admission_room()
+
+    def _admission_room(self) -> int:
+        """Blocks an admission may take now: the reclaimable ones less what short
+        promises still need and the watermark."""
+        room = self.num_reclaimable_blocks() - self._num_short_promised()
+        return room - self.admission_watermark()
 
     def _num_pinned_evictable(self, block_ids: list[int]) -> int:
         """Of a match's blocks, those that stop being reclaimable while a request holds
@@ -537,7 +575,10 @@ class KVCacheManager:
     def forget(self, request: Request) -> None:
         """A waiting request that holds no blocks and has no computed tokens (never
         admitted, or preempted by recompute) will never be admitted (aborted): the prefix
-        cache drops what it keeps for it (a match's memoized hashes)."""
+        cache drops what it keeps for it (a match's memoized hashes), and a refusal of it is
+        forgotten."""
+        if self._refusal is not None and self._refusal.seq_id == request.seq_id:
+            self._refusal = None
         self.prefix.on_released(request)
 
     # -- checks --------------------------------------------------------------------------

@@ -245,6 +245,8 @@ class Scheduler:
                 return False  # the room can_admit estimated was not all reclaimable
             return True
         for _ in range(2):
+            if self.cache.still_refused(request):
+                return False  # refused before, and nothing since can have let it in
             match = self.cache.match(request)
             if match.num_deferred_tokens and not plan.is_empty:
                 return False  # its prefix is being computed by this step: admit it next

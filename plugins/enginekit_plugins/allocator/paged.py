@@ -45,8 +45,11 @@ class PagedAllocator(Allocator):
 
     def release(self, seq_id: int) -> None:
         tables = self.kv.tables
-        self._num_hole_blocks -= tables.num_holes(seq_id)
-        block_ids = [b for b in tables.remove_sequence(seq_id) if b >= 0]
+        num_holes = tables.num_holes(seq_id)
+        block_ids = tables.remove_sequence(seq_id)
+        if num_holes:
+            self._num_hole_blocks -= num_holes
+            block_ids = [b for b in block_ids if b >= 0]
         self._num_reserved_blocks -= len(block_ids)
         block_ids.reverse()
         self.kv.pool.free(block_ids)

@@ -43,7 +43,9 @@ class BlockHashPrefixCache(PrefixCache):
         block_size = self.kv.spec.block_size
         hashes = self._block_hashes.get(request.seq_id)
         if hashes is None:
-            tokens = request.token_ids[: num_blocks * block_size]
+            tokens = request.token_ids
+            if len(tokens) >= (num_blocks + 1) * block_size:  # hash_blocks hashes full blocks
+                tokens = tokens[: num_blocks * block_size]
             hashes = array("Q", self._hash_blocks(tokens, block_size, request.extra_key))
             self._block_hashes[request.seq_id] = hashes
         while len(hashes) < num_blocks:
@@ -62,6 +64,17 @@ class BlockHashPrefixCache(PrefixCache):
             hashes = hashes[:max_blocks]
         block_ids = self.kv.pool.lookup_prefix(hashes)
         return PrefixMatch(block_ids, len(block_ids) * self.kv.spec.block_size)
+
+    def may_match_more(self, request: Request, match: PrefixMatch) -> bool:
+        """A match runs until the first name not in the pool: it can be longer than
+        ``match`` only if the name of the block right after it is there now."""
+        num_matched = len(match.block_ids)
+        if num_matched >= (request.num_tokens - 1) // self.kv.spec.block_size:
+            return False  # every full block but the one holding the last token
+        hashes = self._block_hashes.get(request.seq_id)
+        if hashes is None or len(hashes) <= num_matched:
+            return True
+        return bool(self.kv.pool.lookup_prefix(hashes[num_matched : num_matched + 1]))
 
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
         """Publishes the request's full blocks not published yet. Holes (blocks a sliding

@@ -23,5 +23,8 @@ class NoPrefixCache(PrefixCache):
     def match(self, request: Request) -> PrefixMatch:
         return NO_MATCH
 
+    def may_match_more(self, request: Request, match: PrefixMatch) -> bool:
+        return False
+
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
         pass

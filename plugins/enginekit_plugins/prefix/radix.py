@@ -66,18 +66,32 @@ class RadixPrefixCache(PrefixCache):
         self._locked_node: dict[int, int] = {}  # seq_id -> node it locks
         # seq_id -> tokens of a request matched while it waits (None: matched once so far)
         self._waiting_tokens: dict[int, array[int] | None] = {}
+        # Counts what can lengthen a match: tree insertions, and in-flight blocks whose
+        # KV has become computed. seq_id -> (the count at its last match, tokens matched).
+        self._num_gains = 0
+        self._last_match: dict[int, tuple[int, int]] = {}
 
     def match(self, request: Request) -> PrefixMatch:
         tree = self._trees.get(request.extra_key)
         if tree is None or request.num_tokens < 2:
+            self._last_match[request.seq_id] = (self._num_gains, 0)
             return NO_MATCH
         found = tree.match_prefix(self._tokens_to_match(request), request.num_tokens - 1)
         block_ids, num_tokens = list(found.block_ids), found.num_tokens
         num_partial = num_tokens % self.kv.spec.block_size
         if num_partial and self._first_slot_in_flight.get(block_ids[-1], num_partial) < num_partial:
             block_ids.pop()
-            return PrefixMatch(block_ids, num_tokens - num_partial, num_partial)
+            num_tokens -= num_partial
+            self._last_match[request.seq_id] = (self._num_gains, num_tokens)
+            return PrefixMatch(block_ids, num_tokens, num_partial)
+        self._last_match[request.seq_id] = (self._num_gains, num_tokens)
         return PrefixMatch(block_ids, num_tokens)
+
+    def may_match_more(self, request: Request, match: PrefixMatch) -> bool:
+        """False if the request's last match was no longer than ``match`` and the tree has
+        gained nothing since (no insertion, no in-flight block computed)."""
+        last = self._last_match.get(request.seq_id)
+        return last is None or last[0] != self._num_gains or last[1] > match.num_tokens
 
     def _tokens_to_match(self, request: Request) -> list[int] | array[int]:
         """The request's tokens as ``match`` hands them to the tree: its list, or from its
@@ -98,6 +112,7 @@ class RadixPrefixCache(PrefixCache):
     def on_computed(self, request: Request, num_computed_tokens: int) -> None:
         seq_id = request.seq_id
         self._waiting_tokens.pop(seq_id, None)
+        self._last_match.pop(seq_id, None)
         if request.num_output_tokens and seq_id in self._locked_node:
             # Decoding (or prefilling prompt and outputs again after a preemption): its
             # outputs enter the tree when it leaves (on_released). Inserting the whole
@@ -128,7 +143,9 @@ class RadixPrefixCache(PrefixCache):
                 self.on_computed(request, num_computed)
 
     def on_step_executed(self) -> None:
-        self._first_slot_in_flight.clear()
+        if self._first_slot_in_flight:
+            self._num_gains += 1  # their KV is computed: matches may end inside them now
+            self._first_slot_in_flight.clear()
 
     def on_released(self, request: Request) -> None:
         # Decodes report only the blocks they fill: the computed tail goes in now, while
@@ -137,6 +154,7 @@ class RadixPrefixCache(PrefixCache):
         self._insert(request, request.num_computed_tokens)
         seq_id = request.seq_id
         self._waiting_tokens.pop(seq_id, None)
+        self._last_match.pop(seq_id, None)
         node_id = self._locked_node.pop(seq_id, None)
         if node_id is not None:
             self._trees[request.extra_key].unlock(node_id)
@@ -156,6 +174,7 @@ class RadixPrefixCache(PrefixCache):
         num_blocks = -(-num_tokens // self.kv.spec.block_size)
         block_ids = self.kv.tables.block_ids(seq_id)[:num_blocks]
         result = tree.insert(request.token_ids[:num_tokens], block_ids)
+        self._num_gains += 1
         pool = self.kv.pool
         for block_id in result.new_block_refs:
             pool.incref(block_id)
