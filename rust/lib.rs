@@ -1,14 +1,15 @@
-//! Host-side KV-cache bookkeeping of enginekit: block pool, block tables, block hashing and a
-//! token-granular radix tree over blocks.
+//! Host-side KV-cache bookkeeping of enginekit: block pool, block tables, block hashing, the
+//! hash chains of block-hash prefix caching and a token-granular radix tree over blocks.
 //!
-//! The modules `error` (errors and limits), `hash`, `block_pool`, `block_table` and `radix` are
-//! pure Rust, free of pyo3 types; `py` (feature `python`) wraps them for Python as
-//! `enginekit._native`, converting types and errors only.
+//! The modules `error` (errors and limits), `hash`, `hash_chains`, `block_pool`, `block_table`
+//! and `radix` are pure Rust, free of pyo3 types; `py` (feature `python`) wraps them for
+//! Python as `enginekit._native`, converting types and errors only.
 
 pub mod block_pool;
 pub mod block_table;
 pub mod error;
 pub mod hash;
+pub mod hash_chains;
 pub mod radix;
 
 #[cfg(feature = "python")]

@@ -14,6 +14,7 @@ from enginekit.interfaces.cache_view import CacheView
 from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
 from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.eviction import AttentionSpan, BlockRange, Eviction
+from enginekit.interfaces.hash_chains import HashChains
 from enginekit.interfaces.preemption import Preemption, PreemptionMode
 from enginekit.interfaces.prefix import NO_MATCH, PrefixCache, PrefixMatch
 from enginekit.interfaces.quantizer import Quantizer
@@ -53,6 +54,7 @@ __all__ = [
     "BlockTables",
     "CacheView",
     "Eviction",
+    "HashChains",
     "HoleAllocator",
     "InsertResult",
     "HashBatch",

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from enginekit.interfaces.hash_chains import HashChains
     from enginekit.interfaces.structures import BlockPool, BlockTables, RadixTree
 
 
 class Backend(NamedTuple):
     """Constructors and functions of one implementation of the cache structures: the
     Rust extension (``native``) or its pure-Python twins (``pyref``, the executable spec).
-    Both behave the same; a plugin that needs a structure of its own (a radix tree) or
-    the block hashes takes it from here, never by importing either implementation.
+    Both behave the same; a plugin that needs a structure of its own (a radix tree, hash
+    chains) or the block hashes takes it from here, never by importing either
+    implementation.
 
     ``hash_block(parent, tokens, extra_key)`` names one full block after its parent's
     name; ``hash_blocks(tokens, block_size, extra_key)`` names every full block of a
@@ -24,6 +26,7 @@ class Backend(NamedTuple):
     new_block_pool: Callable[[int], BlockPool]  # num_blocks -> a pool, every block free
     new_block_tables: Callable[[int], BlockTables]  # block_size -> no tables
     new_radix_tree: Callable[[int], RadixTree]  # block_size -> an empty tree
+    new_hash_chains: Callable[[int], HashChains[Any, Any]]  # block_size -> no chains
     root_hash: int
     hash_block: Callable[[int, list[int], bytes | None], int]
     hash_blocks: Callable[[list[int], int, bytes | None], list[int]]

@@ -16,13 +16,21 @@ def make_backend(native: bool) -> Backend:
             ROOT_HASH,
             BlockPool,
             BlockTables,
+            HashChains,
             RadixTree,
             hash_block,
             hash_blocks,
         )
 
         return Backend(
-            "native", BlockPool, BlockTables, RadixTree, ROOT_HASH, hash_block, hash_blocks
+            "native",
+            BlockPool,
+            BlockTables,
+            RadixTree,
+            HashChains,
+            ROOT_HASH,
+            hash_block,
+            hash_blocks,
         )
     from enginekit.kv import pyref
     from enginekit.kv.pyref import hashing
@@ -32,6 +40,7 @@ def make_backend(native: bool) -> Backend:
         pyref.PyBlockPool,
         pyref.PyBlockTables,
         pyref.PyRadixTree,
+        pyref.PyHashChains,
         hashing.ROOT_HASH,
         hashing.hash_block,
         hashing.hash_blocks,

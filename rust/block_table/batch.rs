@@ -139,7 +139,7 @@ impl BlockTables {
     /// `pool.cache_block(blocks[i], block_hashes[i])` for each i; returns how many were
     /// recorded. If one errors, the ones this call recorded are undone (each block is
     /// recorded at most once: a second `cache_block` on it returns false or errors).
-    fn record_hashes(
+    pub(crate) fn record_hashes(
         pool: &mut BlockPool,
         blocks: &[u32],
         block_hashes: &[u64],

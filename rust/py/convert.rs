@@ -154,7 +154,7 @@ where
     <T as TryFrom<u64>>::Error: std::fmt::Debug,
 {
     out.clear();
-    if leading_exact_ints(obj, out, max, limit) {
+    if exact_ints_in(obj, out, max, 0, limit) {
         return Ok(());
     }
     out.clear();
@@ -174,10 +174,17 @@ where
     })
 }
 
-/// The direct read of [`collect_leading_ints`]: true, with the first `limit` items in `out`,
-/// if `obj` is an exact list or tuple whose first `limit` items are exact ints in [0, max];
-/// false (nothing raised, `out` partly filled) otherwise.
-fn leading_exact_ints<T>(obj: &Bound<'_, PyAny>, out: &mut Vec<T>, max: u64, limit: usize) -> bool
+/// The direct read of [`collect_leading_ints`]: true, with the `limit` items from index
+/// `start` on (fewer where the container ends) in `out`, if `obj` is an exact list or tuple
+/// whose items there are exact ints in [0, max]; false (nothing raised, `out` partly filled)
+/// otherwise.
+fn exact_ints_in<T>(
+    obj: &Bound<'_, PyAny>,
+    out: &mut Vec<T>,
+    max: u64,
+    start: usize,
+    limit: usize,
+) -> bool
 where
     T: TryFrom<u64>,
     <T as TryFrom<u64>>::Error: std::fmt::Debug,
@@ -199,9 +206,11 @@ where
         } else {
             tuple_len(ptr)
         };
-        let n = usize::try_from(len).unwrap_or(0).min(limit);
-        out.reserve(n);
-        for i in 0..n as ffi::Py_ssize_t {
+        let len = usize::try_from(len).unwrap_or(0);
+        let start = start.min(len);
+        let end = start + (len - start).min(limit);
+        out.reserve(end - start);
+        for i in start as ffi::Py_ssize_t..end as ffi::Py_ssize_t {
             let item = if is_list {
                 list_item(ptr, i)
             } else {
@@ -319,6 +328,15 @@ pub(super) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 /// The first `limit` token ids of a list or tuple (those after them are not checked), or
 /// of a 1-D C-contiguous buffer of u32 (an `array.array("I")`: every u32 is a token id),
 /// which is read without a Python call per item.
+/// The token ids `obj[start:end]` of an exact list or tuple of exact ints in [0, 2**32),
+/// read in place; None for anything else (the caller slices it and converts the slice, to
+/// raise what that raises).
+pub(super) fn token_ids_in(obj: &Bound<'_, PyAny>, start: usize, end: usize) -> Option<Vec<u32>> {
+    let mut v = Vec::new();
+    let limit = end.saturating_sub(start);
+    exact_ints_in(obj, &mut v, u64::from(u32::MAX), start, limit).then_some(v)
+}
+
 pub(super) fn leading_token_ids_arg(obj: &Bound<'_, PyAny>, limit: usize) -> PyResult<Vec<u32>> {
     if let Some(mut tokens) = typed_buffer::<u32>(obj, &["I"]) {
         tokens.truncate(limit);

@@ -1,8 +1,8 @@
 //! Python wrappers (`enginekit._native`): registration of the module's contents.
 //!
 //! No logic lives here or below: `convert` turns Python arguments into the core's types and
-//! the core's errors into exceptions; `pool`, `tables` and `radix` wrap one structure each;
-//! `functions` holds the module-level functions. The wrappers depend on `convert`, never on
+//! the core's errors into exceptions; `pool`, `tables`, `hash_chains` and `radix` wrap one
+//! structure each; `functions` holds the module-level functions. The wrappers depend on `convert`, never on
 //! this module.
 
 use pyo3::prelude::*;
@@ -12,6 +12,7 @@ use crate::hash::ROOT_HASH;
 
 mod convert;
 mod functions;
+mod hash_chains;
 mod pool;
 mod radix;
 mod tables;
@@ -24,5 +25,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     functions::register(m)?;
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<tables::PyBlockTables>()?;
+    m.add_class::<hash_chains::PyHashChains>()?;
     m.add_class::<radix::PyRadixTree>()
 }

@@ -55,7 +55,7 @@ fn counts_into(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<u64>) -> PyResu
 
 #[pyclass(name = "BlockTables", module = "enginekit._native")]
 pub(super) struct PyBlockTables {
-    inner: BlockTables,
+    pub(crate) inner: BlockTables,
     /// Scratch for batch calls, reused across calls.
     seqs: Vec<u64>,
     toks: Vec<u64>,

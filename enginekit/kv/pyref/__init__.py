@@ -1,11 +1,13 @@
-"""Pure-Python twins of ``enginekit._native.BlockPool``, ``BlockTables`` and ``RadixTree``.
+"""Pure-Python twins of ``enginekit._native.BlockPool``, ``BlockTables``, ``RadixTree`` and
+``HashChains``.
 
 Same methods, properties, orderings and exception classes as the Rust core (see
 ``enginekit/_native.pyi``), written for reading rather than speed: these modules are the
 executable specification the Rust classes are tested against, operation by operation. The
-classes live in ``pool``, ``tables`` and ``radix``; import them from here. Both they and the
-Rust classes satisfy the Protocols of ``enginekit.interfaces.structures`` (checked below), and
-the radix tree's results are the NamedTuples defined there.
+classes live in ``pool``, ``tables``, ``radix`` and ``hash_chains``; import them from here.
+Both they and the Rust classes satisfy the Protocols of ``enginekit.interfaces.structures``
+and ``enginekit.interfaces.hash_chains`` (checked below), and the radix tree's results are
+the NamedTuples defined there.
 
 Conventions shared by all classes:
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from enginekit.kv.pyref.hash_chains import PyHashChains
 from enginekit.kv.pyref.pool import MAX_BLOCKS, PyBlockPool
 from enginekit.kv.pyref.radix import PyRadixTree
 from enginekit.kv.pyref.tables import MAX_TABLE_LEN, PyBlockTables
@@ -34,6 +37,7 @@ __all__ = [
     "MAX_TABLE_LEN",
     "PyBlockPool",
     "PyBlockTables",
+    "PyHashChains",
     "PyRadixTree",
 ]
 
@@ -43,8 +47,8 @@ if TYPE_CHECKING:
     # constructor takes one int (num_blocks or block_size) and builds a conforming object.
     from collections.abc import Callable
 
-    from enginekit._native import BlockPool, BlockTables, RadixTree
-    from enginekit.interfaces import structures
+    from enginekit._native import BlockPool, BlockTables, HashChains, RadixTree
+    from enginekit.interfaces import hash_chains, structures
 
     _pool: Callable[[int], structures.BlockPool] = PyBlockPool
     _tables: Callable[[int], structures.BlockTables[PyBlockPool]] = PyBlockTables
@@ -52,3 +56,5 @@ if TYPE_CHECKING:
     _native_pool: Callable[[int], structures.BlockPool] = BlockPool
     _native_tables: Callable[[int], structures.BlockTables[BlockPool]] = BlockTables
     _native_tree: Callable[[int], structures.RadixTree] = RadixTree
+    _chains: Callable[[int], hash_chains.HashChains[PyBlockPool, PyBlockTables]] = PyHashChains
+    _native_chains: Callable[[int], hash_chains.HashChains[BlockPool, BlockTables]] = HashChains

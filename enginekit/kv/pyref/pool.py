@@ -260,7 +260,8 @@ class PyBlockPool:
             if current == block_hash:
                 return False
             raise KVCacheError(
-                f"block {block_id} already carries hash {current:#x}, not {block_hash:#x}"
+                f"block {block_id} already carries hash {current:#018x}: cannot cache it as "
+                f"{block_hash:#018x}"
             )
         if block_hash in self._hash_to_block:
             return False

@@ -271,7 +271,7 @@ class PyBlockTables:
         needed = sum(max(0, want - len(self._tables[s])) for s, want in target.items())
         if needed > pool.num_free_blocks:
             raise OutOfBlocksError(
-                f"batch needs {needed} new blocks, pool has {pool.num_free_blocks} free"
+                f"cannot allocate {needed} blocks: only {pool.num_free_blocks} free"
             )
         for s, want in batch:
             table = self._tables[s]

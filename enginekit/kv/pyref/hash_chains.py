@@ -1,0 +1,266 @@
+"""Pure-Python twin of ``enginekit._native.HashChains`` (rust/hash_chains.rs).
+
+Per sequence, the names of its leading full blocks (chained block hashes, ``hashing``) and
+how many of them are published in the pool's hash map: the memo of block-hash prefix
+caching. A chain is created by a sequence's first ``extend`` and lives until ``remove``; the
+sequence's extra key is the caller's to pass alike each time.
+
+A sequence id to look up (``num_names``, ``names``, ``lookup``...) may be any int: one
+outside [0, 2**64) has no chain. Token ranges are read by slicing the caller's sequence, so
+only the tokens of the blocks to name are converted and checked.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+from enginekit.errors import KVCacheError
+from enginekit.interfaces.structures import TokenBatch
+from enginekit.kv.pyref.args import extra_key_arg, int_list
+from enginekit.kv.pyref.hashing import ROOT_HASH, hash_block, hash_blocks
+from enginekit.kv.pyref.pool import _MAX_HASH, PyBlockPool, _check_count
+from enginekit.kv.pyref.radix_node import token_list
+from enginekit.kv.pyref.tables import HOLE, PyBlockTables, _record_hashes
+
+__all__ = ["PyHashChains"]
+
+
+def _items(obj: Any, what: str) -> list[Any]:
+    if not isinstance(obj, (list, tuple)):
+        raise TypeError(f"{what} must be a list or tuple, got {type(obj).__name__}")
+    return list(obj)
+
+
+class _Chain:
+    __slots__ = ("names", "num_published")
+
+    def __init__(self) -> None:
+        self.names: list[int] = []
+        self.num_published = 0  # names 0..num_published went to the pool
+
+
+class PyHashChains:
+    """See the module docstring; every method as the Rust class's."""
+
+    def __init__(self, block_size: int, root_hash: int | None = None) -> None:
+        block_size = _check_count("block_size", block_size)
+        root = ROOT_HASH if root_hash is None else _check_root(root_hash)
+        if block_size == 0:
+            raise ValueError("block_size must be >= 1, got 0")
+        self._block_size = block_size
+        self._root_hash = root
+        self._chains: dict[int, _Chain] = {}
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    def _chain(self, seq_id: int) -> _Chain | None:
+        return self._chains.get(operator.index(seq_id))
+
+    def num_names(self, seq_id: int) -> int:
+        """Names the sequence has (0 for one without a chain)."""
+        chain = self._chain(seq_id)
+        return 0 if chain is None else len(chain.names)
+
+    def num_published(self, seq_id: int) -> int:
+        """Names of the sequence published (0 for one without a chain)."""
+        chain = self._chain(seq_id)
+        return 0 if chain is None else chain.num_published
+
+    def names(self, seq_id: int) -> list[int]:
+        """The sequence's names (a copy; empty for one without a chain)."""
+        chain = self._chain(seq_id)
+        return [] if chain is None else list(chain.names)
+
+    def extend(
+        self, seq_id: int, token_ids: TokenBatch, num_blocks: int, extra_key: bytes | None = None
+    ) -> int:
+        """Names the sequence's first ``num_blocks`` full blocks (creating its chain) from
+        ``token_ids``, the whole sequence: only the tokens of blocks not named yet are read,
+        and they must all be there (ValueError otherwise, changing nothing). Returns
+        ``num_names(seq_id)`` after (never fewer than before). Checked in the order seq_id
+        (ValueError outside [0, 2**64)), num_blocks (ValueError if negative), extra_key
+        (TypeError), then the tokens read."""
+        seq_id = operator.index(seq_id)
+        if not 0 <= seq_id <= _MAX_HASH:
+            raise ValueError(f"sequence id {seq_id} is not in [0, 2**64)")
+        num_blocks = min(_check_count("num_blocks", num_blocks), _MAX_HASH)
+        extra = extra_key_arg(extra_key)
+        chain = self._chains.get(seq_id)
+        have = 0 if chain is None else len(chain.names)
+        if num_blocks <= have:
+            if chain is None:
+                self._chains[seq_id] = _Chain()
+            return have
+        bs = self._block_size
+        tokens = token_list(token_ids[have * bs : min(num_blocks * bs, _MAX_HASH)])  # type: ignore[index]
+        needed = (num_blocks - have) * bs
+        if len(tokens) < needed:
+            start = have * bs
+            raise ValueError(
+                f"naming {num_blocks} blocks of sequence {seq_id} needs its tokens up to "
+                f"{min(start + needed, _MAX_HASH)}, it has {start + len(tokens)}"
+            )
+        if chain is None:
+            chain = self._chains[seq_id] = _Chain()
+        parent = chain.names[-1] if chain.names else self._root_hash
+        chain.names += hash_blocks(tokens, bs, extra, parent)
+        return len(chain.names)
+
+    def lookup(self, pool: PyBlockPool, seq_id: int, num_blocks: int) -> list[int]:
+        """The pool's blocks for the longest run of the sequence's first ``num_blocks`` names
+        that the pool holds (fewer names: all of them; no chain: none)."""
+        num_blocks = _check_count("num_blocks", num_blocks)
+        chain = self._chain(seq_id)
+        if chain is None:
+            return []
+        return pool.lookup_prefix(chain.names[:num_blocks])
+
+    def is_cached(self, pool: PyBlockPool, seq_id: int, index: int) -> bool:
+        """Whether the sequence has a name at ``index`` and the pool holds it."""
+        index = _check_count("index", index)
+        chain = self._chain(seq_id)
+        if chain is None or index >= len(chain.names):
+            return False
+        return bool(pool.lookup_prefix([chain.names[index]]))
+
+    def publish(self, tables: PyBlockTables, pool: PyBlockPool, seq_id: int, end: int) -> int:
+        """Publishes names ``num_published(seq_id)..end - 1`` through the sequence's blocks at
+        those indices of ``tables``, skipping holes, then counts the first ``end`` as
+        published; returns how many blocks were recorded. KVCacheError for a seq id outside
+        [0, 2**64), ValueError for a negative ``end`` or one past its names (no chain: none),
+        KVCacheError if the table is unknown or shorter than ``end`` or a recording is
+        refused; every error changes nothing."""
+        seq_id = operator.index(seq_id)
+        if not 0 <= seq_id <= _MAX_HASH:
+            raise KVCacheError(f"unknown sequence {seq_id}")
+        end = min(_check_count("end", end), _MAX_HASH)
+        chain = self._chains.get(seq_id)
+        num_names = 0 if chain is None else len(chain.names)
+        if end > num_names:
+            raise ValueError(
+                f"cannot publish {end} blocks of sequence {seq_id}: it has {num_names} names"
+            )
+        assert chain is not None or end == 0
+        if chain is None or end <= chain.num_published:
+            return 0
+        num_blocks = tables.num_blocks(seq_id)
+        if end > num_blocks:
+            raise KVCacheError(
+                f"cannot publish {end} blocks of sequence {seq_id}: its table has {num_blocks}"
+            )
+        block_ids, names = [], []
+        for index in range(chain.num_published, end):
+            block_id = tables.block_id_at(seq_id, index)
+            if block_id != HOLE:
+                block_ids.append(block_id)
+                names.append(chain.names[index])
+        recorded = _record_hashes(pool, block_ids, names)
+        chain.num_published = end
+        return recorded
+
+    def _fills_next(self, seq_id: int, num_tokens: int) -> bool:
+        bs = self._block_size
+        if num_tokens == 0 or num_tokens % bs:
+            return False
+        chain = self._chains.get(seq_id)
+        return (
+            chain is not None
+            and len(chain.names) == num_tokens // bs - 1
+            and chain.num_published == len(chain.names)
+        )
+
+    def publish_filled(
+        self,
+        tables: PyBlockTables,
+        pool: PyBlockPool,
+        seq_ids: Sequence[int],
+        token_lists: Sequence[TokenBatch],
+        num_tokens: Sequence[int],
+        extra_keys: Sequence[bytes | None],
+    ) -> list[int]:
+        """The step's decodes that filled a block, named and published in one call: for each
+        i whose sequence's chain has ``num_tokens[i] / block_size - 1`` names, all published
+        (``num_tokens[i]`` a positive multiple of the block size), names the block after
+        them from ``token_lists[i][num_tokens[i] - block_size : num_tokens[i]]``, chained to
+        its last name with ``extra_keys[i]``, and publishes it through the table. Returns
+        the positions of the others, ascending (the caller publishes those its own way).
+        Checked first, in order: seq_ids (KVCacheError for one outside [0, 2**64)),
+        token_lists (TypeError), num_tokens (ValueError outside [0, 2**64)), extra_keys
+        (TypeError), their lengths (ValueError), the tokens of each filling decode
+        (ValueError if fewer than ``num_tokens[i]``), each filling decode's extra key
+        (TypeError), a sequence filling twice (ValueError); then the tables record all the
+        blocks at once (KVCacheError: an unknown table, an index past it or a hole), so any
+        error changes nothing."""
+
+        def check_seq(s: int) -> int:
+            if not 0 <= s <= _MAX_HASH:
+                raise KVCacheError(f"unknown sequence {s}")
+            return s
+
+        def check_count(n: int) -> int:
+            if not 0 <= n <= _MAX_HASH:
+                raise ValueError(f"num_tokens {n} is not in [0, 2**64)")
+            return n
+
+        seqs = int_list(seq_ids, "seq_ids", check_seq)
+        lists = _items(token_lists, "token_lists")
+        counts = int_list(num_tokens, "num_tokens", check_count)
+        keys = _items(extra_keys, "extra_keys")
+        if not len(seqs) == len(lists) == len(counts) == len(keys):
+            raise ValueError(
+                "seq_ids, token_lists, num_tokens and extra_keys differ in length "
+                f"({len(seqs)}, {len(lists)}, {len(counts)}, {len(keys)})"
+            )
+        bs = self._block_size
+        skipped: list[int] = []
+        filling: list[int] = []
+        blocks: list[list[int]] = []
+        filling_keys: list[Any] = []
+        for i, (s, n) in enumerate(zip(seqs, counts, strict=True)):
+            if not self._fills_next(s, n):
+                skipped.append(i)
+                continue
+            tokens = token_list(lists[i][n - bs : n])
+            if len(tokens) != bs:
+                raise ValueError(
+                    f"sequence {s} has {n} tokens scheduled but fewer in its token list"
+                )
+            blocks.append(tokens)
+            filling.append(s)
+            filling_keys.append(keys[i])
+        extras = [extra_key_arg(k) for k in filling_keys]
+        if len(set(filling)) != len(filling):
+            twice = next(s for k, s in enumerate(filling) if s in filling[:k])
+            raise ValueError(
+                f"sequence {twice} does not fill the block after its published names once"
+            )
+        chains = [self._chains[s] for s in filling]
+        indices = [len(c.names) for c in chains]
+        names = [
+            hash_block(c.names[-1] if c.names else self._root_hash, tokens, extra)
+            for c, tokens, extra in zip(chains, blocks, extras, strict=True)
+        ]
+        tables.cache_blocks_at(pool, filling, indices, names)
+        for chain, name in zip(chains, names, strict=True):
+            chain.names.append(name)
+            chain.num_published = len(chain.names)
+        return skipped
+
+    def remove(self, seq_id: int) -> None:
+        """Forgets the sequence's chain (nothing if it has none)."""
+        self._chains.pop(operator.index(seq_id), None)
+
+    def seq_ids(self) -> list[int]:
+        """The sequences that have a chain, ascending."""
+        return sorted(self._chains)
+
+
+def _check_root(root_hash: int) -> int:
+    root_hash = operator.index(root_hash)
+    if not 0 <= root_hash <= _MAX_HASH:
+        raise ValueError(f"root_hash {root_hash} is not in [0, 2**64)")
+    return root_hash

@@ -1,0 +1,229 @@
+//! Python wrapper of [`HashChains`]: argument conversion and error mapping only.
+//!
+//! Token ranges are read by slicing the caller's sequence (a list, a tuple or an
+//! `array("I")`), so only the tokens of the blocks to name are converted.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PySlice, PyTuple};
+
+use super::convert::{
+    as_u64, collect_ints, count, extra_key_arg, guard, hash_arg, new_seq_arg, seq_arg,
+    seq_ids_into, to_py, token_ids_arg, token_ids_in, type_err, value_err,
+};
+use super::pool::PyBlockPool;
+use super::tables::PyBlockTables;
+use crate::hash::ROOT_HASH;
+use crate::hash_chains::HashChains;
+
+#[pyclass(name = "HashChains", module = "enginekit._native")]
+pub(super) struct PyHashChains {
+    inner: HashChains,
+}
+
+/// `token_ids[start:end]` (by Python's slicing, `end` capped at isize::MAX) as token ids:
+/// a list or tuple of valid ids is read in place.
+fn token_range(token_ids: &Bound<'_, PyAny>, start: u64, end: u64) -> PyResult<Vec<u32>> {
+    if let Some(tokens) = token_ids_in(token_ids, usize_of(start), usize_of(end)) {
+        return Ok(tokens);
+    }
+    let cap = |v: u64| isize::try_from(v).unwrap_or(isize::MAX);
+    let slice = PySlice::new(token_ids.py(), cap(start), cap(end), 1);
+    token_ids_arg(&token_ids.get_item(slice)?)
+}
+
+/// The items of the list or tuple `obj` (argument `what`).
+fn items<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if let Ok(list) = obj.downcast::<PyList>() {
+        return Ok(list.iter().collect());
+    }
+    if let Ok(tuple) = obj.downcast::<PyTuple>() {
+        return Ok(tuple.iter().collect());
+    }
+    Err(type_err(what, "a list or tuple", obj))
+}
+
+/// A sequence id to look up: an int outside u64 has no chain (None).
+fn lookup_seq(seq_id: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    as_u64(seq_id)
+}
+
+fn usize_of(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+#[pymethods]
+impl PyHashChains {
+    #[new]
+    #[pyo3(signature = (block_size, root_hash = None))]
+    fn new(block_size: &Bound<'_, PyAny>, root_hash: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        guard(|| {
+            let bs = count(block_size, "block_size")?;
+            let root = match root_hash {
+                None => ROOT_HASH,
+                Some(h) => hash_arg(h, "root_hash")?,
+            };
+            Ok(PyHashChains {
+                inner: HashChains::new(bs, root).map_err(to_py)?,
+            })
+        })
+    }
+
+    #[getter]
+    fn block_size(&self) -> PyResult<usize> {
+        guard(|| Ok(self.inner.block_size()))
+    }
+
+    fn num_names(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        guard(|| Ok(lookup_seq(seq_id)?.map_or(0, |s| self.inner.num_names(s))))
+    }
+
+    fn num_published(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        guard(|| Ok(lookup_seq(seq_id)?.map_or(0, |s| self.inner.num_published(s))))
+    }
+
+    fn names(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+        guard(|| Ok(lookup_seq(seq_id)?.map_or_else(Vec::new, |s| self.inner.names(s).to_vec())))
+    }
+
+    #[pyo3(signature = (seq_id, token_ids, num_blocks, extra_key = None))]
+    fn extend(
+        &mut self,
+        seq_id: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+        num_blocks: &Bound<'_, PyAny>,
+        extra_key: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        guard(|| {
+            let s = new_seq_arg(seq_id)?;
+            let n = usize_of(count(num_blocks, "num_blocks")?);
+            let extra = extra_key_arg(&extra_key)?;
+            let have = self.inner.num_names(s);
+            let tokens = if n > have {
+                let bs = self.inner.block_size() as u64;
+                let start = have as u64 * bs;
+                token_range(token_ids, start, (n as u64).saturating_mul(bs))?
+            } else {
+                Vec::new()
+            };
+            self.inner.extend(s, &tokens, n, extra).map_err(to_py)
+        })
+    }
+
+    fn lookup(
+        &self,
+        pool: PyRef<'_, PyBlockPool>,
+        seq_id: &Bound<'_, PyAny>,
+        num_blocks: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u32>> {
+        guard(|| {
+            let n = usize_of(count(num_blocks, "num_blocks")?);
+            Ok(lookup_seq(seq_id)?.map_or_else(Vec::new, |s| self.inner.lookup(&pool.inner, s, n)))
+        })
+    }
+
+    fn is_cached(
+        &self,
+        pool: PyRef<'_, PyBlockPool>,
+        seq_id: &Bound<'_, PyAny>,
+        index: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        guard(|| {
+            let i = usize_of(count(index, "index")?);
+            Ok(lookup_seq(seq_id)?.is_some_and(|s| self.inner.is_cached(&pool.inner, s, i)))
+        })
+    }
+
+    fn publish(
+        &mut self,
+        tables: PyRef<'_, PyBlockTables>,
+        mut pool: PyRefMut<'_, PyBlockPool>,
+        seq_id: &Bound<'_, PyAny>,
+        end: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            let end = usize_of(count(end, "end")?);
+            self.inner
+                .publish(&tables.inner, &mut pool.inner, s, end)
+                .map_err(to_py)
+        })
+    }
+
+    /// Returns the positions of the sequences whose decode does not fill the block after
+    /// their published names (the caller publishes those its own way).
+    fn publish_filled(
+        &mut self,
+        tables: PyRef<'_, PyBlockTables>,
+        mut pool: PyRefMut<'_, PyBlockPool>,
+        seq_ids: &Bound<'_, PyAny>,
+        token_lists: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+        extra_keys: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<usize>> {
+        guard(|| {
+            let mut seqs = Vec::new();
+            seq_ids_into(seq_ids, &mut seqs)?;
+            let lists = items(token_lists, "token_lists")?;
+            let mut counts: Vec<u64> = Vec::new();
+            collect_ints(num_tokens, "num_tokens", &mut counts, u64::MAX, |x| {
+                value_err(format!("num_tokens {x} is not in [0, 2**64)"))
+            })?;
+            let keys = items(extra_keys, "extra_keys")?;
+            if lists.len() != seqs.len() || counts.len() != seqs.len() || keys.len() != seqs.len()
+            {
+                return Err(value_err(format!(
+                    "seq_ids, token_lists, num_tokens and extra_keys differ in length ({}, {}, {}, {})",
+                    seqs.len(),
+                    lists.len(),
+                    counts.len(),
+                    keys.len()
+                )));
+            }
+            let bs = self.inner.block_size();
+            let mut skipped = Vec::new();
+            let mut filling = Vec::new();
+            let mut block_tokens: Vec<u32> = Vec::new();
+            let mut extras = Vec::new();
+            let mut key_objs = Vec::new();
+            for (i, (&s, &n)) in seqs.iter().zip(&counts).enumerate() {
+                if !self.inner.fills_next(s, n) {
+                    skipped.push(i);
+                    continue;
+                }
+                let tokens = token_range(&lists[i], n - bs as u64, n)?;
+                if tokens.len() != bs {
+                    return Err(value_err(format!(
+                        "sequence {s} has {n} tokens scheduled but fewer in its token list"
+                    )));
+                }
+                block_tokens.extend_from_slice(&tokens);
+                filling.push(s);
+                key_objs.push(keys[i].clone());
+            }
+            let key_opts: Vec<Option<Bound<'_, PyAny>>> = key_objs
+                .into_iter()
+                .map(|k| if k.is_none() { None } else { Some(k) })
+                .collect();
+            for k in &key_opts {
+                extras.push(extra_key_arg(k)?);
+            }
+            self.inner
+                .publish_filled(&tables.inner, &mut pool.inner, &filling, &block_tokens, &extras)
+                .map_err(to_py)?;
+            Ok(skipped)
+        })
+    }
+
+    fn remove(&mut self, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            if let Some(s) = lookup_seq(seq_id)? {
+                self.inner.remove(s);
+            }
+            Ok(())
+        })
+    }
+
+    fn seq_ids(&self) -> PyResult<Vec<u64>> {
+        guard(|| Ok(self.inner.seq_ids()))
+    }
+}
