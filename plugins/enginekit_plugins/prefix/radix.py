@@ -127,11 +127,15 @@ class RadixPrefixCache(PrefixCache):
         if num_computed_tokens <= start:
             return
         block_ids = self._insert(request, num_computed_tokens)
+        if not block_ids:
+            return
+        # The step writes the first block from its slot start % block_size on, the others
+        # whole (their first slot in flight is 0, the least there is).
         in_flight = self._first_slot_in_flight
         first = start // block_size
-        for offset, block_id in enumerate(block_ids[first:]):
-            slot = start % block_size if offset == 0 else 0
-            in_flight[block_id] = min(slot, in_flight.get(block_id, slot))
+        slot = start % block_size
+        in_flight[block_ids[first]] = min(slot, in_flight.get(block_ids[first], slot))
+        in_flight.update(dict.fromkeys(block_ids[first + 1 :], 0))
 
     def on_decodes_computed(
         self, requests: Sequence[Request], num_computed_tokens: Sequence[int]
@@ -173,7 +177,8 @@ class RadixPrefixCache(PrefixCache):
             tree = self._trees[request.extra_key] = self._new_tree()
         num_blocks = -(-num_tokens // self.kv.spec.block_size)
         block_ids = self.kv.tables.block_ids(seq_id)[:num_blocks]
-        result = tree.insert(request.token_ids[:num_tokens], block_ids)
+        tokens = request.token_ids
+        result = tree.insert(tokens if num_tokens == len(tokens) else tokens[:num_tokens], block_ids)
         self._num_gains += 1
         pool = self.kv.pool
         for block_id in result.new_block_refs:
