@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Differential fuzzer: the native KV bookkeeping against its pure-Python twins.
 
-Decodes the fuzzer's bytes into a sequence of operations over a BlockPool, BlockTables and a
-RadixTree, valid and invalid alike, and runs each on the native classes and on the twins of
-``enginekit.kv.pyref``. It fails on any difference in results or exception classes (and, for
-the radix tree and the newer methods, exception messages), on any exception other than the
-documented ones (KVCacheError, OutOfBlocksError, ValueError), on a failing call that changed
-the twin's state, on any check_integrity failure, and on a pool reference count that differs
-from the references held by the tables and the tree: the driver owns references the way the
-cache manager does (what a table or the tree holds, it holds one pool reference for).
+Decodes the fuzzer's bytes into a sequence of operations over a BlockPool, BlockTables, a
+RadixTree and HashChains, valid and invalid alike, and runs each on the native classes and
+on the twins of ``enginekit.kv.pyref``. It fails on any difference in results or exception
+classes (and, for the radix tree, the hash chains and the newer methods, exception
+messages), on any exception other than the documented ones (KVCacheError,
+OutOfBlocksError, ValueError), on a failing call that changed the twin's state, on any
+check_integrity failure, and on a pool reference count that differs from the references held
+by the tables and the tree: the driver owns references the way the cache manager does
+(what a table or the tree holds, it holds one pool reference for).
 
 By hand (atheris, coverage-guided over the Python twin; libFuzzer flags pass through)::
 
@@ -113,7 +114,8 @@ class Bytes:
 
 
 class World:
-    """One pool, one set of block tables and one radix tree of one implementation."""
+    """One pool, one set of block tables, one radix tree and one set of hash chains of one
+    implementation."""
 
     def __init__(self, native: bool, num_blocks: int, block_size: int) -> None:
         mod: Any = _native if native else pyref
@@ -121,6 +123,7 @@ class World:
         self.pool = getattr(mod, prefix + "BlockPool")(num_blocks)
         self.tables = getattr(mod, prefix + "BlockTables")(block_size)
         self.tree = getattr(mod, prefix + "RadixTree")(block_size)
+        self.chains = getattr(mod, prefix + "HashChains")(block_size)
 
     def snapshot(self) -> tuple[Any, ...]:
         pool, tables, tree = self.pool, self.tables, self.tree
@@ -136,6 +139,10 @@ class World:
             [(tables.block_ids(s), tables.num_holes(s)) for s in seqs],
             [tuple(n) for n in tree.nodes()],
             tree.num_evictable_blocks(),
+            [
+                (s, self.chains.names(s), self.chains.num_published(s))
+                for s in self.chains.seq_ids()
+            ],
         )
 
     def check(self) -> None:
@@ -397,6 +404,51 @@ class Fuzz:
         if ok:
             self.free(released)
 
+    # ---- hash chains ----------------------------------------------------------------------
+
+    def op_chains_extend(self) -> None:
+        seq = self.seq_id()
+        tokens = self.tokens()
+        if self.b.one_in(10):
+            tokens.append(self.b.pick([-1, 2**32]))
+        num_blocks = self.b.int(-1, len(tokens) // self.bs + 1)
+        key = self.b.pick([None, None, b"k"])
+        self.call(
+            f"chains.extend({seq}, {tokens}, {num_blocks}, {key!r})",
+            lambda w: w.chains.extend(seq, tokens, num_blocks, key),
+            True,
+        )
+
+    def op_chains_publish(self) -> None:
+        seq = self.seq_id()
+        end = self.b.int(-1, self.python.chains.num_names(seq) + 1)
+        self.call(
+            f"chains.publish({seq}, {end})",
+            lambda w: w.chains.publish(w.tables, w.pool, seq, end),
+            True,
+        )
+
+    def op_chains_publish_filled(self) -> None:
+        seqs = [self.seq_id() for _ in range(self.b.int(0, 3))]
+        lists = [self.tokens() for _ in seqs]
+        counts = [max(0, len(t) + self.b.int(-1, 1)) for t in lists]
+        keys = [self.b.pick([None, None, b"k"]) for _ in seqs]
+        self.call(
+            f"chains.publish_filled({seqs}, {counts})",
+            lambda w: w.chains.publish_filled(w.tables, w.pool, seqs, lists, counts, keys),
+            True,
+        )
+
+    def op_chains_queries(self) -> None:
+        seq = self.seq_id()
+        k = self.b.int(0, 6)
+        self.call(f"chains.lookup({seq}, {k})", lambda w: w.chains.lookup(w.pool, seq, k), True)
+        self.call(
+            f"chains.is_cached({seq}, {k})", lambda w: w.chains.is_cached(w.pool, seq, k), True
+        )
+        if self.b.one_in(4):
+            self.call(f"chains.remove({seq})", lambda w: w.chains.remove(seq), True)
+
     # ---- argument types -------------------------------------------------------------------
 
     def op_bad_types(self) -> None:
@@ -467,6 +519,10 @@ Fuzz.OPS = [
     Fuzz.op_radix_match,
     Fuzz.op_radix_lock,
     Fuzz.op_radix_evict,
+    Fuzz.op_chains_extend,
+    Fuzz.op_chains_publish,
+    Fuzz.op_chains_publish_filled,
+    Fuzz.op_chains_queries,
     Fuzz.op_bad_types,
 ]
 
