@@ -183,8 +183,7 @@ impl PyHashChains {
             let mut skipped = Vec::new();
             let mut filling = Vec::new();
             let mut block_tokens: Vec<u32> = Vec::new();
-            let mut extras = Vec::new();
-            let mut key_objs = Vec::new();
+            let mut key_objs: Vec<Option<Bound<'_, PyAny>>> = Vec::new();
             for (i, (&s, &n)) in seqs.iter().zip(&counts).enumerate() {
                 if !self.inner.fills_next(s, n) {
                     skipped.push(i);
@@ -198,15 +197,13 @@ impl PyHashChains {
                 }
                 block_tokens.extend_from_slice(&tokens);
                 filling.push(s);
-                key_objs.push(keys[i].clone());
+                key_objs.push(Some(keys[i].clone()).filter(|k| !k.is_none()));
             }
-            let key_opts: Vec<Option<Bound<'_, PyAny>>> = key_objs
-                .into_iter()
-                .map(|k| if k.is_none() { None } else { Some(k) })
-                .collect();
-            for k in &key_opts {
-                extras.push(extra_key_arg(k)?);
-            }
+            // Checked once every filling decode's tokens are, as the twin does.
+            let extras = key_objs
+                .iter()
+                .map(extra_key_arg)
+                .collect::<PyResult<Vec<_>>>()?;
             self.inner
                 .publish_filled(&tables.inner, &mut pool.inner, &filling, &block_tokens, &extras)
                 .map_err(to_py)?;
