@@ -75,7 +75,9 @@ impl HashChains {
         extra_key: Option<&[u8]>,
     ) -> KvResult<usize> {
         let have = self.num_names(seq_id);
-        let needed = num_blocks.saturating_sub(have).saturating_mul(self.block_size);
+        let needed = num_blocks
+            .saturating_sub(have)
+            .saturating_mul(self.block_size);
         if tokens.len() < needed {
             let start = have.saturating_mul(self.block_size);
             return value_err(format!(
@@ -201,7 +203,11 @@ impl HashChains {
             };
             let parent = chain.names.last().copied().unwrap_or(self.root_hash);
             indices.push(chain.names.len() as u64);
-            names.push(hash_block(parent, &block_tokens[i * bs..][..bs], extra_keys[i]));
+            names.push(hash_block(
+                parent,
+                &block_tokens[i * bs..][..bs],
+                extra_keys[i],
+            ));
         }
         let recorded = tables.cache_blocks_at(pool, seq_ids, &indices, &names)?;
         for (&s, &name) in seq_ids.iter().zip(&names) {
@@ -238,13 +244,22 @@ mod tests {
     fn extend_names_blocks_once_and_refuses_short_tokens() {
         let mut c = HashChains::new(4, ROOT_HASH).unwrap();
         assert_eq!(c.extend(7, &tokens(10), 2, None).unwrap(), 2);
-        assert_eq!(c.names(7), hash_blocks(&tokens(8), 4, None, ROOT_HASH).as_slice());
+        assert_eq!(
+            c.names(7),
+            hash_blocks(&tokens(8), 4, None, ROOT_HASH).as_slice()
+        );
         // From block 2 on: tokens 8.. of the sequence.
         let rest: Vec<u32> = (8..16).collect();
         assert_eq!(c.extend(7, &rest, 4, None).unwrap(), 4);
-        assert_eq!(c.names(7), hash_blocks(&tokens(16), 4, None, ROOT_HASH).as_slice());
+        assert_eq!(
+            c.names(7),
+            hash_blocks(&tokens(16), 4, None, ROOT_HASH).as_slice()
+        );
         assert_eq!(c.extend(7, &[], 3, None).unwrap(), 4);
-        assert!(matches!(c.extend(7, &[1, 2, 3], 5, None), Err(KvError::Value(_))));
+        assert!(matches!(
+            c.extend(7, &[1, 2, 3], 5, None),
+            Err(KvError::Value(_))
+        ));
         assert_eq!(c.num_names(7), 4);
         assert_eq!(c.num_names(8), 0);
     }
@@ -257,15 +272,25 @@ mod tests {
         tables.add_sequence(1, &[]).unwrap();
         tables.grow(&mut pool, &[1], &[8]).unwrap();
         c.extend(1, &tokens(8), 2, None).unwrap();
-        assert!(matches!(c.publish(&tables, &mut pool, 1, 3), Err(KvError::Value(_))));
+        assert!(matches!(
+            c.publish(&tables, &mut pool, 1, 3),
+            Err(KvError::Value(_))
+        ));
         assert_eq!(c.publish(&tables, &mut pool, 1, 2).unwrap(), 2);
         assert_eq!(c.lookup(&pool, 1, 9), vec![0, 1]);
         assert!(c.is_cached(&pool, 1, 1) && !c.is_cached(&pool, 1, 2));
         // A decode fills block 2.
         tables.grow(&mut pool, &[1], &[12]).unwrap();
         assert!(c.fills_next(1, 12) && !c.fills_next(1, 8) && !c.fills_next(1, 11));
-        assert_eq!(c.publish_filled(&tables, &mut pool, &[1], &[8, 9, 10, 11], &[None]).unwrap(), 1);
-        assert_eq!(c.names(1), hash_blocks(&tokens(12), 4, None, ROOT_HASH).as_slice());
+        assert_eq!(
+            c.publish_filled(&tables, &mut pool, &[1], &[8, 9, 10, 11], &[None])
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            c.names(1),
+            hash_blocks(&tokens(12), 4, None, ROOT_HASH).as_slice()
+        );
         assert_eq!(c.num_published(1), 3);
         let twice = c.publish_filled(&tables, &mut pool, &[1, 1], &[0; 8], &[None, None]);
         assert!(matches!(twice, Err(KvError::Value(_))));

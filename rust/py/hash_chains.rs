@@ -169,8 +169,7 @@ impl PyHashChains {
                 value_err(format!("num_tokens {x} is not in [0, 2**64)"))
             })?;
             let keys = items(extra_keys, "extra_keys")?;
-            if lists.len() != seqs.len() || counts.len() != seqs.len() || keys.len() != seqs.len()
-            {
+            if lists.len() != seqs.len() || counts.len() != seqs.len() || keys.len() != seqs.len() {
                 return Err(value_err(format!(
                     "seq_ids, token_lists, num_tokens and extra_keys differ in length ({}, {}, {}, {})",
                     seqs.len(),
@@ -205,7 +204,13 @@ impl PyHashChains {
                 .map(extra_key_arg)
                 .collect::<PyResult<Vec<_>>>()?;
             self.inner
-                .publish_filled(&tables.inner, &mut pool.inner, &filling, &block_tokens, &extras)
+                .publish_filled(
+                    &tables.inner,
+                    &mut pool.inner,
+                    &filling,
+                    &block_tokens,
+                    &extras,
+                )
                 .map_err(to_py)?;
             Ok(skipped)
         })
