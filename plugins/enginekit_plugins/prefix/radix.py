@@ -178,7 +178,9 @@ class RadixPrefixCache(PrefixCache):
         num_blocks = -(-num_tokens // self.kv.spec.block_size)
         block_ids = self.kv.tables.block_ids(seq_id)[:num_blocks]
         tokens = request.token_ids
-        result = tree.insert(tokens if num_tokens == len(tokens) else tokens[:num_tokens], block_ids)
+        if num_tokens < len(tokens):
+            tokens = tokens[:num_tokens]
+        result = tree.insert(tokens, block_ids)
         self._num_gains += 1
         pool = self.kv.pool
         for block_id in result.new_block_refs:
