@@ -22,7 +22,7 @@ class BlockHashPrefixCache(PrefixCache):
     computed to yield logits). Partial blocks are never shared.
 
     The names live in the backend's hash chains, one per sequence: a prompt is named at its
-    first match (a waiting request is matched again at every admission attempt), and its
+    first match (a waiting request may be matched again at later admission attempts), and its
     blocks are published as they are computed; a step's decodes that fill a block are
     named and published in one call.
     """
