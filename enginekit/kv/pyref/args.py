@@ -15,7 +15,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["extra_key_arg", "int_batch", "int_list", "u32_buffer", "u64_buffer"]
+from enginekit.errors import KVCacheError
+
+__all__ = [
+    "extra_key_arg",
+    "int_batch",
+    "int_list",
+    "known_seq_id",
+    "new_seq_id",
+    "u32_buffer",
+    "u64_buffer",
+]
+
+_MAX_U64 = (1 << 64) - 1
 
 
 def int_list(obj: Any, what: str, check: Callable[[int], int] | None = None) -> list[int]:
@@ -78,3 +90,19 @@ def extra_key_arg(extra_key: Any) -> bytes | None:
     if extra_key is not None and not isinstance(extra_key, bytes):
         raise TypeError(f"extra_key must be bytes or None, got {type(extra_key).__name__}")
     return extra_key
+
+
+def new_seq_id(seq_id: Any) -> int:
+    """A new sequence's id, which must fit in u64 (ValueError otherwise)."""
+    seq_id = operator.index(seq_id)
+    if not 0 <= seq_id <= _MAX_U64:
+        raise ValueError(f"sequence id {seq_id} is not in [0, 2**64)")
+    return seq_id
+
+
+def known_seq_id(seq_id: Any) -> int:
+    """An existing sequence's id: one outside u64 is an unknown sequence (KVCacheError)."""
+    seq_id = operator.index(seq_id)
+    if not 0 <= seq_id <= _MAX_U64:
+        raise KVCacheError(f"unknown sequence {seq_id}")
+    return seq_id

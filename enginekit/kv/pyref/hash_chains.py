@@ -18,7 +18,7 @@ from typing import Any
 
 from enginekit.errors import KVCacheError
 from enginekit.interfaces.structures import TokenBatch
-from enginekit.kv.pyref.args import extra_key_arg, int_list
+from enginekit.kv.pyref.args import extra_key_arg, int_list, known_seq_id, new_seq_id
 from enginekit.kv.pyref.hashing import ROOT_HASH, hash_block, hash_blocks
 from enginekit.kv.pyref.pool import _MAX_HASH, PyBlockPool, _check_count
 from enginekit.kv.pyref.radix_node import token_list
@@ -84,9 +84,7 @@ class PyHashChains:
         ``num_names(seq_id)`` after (never fewer than before). Checked in the order seq_id
         (ValueError outside [0, 2**64)), num_blocks (ValueError if negative), extra_key
         (TypeError), then the tokens read."""
-        seq_id = operator.index(seq_id)
-        if not 0 <= seq_id <= _MAX_HASH:
-            raise ValueError(f"sequence id {seq_id} is not in [0, 2**64)")
+        seq_id = new_seq_id(seq_id)
         num_blocks = min(_check_count("num_blocks", num_blocks), _MAX_HASH)
         extra = extra_key_arg(extra_key)
         chain = self._chains.get(seq_id)
@@ -134,18 +132,15 @@ class PyHashChains:
         [0, 2**64), ValueError for a negative ``end`` or one past its names (no chain: none),
         KVCacheError if the table is unknown or shorter than ``end`` or a recording is
         refused; every error changes nothing."""
-        seq_id = operator.index(seq_id)
-        if not 0 <= seq_id <= _MAX_HASH:
-            raise KVCacheError(f"unknown sequence {seq_id}")
+        seq_id = known_seq_id(seq_id)
         end = min(_check_count("end", end), _MAX_HASH)
-        chain = self._chains.get(seq_id)
-        num_names = 0 if chain is None else len(chain.names)
+        num_names = self.num_names(seq_id)
         if end > num_names:
             raise ValueError(
                 f"cannot publish {end} blocks of sequence {seq_id}: it has {num_names} names"
             )
-        assert chain is not None or end == 0
-        if chain is None or end <= chain.num_published:
+        chain = self._chains.get(seq_id)
+        if chain is None or end <= chain.num_published:  # no chain: end is 0
             return 0
         num_blocks = tables.num_blocks(seq_id)
         if end > num_blocks:
@@ -196,17 +191,12 @@ class PyHashChains:
         blocks at once (KVCacheError: an unknown table, an index past it or a hole), so any
         error changes nothing."""
 
-        def check_seq(s: int) -> int:
-            if not 0 <= s <= _MAX_HASH:
-                raise KVCacheError(f"unknown sequence {s}")
-            return s
-
         def check_count(n: int) -> int:
             if not 0 <= n <= _MAX_HASH:
                 raise ValueError(f"num_tokens {n} is not in [0, 2**64)")
             return n
 
-        seqs = int_list(seq_ids, "seq_ids", check_seq)
+        seqs = int_list(seq_ids, "seq_ids", known_seq_id)
         lists = _items(token_lists, "token_lists")
         counts = int_list(num_tokens, "num_tokens", check_count)
         keys = _items(extra_keys, "extra_keys")

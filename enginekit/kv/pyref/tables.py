@@ -12,7 +12,7 @@ from typing import Any
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.interfaces.structures import IntBatch
-from enginekit.kv.pyref.args import int_batch, int_list
+from enginekit.kv.pyref.args import int_batch, int_list, known_seq_id, new_seq_id
 from enginekit.kv.pyref.buffer import HOLE, int32_view, write_rows
 from enginekit.kv.pyref.pool import (
     _INT32_MAX,
@@ -81,13 +81,6 @@ class PyBlockTables:
         return table
 
     @staticmethod
-    def _new_seq_id(seq_id: int) -> int:
-        seq_id = operator.index(seq_id)
-        if not 0 <= seq_id <= _MAX_HASH:
-            raise ValueError(f"sequence id {seq_id} is not in [0, 2**64)")
-        return seq_id
-
-    @staticmethod
     def _entries(block_ids: Sequence[int]) -> list[int]:
         def check(block_id: int) -> int:
             if not 0 <= block_id <= _INT32_MAX:
@@ -109,13 +102,7 @@ class PyBlockTables:
     def _seq_ids(seq_ids: Any, arg: Callable[..., list[int]] = int_list) -> list[int]:
         """A batch's seq ids (read by ``arg``); KVCacheError for one that is not a u64
         (unknown before anything else is checked)."""
-
-        def check(s: int) -> int:
-            if not 0 <= s <= _MAX_HASH:
-                raise KVCacheError(f"unknown sequence {s}")
-            return s
-
-        return arg(seq_ids, "seq_ids", check)
+        return arg(seq_ids, "seq_ids", known_seq_id)
 
     def _batch(self, seq_ids: IntBatch, num_tokens: IntBatch) -> list[tuple[int, int]]:
         """(seq_id, blocks wanted) pairs (each argument a list, a tuple or an int64 array);
@@ -133,7 +120,7 @@ class PyBlockTables:
 
     def add_sequence(self, seq_id: int, block_ids: Sequence[int] = ()) -> None:
         """Raises KVCacheError if seq_id already exists."""
-        seq_id = self._new_seq_id(seq_id)
+        seq_id = new_seq_id(seq_id)
         entries = self._entries(block_ids)
         if seq_id in self._tables:
             raise KVCacheError(f"sequence {seq_id} already exists")
@@ -207,7 +194,7 @@ class PyBlockTables:
         Raises KVCacheError if the parent is unknown or the child exists.
         """
         parent = self._table(parent_id)
-        child_id = self._new_seq_id(child_id)
+        child_id = new_seq_id(child_id)
         if child_id in self._tables:
             raise KVCacheError(f"fork into existing sequence {child_id}")
         self._tables[child_id] = list(parent)

@@ -79,13 +79,13 @@ class RadixPrefixCache(PrefixCache):
         found = tree.match_prefix(self._tokens_to_match(request), request.num_tokens - 1)
         block_ids, num_tokens = list(found.block_ids), found.num_tokens
         num_partial = num_tokens % self.kv.spec.block_size
+        num_deferred = 0
         if num_partial and self._first_slot_in_flight.get(block_ids[-1], num_partial) < num_partial:
-            block_ids.pop()
+            block_ids.pop()  # its matched part is still being computed: deferred
             num_tokens -= num_partial
-            self._last_match[request.seq_id] = (self._num_gains, num_tokens)
-            return PrefixMatch(block_ids, num_tokens, num_partial)
+            num_deferred = num_partial
         self._last_match[request.seq_id] = (self._num_gains, num_tokens)
-        return PrefixMatch(block_ids, num_tokens)
+        return PrefixMatch(block_ids, num_tokens, num_deferred)
 
     def may_match_more(self, request: Request, match: PrefixMatch) -> bool:
         """False if the request's last match was no longer than ``match`` and the tree has
