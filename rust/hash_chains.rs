@@ -20,6 +20,12 @@ struct Chain {
     num_published: usize,
 }
 
+impl Chain {
+    fn is_all_published(&self) -> bool {
+        self.num_published == self.names.len()
+    }
+}
+
 pub struct HashChains {
     block_size: usize,
     root_hash: u64,
@@ -162,13 +168,14 @@ impl HashChains {
         if num_tokens == 0 || num_tokens % bs != 0 {
             return false;
         }
-        self.chains.get(&seq_id).is_some_and(|c| {
-            c.names.len() as u64 == num_tokens / bs - 1 && c.num_published == c.names.len()
-        })
+        self.chains
+            .get(&seq_id)
+            .is_some_and(|c| c.names.len() as u64 == num_tokens / bs - 1 && c.is_all_published())
     }
 
-    /// For each i, names the block after sequence `seq_ids[i]`'s names (each must
-    /// [`fills_next`](Self::fills_next), and appear once: `Value` error otherwise) from its
+    /// For each i, names the block after sequence `seq_ids[i]`'s names (each must have a
+    /// chain whose names are all published, as [`fills_next`](Self::fills_next) checks, and
+    /// appear once: `Value` error otherwise) from its
     /// tokens `block_tokens[i * block_size..][..block_size]`, chained to its last name
     /// with `extra_keys[i]`, and publishes it through the table: one recording for all, so
     /// an error (`Cache`: a table refuses) changes nothing. Returns how many recorded.
@@ -194,7 +201,7 @@ impl HashChains {
         let mut names = Vec::with_capacity(seq_ids.len());
         for (i, &s) in seq_ids.iter().enumerate() {
             let chain = match self.chains.get(&s) {
-                Some(c) if c.num_published == c.names.len() && seen.insert(s) => c,
+                Some(c) if c.is_all_published() && seen.insert(s) => c,
                 _ => {
                     return value_err(format!(
                         "sequence {s} does not fill the block after its published names once"
