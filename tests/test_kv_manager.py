@@ -303,8 +303,10 @@ def test_a_refused_request_is_matched_again_once_its_next_block_is_cached(native
     assert match.num_tokens == 4
     assert manager.admissible(waiting, match) is None  # 5 new blocks, room for 4
     assert manager.still_refused(waiting)
-    prefill(manager, writer)  # computes the block after the match, room as before
+    room = manager.num_reclaimable_blocks()
+    prefill(manager, writer)  # computes the block after the match
     step_done(manager)
+    assert manager.num_reclaimable_blocks() == room  # its promised block: no more room
     assert not manager.still_refused(waiting)
     assert manager.match(waiting).num_tokens == 8
     manager.forget(waiting)
