@@ -10,8 +10,9 @@ scheduler or an executor, with the calls ``enginekit.scheduler.Scheduler`` and
    ``try_copy_on_write``, all running at once; when they do not fit, the most recently
    admitted request is preempted by recompute (``release``, its computed tokens reset,
    requeued at the front of the waiting queue) and the rest try again;
-2. admission, first come first served, at most ``MAX_NUM_SEQS`` = 64 running: ``match``,
-   ``admissible`` (the match, or no match when only that fits), ``admit`` (matched
+2. admission, first come first served, at most ``MAX_NUM_SEQS`` = 64 running:
+   ``still_refused`` (a request refused before that still cannot fit is not matched),
+   ``match``, ``admissible`` (the match, or no match when only that fits), ``admit`` (matched
    again once if it falls short), then the whole uncached rest of the prompt in one
    chunk (``reserve_prefill``, ``on_computed``); no chunked prefill and no token budget;
    admission stops at the first request that does not fit (or, with ``radix``, whose
