@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
 from enginekit.interfaces.context import KVContext
-from enginekit.interfaces.eviction import BlockRange
+from enginekit.interfaces.eviction import BlockRange, Eviction
 from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
 from enginekit.interfaces.structures import IntBatch
 from enginekit.kv.block_ops import BlockOps
@@ -22,7 +23,10 @@ from enginekit.spec.kv import KVSpec
 from enginekit.step import BlockCopy, BlockSwap, KVUsage
 
 if TYPE_CHECKING:
-    from enginekit.interfaces import Allocator, Eviction, PrefixCache
+    from enginekit.interfaces import Allocator, PrefixCache
+
+
+_num_computed_tokens = attrgetter("num_computed_tokens")
 
 
 class _Admission(NamedTuple):
@@ -91,6 +95,11 @@ class KVCacheManager:
         # The allocator, if it can leave holes in a table (checked once: a Protocol
         # isinstance walks its attributes).
         self._holes = allocator if isinstance(allocator, HoleAllocator) else None
+        # Whether the policy may release blocks out of a window (it overrides the default
+        # of none): else release_out_of_window has nothing to ask.
+        self._has_windows = (
+            type(eviction).ranges_out_of_window is not Eviction.ranges_out_of_window
+        )
         self._refusal: _Refusal | None = None  # see still_refused
 
     @property
@@ -121,14 +130,15 @@ class KVCacheManager:
         pool = self.pool
         cache_only = self.prefix.num_evictable_blocks()
         num_table_blocks = self.allocator.num_reserved_blocks()
+        num_table_slots = num_table_blocks * self._block_size
         return KVUsage(
             pool.num_blocks,
             max(0, pool.num_used_blocks - cache_only),
             pool.num_evictable_blocks + cache_only,
             pool.num_free_blocks,
             num_table_blocks,
-            num_table_blocks * self.block_size,
-            self.num_unused_slots(running),
+            num_table_slots,
+            self._num_unused_slots(num_table_slots, running),
         )
 
     def num_reclaimable_blocks(self) -> int:
@@ -242,15 +252,19 @@ class KVCacheManager:
             or refusal.num_tokens != request.num_tokens
         ):
             return False
-        if self.prefix.may_match_more(request, refusal.match):
+        if refusal.num_needed <= self._admission_room():
             return False
-        return refusal.num_needed > self._admission_room()
+        return not self.prefix.may_match_more(request, refusal.match)
 
     def _admission_room(self) -> int:
         """Blocks an admission may take now: the reclaimable ones less what short
         promises still need and the watermark."""
-        room = self.num_reclaimable_blocks() - self._num_short_promised()
-        return room - self.admission_watermark()
+        room = self.num_reclaimable_blocks()
+        if self._window is not None:
+            room -= self._num_short_promised()
+        if self.allocator.num_reserved_blocks():
+            room -= self.num_watermark_blocks  # admission_watermark
+        return room
 
     def _num_pinned_evictable(self, block_ids: list[int]) -> int:
         """Of a match's blocks, those that stop being reclaimable while a request holds
@@ -367,10 +381,27 @@ class KVCacheManager:
         num_needed = self.allocator.num_blocks_to_grow(seq_ids, num_tokens)
         if num_needed == 0:
             return True
-        if num_needed > self.num_reclaimable_blocks() or not self.make_room(num_needed):
+        if not self._try_make_room(num_needed):
             return False
         self.allocator.grow(seq_ids, num_tokens)
         return True
+
+    def _try_make_room(self, num_blocks: int) -> bool:
+        """``make_room(num_blocks)`` if the reclaimable blocks cover them (``num_blocks <=
+        num_reclaimable_blocks()``); else False, evicting nothing. The common cases first:
+        the free blocks beyond the promises suffice, or the pool's evictable ones make up
+        the rest."""
+        pool = self.pool
+        shortfall = num_blocks + self._promises.total - pool.num_free_blocks
+        if shortfall <= 0:
+            return True
+        num_evictable = pool.num_evictable_blocks
+        if shortfall <= num_evictable:
+            self.prefix.on_evicted(self.eviction.evict(shortfall))
+            return True
+        if shortfall > num_evictable + self.prefix.num_evictable_blocks():
+            return False
+        return self.make_room(num_blocks)
 
     def make_room(self, num_blocks: int) -> bool:
         """Reclaims cached blocks until ``num_blocks`` are free beyond the prefill promises:
@@ -425,6 +456,8 @@ class KVCacheManager:
         nothing, so a promise may stay short until that sequence lets go (this runs after
         every step, once the step's finished requests are released, so a short promise is
         topped up before anyone else takes the blocks they freed)."""
+        if not self._has_windows:
+            return 0
         num_released = self._release_ranges(self.eviction.ranges_out_of_window(running))
         if self._window is not None and len(self._promises):
             self._repromise()
@@ -466,17 +499,21 @@ class KVCacheManager:
         unpinned (a source that nothing else holds becomes evictable or free), host blocks
         swapped in are free for new swap-outs, and the prefix cache may index what the step
         computed."""
-        self.pool.free(self._block_ops.take_pins())
+        if self._block_ops.pinned_block_ids:
+            self.pool.free(self._block_ops.take_pins())
         self.swap_space.release_quarantined()
         self.prefix.on_step_executed()
 
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must
         be every request holding a table): partial last blocks and reservations."""
-        allocator = self.allocator
-        num_slots = allocator.num_reserved_blocks() * self.block_size
-        num_released = allocator.num_hole_blocks() * self.block_size  # in released blocks
-        return num_slots - sum([r.num_computed_tokens for r in running]) + num_released
+        num_table_slots = self.allocator.num_reserved_blocks() * self._block_size
+        return self._num_unused_slots(num_table_slots, running)
+
+    def _num_unused_slots(self, num_table_slots: int, running: Sequence[Request]) -> int:
+        # Released blocks (holes) keep the slots of the tokens computed into them.
+        num_released = self.allocator.num_hole_blocks() * self._block_size
+        return num_table_slots + num_released - sum(map(_num_computed_tokens, running))
 
     # -- forks ---------------------------------------------------------------------------
 
@@ -492,10 +529,10 @@ class KVCacheManager:
         Returns False, copying nothing, if the blocks for the copies are not there
         (cached blocks it evicted trying stay evicted)."""
         writes = self._shared_tails.tail_writes(decodes)
-        num_copies = len(writes)  # an upper bound: the last writer of a block copies nothing
-        if num_copies and (
-            num_copies > self.num_reclaimable_blocks() or not self.make_room(num_copies)
-        ):
+        if not writes:
+            return True
+        # len(writes) is an upper bound: the last writer of a block copies nothing
+        if not self._try_make_room(len(writes)):
             return False
         self._shared_tails.copy_on_write(writes)
         return True

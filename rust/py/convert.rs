@@ -325,9 +325,6 @@ pub(super) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     leading_token_ids_arg(obj, usize::MAX)
 }
 
-/// The first `limit` token ids of a list or tuple (those after them are not checked), or
-/// of a 1-D C-contiguous buffer of u32 (an `array.array("I")`: every u32 is a token id),
-/// which is read without a Python call per item.
 /// The token ids `obj[start:end]` of an exact list or tuple of exact ints in [0, 2**32),
 /// read in place; None for anything else (the caller slices it and converts the slice, to
 /// raise what that raises).
@@ -337,6 +334,9 @@ pub(super) fn token_ids_in(obj: &Bound<'_, PyAny>, start: usize, end: usize) -> 
     exact_ints_in(obj, &mut v, u64::from(u32::MAX), start, limit).then_some(v)
 }
 
+/// The first `limit` token ids of a list or tuple (those after them are not checked), or
+/// of a 1-D C-contiguous buffer of u32 (an `array.array("I")`: every u32 is a token id),
+/// which is read without a Python call per item.
 pub(super) fn leading_token_ids_arg(obj: &Bound<'_, PyAny>, limit: usize) -> PyResult<Vec<u32>> {
     if let Some(mut tokens) = typed_buffer::<u32>(obj, &["I"]) {
         tokens.truncate(limit);
