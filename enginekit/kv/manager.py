@@ -97,9 +97,7 @@ class KVCacheManager:
         self._holes = allocator if isinstance(allocator, HoleAllocator) else None
         # Whether the policy may release blocks out of a window (it overrides the default
         # of none): else release_out_of_window has nothing to ask.
-        self._has_windows = (
-            type(eviction).ranges_out_of_window is not Eviction.ranges_out_of_window
-        )
+        self._has_windows = type(eviction).ranges_out_of_window is not Eviction.ranges_out_of_window
         self._refusal: _Refusal | None = None  # see still_refused
 
     @property
