@@ -31,10 +31,11 @@ class BlockHashPrefixCache(PrefixCache):
 
     def __init__(self, config: BlockHashConfig, kv: KVContext) -> None:
         super().__init__(config, kv)
-        self._chains = kv.backend.new_hash_chains(kv.spec.block_size)
+        self._block_size = kv.spec.block_size
+        self._chains = kv.backend.new_hash_chains(self._block_size)
 
     def match(self, request: Request) -> PrefixMatch:
-        block_size = self.kv.spec.block_size
+        block_size = self._block_size
         max_blocks = (request.num_tokens - 1) // block_size
         if max_blocks <= 0:
             return PrefixMatch([], 0)
@@ -47,7 +48,7 @@ class BlockHashPrefixCache(PrefixCache):
         """A match runs until the first name not in the pool: it can be longer than
         ``match`` only if the name of the block right after it is there now."""
         num_matched = len(match.block_ids)
-        if num_matched >= (request.num_tokens - 1) // self.kv.spec.block_size:
+        if num_matched >= (request.num_tokens - 1) // self._block_size:
             return False  # every full block but the one holding the last token
         if self._chains.num_names(request.seq_id) <= num_matched:
             return True
@@ -57,7 +58,7 @@ class BlockHashPrefixCache(PrefixCache):
         """Names and publishes the request's full blocks not published yet. Holes (blocks a
         sliding window released) are skipped: a released block was published before its
         release or is a matched one, and a hole is never published."""
-        num_full = num_computed_tokens // self.kv.spec.block_size
+        num_full = num_computed_tokens // self._block_size
         chains, seq_id = self._chains, request.seq_id
         if num_full <= chains.num_published(seq_id):
             return
