@@ -358,6 +358,8 @@ def test_decode_growth_takes_a_block_per_four_tokens_and_evicts_under_pressure(n
     assert (manager.tables.block_ids(0), manager.tables.block_ids(1)) == ([0, 1], [2, 3])
     assert manager.release(b) == 2  # its published blocks stay, evictable: 3 then 2
     assert free_and_evictable(manager) == (0, 2)
+    assert not manager.try_grow([0], [17])  # 3 blocks needed, 2 evictable: none evicted
+    assert free_and_evictable(manager) == (0, 2)
     assert manager.try_grow([0], [9])  # evicts block 3 and takes it
     manager.check_integrity()
     assert manager.tables.block_ids(0) == [0, 1, 3]

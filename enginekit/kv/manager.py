@@ -128,15 +128,14 @@ class KVCacheManager:
         pool = self.pool
         cache_only = self.prefix.num_evictable_blocks()
         num_table_blocks = self.allocator.num_reserved_blocks()
-        num_table_slots = num_table_blocks * self._block_size
         return KVUsage(
             pool.num_blocks,
             max(0, pool.num_used_blocks - cache_only),
             pool.num_evictable_blocks + cache_only,
             pool.num_free_blocks,
             num_table_blocks,
-            num_table_slots,
-            self._num_unused_slots(num_table_slots, running),
+            num_table_blocks * self._block_size,
+            self.num_unused_slots(running),
         )
 
     def num_reclaimable_blocks(self) -> int:
@@ -257,12 +256,8 @@ class KVCacheManager:
     def _admission_room(self) -> int:
         """Blocks an admission may take now: the reclaimable ones less what short
         promises still need and the watermark."""
-        room = self.num_reclaimable_blocks()
-        if self._window is not None:
-            room -= self._num_short_promised()
-        if self.allocator.num_reserved_blocks():
-            room -= self.num_watermark_blocks  # admission_watermark
-        return room
+        room = self.num_reclaimable_blocks() - self._num_short_promised()
+        return room - self.admission_watermark()
 
     def _num_pinned_evictable(self, block_ids: list[int]) -> int:
         """Of a match's blocks, those that stop being reclaimable while a request holds
@@ -386,20 +381,11 @@ class KVCacheManager:
 
     def _try_make_room(self, num_blocks: int) -> bool:
         """``make_room(num_blocks)`` if the reclaimable blocks cover them (``num_blocks <=
-        num_reclaimable_blocks()``); else False, evicting nothing. The common cases first:
-        the free blocks beyond the promises suffice, or the pool's evictable ones make up
-        the rest."""
-        pool = self.pool
-        shortfall = num_blocks + self._promises.total - pool.num_free_blocks
-        if shortfall <= 0:
+        num_reclaimable_blocks()``); else False, evicting nothing. Blocks already free
+        beyond the promises need neither count."""
+        if num_blocks + self._promises.total <= self.pool.num_free_blocks:
             return True
-        num_evictable = pool.num_evictable_blocks
-        if shortfall <= num_evictable:
-            self.prefix.on_evicted(self.eviction.evict(shortfall))
-            return True
-        if shortfall > num_evictable + self.prefix.num_evictable_blocks():
-            return False
-        return self.make_room(num_blocks)
+        return num_blocks <= self.num_reclaimable_blocks() and self.make_room(num_blocks)
 
     def make_room(self, num_blocks: int) -> bool:
         """Reclaims cached blocks until ``num_blocks`` are free beyond the prefill promises:
@@ -505,13 +491,10 @@ class KVCacheManager:
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must
         be every request holding a table): partial last blocks and reservations."""
-        num_table_slots = self.allocator.num_reserved_blocks() * self._block_size
-        return self._num_unused_slots(num_table_slots, running)
-
-    def _num_unused_slots(self, num_table_slots: int, running: Sequence[Request]) -> int:
-        # Released blocks (holes) keep the slots of the tokens computed into them.
-        num_released = self.allocator.num_hole_blocks() * self._block_size
-        return num_table_slots + num_released - sum(map(_num_computed_tokens, running))
+        allocator = self.allocator
+        num_slots = allocator.num_reserved_blocks() * self._block_size
+        num_released = allocator.num_hole_blocks() * self._block_size  # in released blocks
+        return num_slots + num_released - sum(map(_num_computed_tokens, running))
 
     # -- forks ---------------------------------------------------------------------------
 
