@@ -193,6 +193,21 @@ def test_free_errors_change_nothing(Pool) -> None:
     raises_unchanged(pool, KVCacheError, lambda: pool.free([1, -1]))  # unknown id
 
 
+def test_incref_all_is_checked_as_a_whole(Pool) -> None:
+    pool = Pool(4)
+    pool.allocate(2)
+    cache_block(pool, 1, 7)
+    pool.free([1])  # evictable
+    raises_unchanged(pool, KVCacheError, lambda: pool.incref_all([0, 2]))  # 2 is free
+    raises_unchanged(pool, KVCacheError, lambda: pool.incref_all([1, 4]))  # unknown id
+    raises_unchanged(pool, KVCacheError, lambda: pool.incref_all([0, -1]))
+    pool.incref_all([1, 0, 1])
+    assert pool.ref_counts() == [2, 2, 0, 0]
+    assert pool.evictable_block_ids() == []  # the hit took it out of the LRU order
+    pool.incref_all([])
+    pool.check_integrity()
+
+
 def test_ref_errors(Pool) -> None:
     pool = Pool(3)
     pool.allocate(1)
@@ -432,6 +447,13 @@ class PoolTwins(RuleBasedStateMachine):
     def incref(self, data: st.DataObject) -> None:
         evictable = self.python.evictable_block_ids()
         self.both("incref", self.block_id(data, evictable + self.used()))
+
+    @rule(data=st.data())
+    def incref_all(self, data: st.DataObject) -> None:
+        evictable = self.python.evictable_block_ids()
+        num_ids = data.draw(st.integers(0, 4))
+        ids = [self.block_id(data, evictable + self.used()) for _ in range(num_ids)]
+        self.both("incref_all", ids)
 
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:

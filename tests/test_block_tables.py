@@ -253,6 +253,59 @@ def test_grow_with_a_sequence_listed_twice(impl) -> None:
     tables.check_integrity(pool)
 
 
+def test_grow_with_asks_for_room_first(impl) -> None:
+    Pool, Tables = impl
+    pool, tables = Pool(6), Tables(4)
+    tables.add_sequence(1, pool.allocate(1))
+    tables.add_sequence(2)
+    asked: list[int] = []
+
+    def refuse(n: int) -> bool:
+        asked.append(n)
+        return False
+
+    # 2 blocks for sequence 1, 2 for sequence 2: asked for 4, refused, nothing changes.
+    raises_nothing = tables.grow_with(pool, [1, 2], [9, 5], refuse)
+    assert (raises_nothing, asked) == (None, [4])
+    assert tables.block_ids(1) == [0] and tables.block_ids(2) == []
+    assert pool.num_free_blocks == 5
+    # Nothing to grow: make_room is not asked.
+    assert tables.grow_with(pool, [1], [4], refuse) == 0
+    assert asked == [4]
+
+    def use_the_tables(n: int) -> bool:
+        # A call back into the tables' batch methods leaves the batch being grown alone.
+        assert tables.num_blocks_to_grow([2], [100]) == 25
+        asked.append(n)
+        return True
+
+    assert tables.grow_with(pool, [1, 2], [9, 5], use_the_tables) == 4
+    assert asked == [4, 4]
+    assert tables.block_ids(1) == [0, 1, 2] and tables.block_ids(2) == [3, 4]
+    # The answer is trusted, and grow's own checks still hold after it.
+    raises_unchanged(
+        pool, tables, OutOfBlocksError, lambda: tables.grow_with(pool, [2], [40], lambda n: True)
+    )
+
+    def remove_it(n: int) -> bool:
+        pool.free(tables.remove_sequence(2))
+        return True
+
+    with pytest.raises(KVCacheError):
+        tables.grow_with(pool, [1, 2], [16, 16], remove_it)
+    assert tables.seq_ids() == [1] and tables.block_ids(1) == [0, 1, 2]
+
+    def fail(n: int) -> bool:
+        raise RuntimeError("make_room failed")
+
+    with pytest.raises(RuntimeError, match="make_room failed"):
+        tables.grow_with(pool, [1], [16], fail)
+    assert tables.grow_with(pool, [1], [16], lambda n: True) == 1  # the scratch survived
+    assert tables.block_ids(1) == [0, 1, 2, 4]  # the last block freed is handed out first
+    tables.check_integrity(pool)
+    pool.check_integrity()
+
+
 def test_ids_and_counts_the_stub_leaves_open(impl) -> None:
     """Validation both twins share where the stub is silent: table entries are block ids in
     [0, 2**31) (they export to int32), new seq ids lie in [0, 2**64), counts are >= 0."""
@@ -789,7 +842,21 @@ class TablesTwins(RuleBasedStateMachine):
             ids, tokens_arg = np.array(seq_ids, np.int64), np.array(num_tokens, np.int64)
             args = f"(arrays {seq_ids}, {num_tokens})"
         self.both(lambda p, t: t.num_blocks_to_grow(ids, tokens_arg), "to_grow" + args)
-        self.both(lambda p, t: t.grow(p, ids, tokens_arg), "grow" + args)
+        if data.draw(st.booleans()):
+            self.both(lambda p, t: t.grow(p, ids, tokens_arg), "grow" + args)
+            return
+        room = data.draw(st.booleans())  # what make_room answers
+
+        def grow_with(pool: Any, tables: Any) -> tuple[Any, list[int]]:
+            asked: list[int] = []
+
+            def make_room(n: int) -> bool:
+                asked.append(n)
+                return room
+
+            return tables.grow_with(pool, ids, tokens_arg, make_room), asked
+
+        self.both(grow_with, f"grow_with{args}, room {room}")
 
     @rule(data=st.data())
     @precondition(has_sequences)

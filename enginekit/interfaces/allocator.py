@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import ClassVar
 
 from enginekit.config import AllocatorConfig
@@ -52,6 +53,21 @@ class Allocator(Plugin, ABC):
         """Extends each sequence's table so that num_tokens[i] tokens fit (each argument a
         list, a tuple or a 1-D int64 array: the scheduler hands its decode batch as arrays).
         All or nothing. Mutates pool and tables."""
+
+    def try_grow(
+        self, seq_ids: IntBatch, num_tokens: IntBatch, make_room: Callable[[int], bool]
+    ) -> bool:
+        """``grow`` if ``make_room(n)`` makes room for the ``n = num_blocks_to_grow(...)``
+        blocks it takes (not called when ``n`` is 0); returns False, changing nothing but
+        what ``make_room`` did, if it does not. The manager's decode growth, once per step:
+        an allocator over the backend's tables may do it in one call
+        (``BlockTables.grow_with``). Mutates pool and tables."""
+        num_needed = self.num_blocks_to_grow(seq_ids, num_tokens)
+        if num_needed and not make_room(num_needed):
+            return False
+        if num_needed:
+            self.grow(seq_ids, num_tokens)
+        return True
 
     @abstractmethod
     def release(self, seq_id: int) -> None:

@@ -26,6 +26,7 @@ Conventions shared by every method:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, TypeVar
 
 import numpy as np
@@ -119,6 +120,12 @@ class BlockPool(Protocol):
 
         Raises KVCacheError for an unknown id or a free block.
         """
+        ...
+
+    def incref_all(self, block_ids: IntList) -> None:
+        """``incref`` of each id, in order (an id listed twice gains two references): a
+        match's blocks pinned in one call. Checked as a whole first, so on error (unknown
+        id, free block) nothing changes."""
         ...
 
     def free(self, block_ids: IntList) -> None:
@@ -320,6 +327,21 @@ class BlockTables(Protocol[PoolT]):
         counts it twice). All or nothing: raises OutOfBlocksError if the batch needs more than
         pool.num_free_blocks, and KVCacheError for an unknown seq_id, changing nothing.
         """
+        ...
+
+    def grow_with(
+        self,
+        pool: PoolT,
+        seq_ids: IntBatch,
+        num_tokens: IntBatch,
+        make_room: Callable[[int], bool],
+    ) -> int | None:
+        """``grow``, first asking ``make_room(n)`` for the ``n`` blocks the batch needs (as
+        ``num_blocks_to_grow`` counts them) when ``n > 0``: returns the blocks allocated, or
+        None, changing nothing, if ``make_room`` returns false (one conversion of the batch
+        where a count and a growth would take two). The batch is read once, before the call
+        back, which may use the tables and the pool; ``grow``'s errors are raised after it
+        (a sequence it removed: KVCacheError; a pool still short: OutOfBlocksError)."""
         ...
 
     def cache_blocks(

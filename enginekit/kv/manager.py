@@ -12,7 +12,7 @@ from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
 from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.eviction import BlockRange, Eviction
-from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
+from enginekit.interfaces.prefix import NO_MATCH, PrefixCache, PrefixMatch
 from enginekit.interfaces.structures import IntBatch
 from enginekit.kv.block_ops import BlockOps
 from enginekit.kv.forks import SharedTails
@@ -23,10 +23,11 @@ from enginekit.spec.kv import KVSpec
 from enginekit.step import BlockCopy, BlockSwap, KVUsage
 
 if TYPE_CHECKING:
-    from enginekit.interfaces import Allocator, PrefixCache
+    from enginekit.interfaces import Allocator
 
 
 _num_computed_tokens = attrgetter("num_computed_tokens")
+_new_tuple = tuple.__new__
 
 
 class _Admission(NamedTuple):
@@ -98,6 +99,15 @@ class KVCacheManager:
         # Whether the policy may release blocks out of a window (it overrides the default
         # of none): else release_out_of_window has nothing to ask.
         self._has_windows = type(eviction).ranges_out_of_window is not Eviction.ranges_out_of_window
+        # Whether the prefix cache holds pool references of its own (it overrides the
+        # default of no evictable blocks), and whether it listens to evictions: else the
+        # per-step reclaim asks it nothing.
+        prefix_type = type(prefix)
+        self._cache_holds_blocks = (
+            prefix_type.num_evictable_blocks is not PrefixCache.num_evictable_blocks
+        )
+        self._hears_evictions = prefix_type.on_evicted is not PrefixCache.on_evicted
+        self._hears_steps = prefix_type.on_step_executed is not PrefixCache.on_step_executed
         self._refusal: _Refusal | None = None  # see still_refused
 
     @property
@@ -126,16 +136,20 @@ class KVCacheManager:
         Blocks that only a prefix cache holding its own references keeps (radix) count as
         evictable, not used (an estimate from above). Pure."""
         pool = self.pool
-        cache_only = self.prefix.num_evictable_blocks()
+        cache_only = self._num_cache_only_blocks()
         num_table_blocks = self.allocator.num_reserved_blocks()
-        return KVUsage(
-            pool.num_blocks,
-            max(0, pool.num_used_blocks - cache_only),
-            pool.num_evictable_blocks + cache_only,
-            pool.num_free_blocks,
-            num_table_blocks,
-            num_table_blocks * self._block_size,
-            self.num_unused_slots(running),
+        # tuple.__new__: KVUsage's own __new__ is a Python function, and this runs every step
+        return _new_tuple(
+            KVUsage,
+            (
+                pool.num_blocks,
+                max(0, pool.num_used_blocks - cache_only),
+                pool.num_evictable_blocks + cache_only,
+                pool.num_free_blocks,
+                num_table_blocks,
+                num_table_blocks * self._block_size,
+                self._num_unused_slots(running, num_table_blocks),
+            ),
         )
 
     def num_reclaimable_blocks(self) -> int:
@@ -144,7 +158,7 @@ class KVCacheManager:
         would release, less the promised ones. The radix part may be an estimate from
         above; make_room then falls short and callers back off."""
         pool = self.pool
-        num_cache_only = self.prefix.num_evictable_blocks()
+        num_cache_only = self._num_cache_only_blocks()
         num_reclaimable = pool.num_free_blocks + pool.num_evictable_blocks + num_cache_only
         return num_reclaimable - self._promises.total
 
@@ -265,7 +279,10 @@ class KVCacheManager:
         its own (radix)."""
         if not block_ids:
             return 0
-        return self.pool.num_unreferenced(block_ids) + self.prefix.num_evictable_among(block_ids)
+        num_unreferenced = self.pool.num_unreferenced(block_ids)
+        if self._cache_holds_blocks:
+            num_unreferenced += self.prefix.num_evictable_among(block_ids)
+        return num_unreferenced
 
     def admission_watermark(self) -> int:
         """Blocks admission keeps reclaimable for the running sequences to grow into: the
@@ -297,8 +314,7 @@ class KVCacheManager:
         first)."""
         pool = self.pool
         plan = self._plan(request, match)
-        for block_id in match.block_ids:
-            pool.incref(block_id)
+        pool.incref_all(match.block_ids)
         try:
             if not self.make_room(plan.num_new):
                 raise OutOfBlocksError(
@@ -371,21 +387,12 @@ class KVCacheManager:
     def try_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> bool:
         """Makes each sequence's table hold num_tokens[i] tokens, evicting if needed.
         Returns False, changing nothing, if the blocks are not there."""
-        num_needed = self.allocator.num_blocks_to_grow(seq_ids, num_tokens)
-        if num_needed == 0:
-            return True
-        if not self._try_make_room(num_needed):
-            return False
-        self.allocator.grow(seq_ids, num_tokens)
-        return True
+        return self.allocator.try_grow(seq_ids, num_tokens, self._try_make_room)
 
     def _try_make_room(self, num_blocks: int) -> bool:
         """``make_room(num_blocks)`` if the reclaimable blocks cover them (``num_blocks <=
-        num_reclaimable_blocks()``); else False, evicting nothing. Blocks already free
-        beyond the promises need neither count."""
-        if num_blocks + self._promises.total <= self.pool.num_free_blocks:
-            return True
-        return num_blocks <= self.num_reclaimable_blocks() and self.make_room(num_blocks)
+        num_reclaimable_blocks()``); else False, evicting nothing."""
+        return self._reclaim(num_blocks + self._promises.total, all_or_nothing=True)
 
     def make_room(self, num_blocks: int) -> bool:
         """Reclaims cached blocks until ``num_blocks`` are free beyond the prefill promises:
@@ -394,18 +401,31 @@ class KVCacheManager:
         stay reclaimed)."""
         return self._reclaim(num_blocks + self._promises.total)
 
-    def _reclaim(self, num_free_blocks: int) -> bool:
-        """Reclaims cached blocks until ``num_free_blocks`` are free; returns whether."""
+    def _reclaim(self, num_free_blocks: int, all_or_nothing: bool = False) -> bool:
+        """Reclaims cached blocks until ``num_free_blocks`` are free; returns whether.
+        ``all_or_nothing``: reclaims nothing, returning False, unless the evictable blocks
+        and those the prefix cache would release cover the shortfall."""
         pool = self.pool
         shortfall = num_free_blocks - pool.num_free_blocks
-        if shortfall > 0 and pool.num_evictable_blocks:
-            evicted = self.eviction.evict(min(shortfall, pool.num_evictable_blocks))
-            self.prefix.on_evicted(evicted)
+        if shortfall <= 0:
+            return True
+        num_evictable = pool.num_evictable_blocks
+        if all_or_nothing and shortfall > num_evictable + self._num_cache_only_blocks():
+            return False
+        if num_evictable:
+            evicted = self.eviction.evict(min(shortfall, num_evictable))
+            if self._hears_evictions:
+                self.prefix.on_evicted(evicted)
             shortfall = num_free_blocks - pool.num_free_blocks
-        while shortfall > 0 and self.prefix.num_evictable_blocks():
+        while shortfall > 0 and self._num_cache_only_blocks():
             pool.free(self.prefix.evict(shortfall))
             shortfall = num_free_blocks - pool.num_free_blocks
         return shortfall <= 0
+
+    def _num_cache_only_blocks(self) -> int:
+        """Blocks only a prefix cache holding references of its own (radix) keeps, which it
+        would release (``PrefixCache.num_evictable_blocks``: an estimate from above)."""
+        return self.prefix.num_evictable_blocks() if self._cache_holds_blocks else 0
 
     # -- computed tokens and release -----------------------------------------------------
 
@@ -486,15 +506,18 @@ class KVCacheManager:
         if self._block_ops.pinned_block_ids:
             self.pool.free(self._block_ops.take_pins())
         self.swap_space.release_quarantined()
-        self.prefix.on_step_executed()
+        if self._hears_steps:
+            self.prefix.on_step_executed()
 
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must
         be every request holding a table): partial last blocks and reservations."""
-        allocator = self.allocator
-        num_slots = allocator.num_reserved_blocks() * self._block_size
-        num_released = allocator.num_hole_blocks() * self._block_size  # in released blocks
-        return num_slots + num_released - sum(map(_num_computed_tokens, running))
+        return self._num_unused_slots(running, self.allocator.num_reserved_blocks())
+
+    def _num_unused_slots(self, running: Sequence[Request], num_table_blocks: int) -> int:
+        """``num_unused_slots`` with the allocator's reserved blocks already read."""
+        num_blocks = num_table_blocks + self.allocator.num_hole_blocks()  # holes: released
+        return num_blocks * self._block_size - sum(map(_num_computed_tokens, running))
 
     # -- forks ---------------------------------------------------------------------------
 

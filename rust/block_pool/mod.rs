@@ -238,6 +238,29 @@ impl BlockPool {
         }
     }
 
+    /// `incref` of each id, in order (an id listed twice gains two references). Checked as a
+    /// whole first, so an error (unknown id, free block, a count that would overflow) changes
+    /// nothing.
+    pub fn incref_all(&mut self, block_ids: &[u32]) -> KvResult<()> {
+        // A count can only overflow if it is within the batch's length of u32::MAX.
+        let headroom = u32::try_from(block_ids.len()).unwrap_or(u32::MAX);
+        for &id in block_ids {
+            let b = self.check_id(id)?;
+            if self.ref_count[b] == 0 && self.hash[b].is_none() {
+                return cache_err(format!("block {id} is free: cannot incref"));
+            }
+            if self.ref_count[b] > u32::MAX - headroom {
+                return cache_err(format!(
+                    "block {id}: reference count overflow: cannot incref"
+                ));
+            }
+        }
+        for &id in block_ids {
+            self.incref(id).expect("checked above");
+        }
+        Ok(())
+    }
+
     /// Drops a reference. At zero a cached block goes to the most recent end of the LRU list and
     /// an uncached block is pushed on the free stack. The caller checked ref_count > 0.
     fn decref_unchecked(&mut self, block_id: u32) {

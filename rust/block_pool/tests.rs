@@ -153,6 +153,26 @@ fn incref_and_free() {
 }
 
 #[test]
+fn incref_all_is_checked_as_a_whole() {
+    let mut p = mixed();
+    let before = snapshot(&p);
+    // A free block or an unknown id anywhere in the batch: nothing changes.
+    assert_eq!(
+        cache_msg(p.incref_all(&[2, 1, 5])),
+        "block 5 is free: cannot incref"
+    );
+    assert!(cache_msg(p.incref_all(&[1, 6])).starts_with("unknown block 6"));
+    assert_eq!(snapshot(&p), before);
+    // A block listed twice gains two references; an evictable one leaves the LRU list.
+    p.incref_all(&[1, 2, 1]).unwrap();
+    assert_eq!(p.ref_count(1).unwrap(), 2);
+    assert_eq!(p.ref_count(2).unwrap(), 2);
+    assert_eq!(p.evictable_block_ids(), vec![0]);
+    p.incref_all(&[]).unwrap();
+    p.check_integrity().unwrap();
+}
+
+#[test]
 fn incref_overflow_is_refused() {
     let mut p = pool(1);
     p.allocate(1).unwrap();

@@ -174,6 +174,14 @@ where
     })
 }
 
+/// The direct read of a list or tuple of exact ints in [0, 2**64) into `out` (cleared
+/// first): false, `out` partly filled, for anything else (a negative or larger int, another
+/// type), which the caller's checked path then reads or reports.
+pub(super) fn exact_counts_in(obj: &Bound<'_, PyAny>, out: &mut Vec<u64>) -> bool {
+    out.clear();
+    exact_ints_in(obj, out, u64::MAX, 0, usize::MAX)
+}
+
 /// The direct read of [`collect_leading_ints`]: true, with the `limit` items from index
 /// `start` on (fewer where the container ends) in `out`, if `obj` is an exact list or tuple
 /// whose items there are exact ints in [0, max]; false (nothing raised, `out` partly filled)

@@ -107,6 +107,19 @@ impl PyBlockPool {
         })
     }
 
+    fn incref_all(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        guard(|| {
+            let mut ids = std::mem::take(&mut self.ids);
+            let max = u64::from(self.inner.num_blocks()) - 1;
+            let r = collect_ints(block_ids, "block_ids", &mut ids, max, |x| {
+                self.unknown_block(x)
+            })
+            .and_then(|()| self.inner.incref_all(&ids).map_err(to_py));
+            self.ids = ids;
+            r
+        })
+    }
+
     fn free(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         guard(|| {
             let mut ids = std::mem::take(&mut self.ids);

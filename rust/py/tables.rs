@@ -5,8 +5,8 @@ use pyo3::prelude::*;
 
 use super::convert::{
     as_i32, as_u64, bad_table_block, block_hashes_arg, cache_err, count, empty_tuple,
-    for_each_item, guard, int_default, new_seq_arg, seq_arg, seq_ids_into, table_block_ids, to_py,
-    typed_buffer, value_err,
+    exact_counts_in, for_each_item, guard, int_default, new_seq_arg, seq_arg, seq_ids_into,
+    table_block_ids, to_py, typed_buffer, value_err,
 };
 use super::pool::PyBlockPool;
 use crate::block_table::{BlockTables, HOLE};
@@ -46,6 +46,9 @@ fn int64_array_into(
 /// Fills `out` (cleared first) with the non-negative counts of the list or tuple `obj`
 /// (argument `what`; see [`count`]).
 fn counts_into(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<u64>) -> PyResult<()> {
+    if exact_counts_in(obj, out) {
+        return Ok(());
+    }
     out.clear();
     for_each_item(obj, what, |x| {
         out.push(count(x, what)?);
@@ -306,6 +309,52 @@ impl PyBlockTables {
             self.inner
                 .grow(&mut pool.inner, &self.seqs, &self.toks)
                 .map_err(to_py)
+        })
+    }
+
+    /// `grow`, first asking `make_room(n)` for the `n` blocks the batch needs (as
+    /// `num_blocks_to_grow` counts them) when `n > 0`: returns the blocks allocated, or None,
+    /// changing nothing, if `make_room` returns false. The batch is read once, before the
+    /// call back; no borrow of the tables or the pool is held during it.
+    fn grow_with(
+        slf: &Bound<'_, Self>,
+        pool: &Bound<'_, PyBlockPool>,
+        seq_ids: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+        make_room: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u64>> {
+        guard(|| {
+            // The scratch batch leaves the tables while Python runs: a call back into
+            // another batch method would otherwise overwrite it.
+            let (seqs, toks, needed) = {
+                let mut this = slf.try_borrow_mut()?;
+                this.batch_args(seq_ids, num_tokens)?;
+                let needed = this
+                    .inner
+                    .num_blocks_to_grow(&this.seqs, &this.toks)
+                    .map_err(to_py)?;
+                if needed == 0 {
+                    return Ok(Some(0));
+                }
+                (
+                    std::mem::take(&mut this.seqs),
+                    std::mem::take(&mut this.toks),
+                    needed,
+                )
+            };
+            let room = make_room.call1((needed,))?.is_truthy()?;
+            let mut this = slf.try_borrow_mut()?;
+            let grown = if room {
+                let mut pool = pool.try_borrow_mut()?;
+                this.inner
+                    .grow(&mut pool.inner, &seqs, &toks)
+                    .map(Some)
+                    .map_err(to_py)
+            } else {
+                Ok(None)
+            };
+            (this.seqs, this.toks) = (seqs, toks);
+            grown
         })
     }
 

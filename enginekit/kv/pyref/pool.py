@@ -181,6 +181,16 @@ class PyBlockPool:
             del self._lru[block_id]
         self._ref_counts[block_id] += 1
 
+    def incref_all(self, block_ids: Sequence[int]) -> None:
+        """``incref`` of each id, in order (an id listed twice gains two references).
+        Checked as a whole first, so on error (unknown id, free block) nothing changes."""
+        ids = int_list(block_ids, "block_ids", self._known)
+        for block_id in ids:
+            if self._ref_counts[block_id] == 0 and not self._is_evictable(block_id):
+                raise KVCacheError(f"incref of free block {block_id}")
+        for block_id in ids:
+            self.incref(block_id)
+
     def _decref(self, block_id: int) -> None:
         """Drops a reference of a block whose ref_count is > 0 (free checked it). At zero a
         cached block becomes evictable (most recent end of the LRU list) and an uncached

@@ -238,9 +238,10 @@ class PyBlockTables:
         A sequence listed twice counts twice (so this is an upper bound on what grow
         allocates). Raises ValueError if the two sequences differ in length.
         """
-        return sum(
-            max(0, want - len(self._tables[s])) for s, want in self._batch(seq_ids, num_tokens)
-        )
+        return self._num_to_grow(self._batch(seq_ids, num_tokens))
+
+    def _num_to_grow(self, batch: list[tuple[int, int]]) -> int:
+        return sum(max(0, want - len(self._tables[s])) for s, want in batch)
 
     def grow(self, pool: PyBlockPool, seq_ids: IntBatch, num_tokens: IntBatch) -> int:
         """Allocates from ``pool`` and appends so that each sequence holds at least
@@ -251,7 +252,13 @@ class PyBlockTables:
         OutOfBlocksError if the batch needs more than pool.num_free_blocks, and KVCacheError
         for an unknown seq_id, changing nothing.
         """
-        batch = self._batch(seq_ids, num_tokens)
+        return self._grow(pool, self._batch(seq_ids, num_tokens))
+
+    def _grow(self, pool: PyBlockPool, batch: list[tuple[int, int]]) -> int:
+        """``grow`` of a checked batch of (seq_id, blocks wanted); a sequence the batch
+        names may have been removed since the check (KVCacheError, changing nothing)."""
+        for s, _ in batch:
+            self._table(s)
         target: dict[int, int] = {}
         for s, want in batch:
             target[s] = max(target.get(s, 0), want)
@@ -264,6 +271,25 @@ class PyBlockTables:
             table = self._tables[s]
             table.extend(pool.allocate(max(0, want - len(table))))
         return needed
+
+    def grow_with(
+        self,
+        pool: PyBlockPool,
+        seq_ids: IntBatch,
+        num_tokens: IntBatch,
+        make_room: Callable[[int], bool],
+    ) -> int | None:
+        """``grow``, first asking ``make_room(n)`` for the ``n`` blocks the batch needs (as
+        ``num_blocks_to_grow`` counts them) when ``n > 0``: returns the blocks allocated, or
+        None, changing nothing, if ``make_room`` returns false. The batch is read once,
+        before the call back (which may use the tables and the pool)."""
+        batch = self._batch(seq_ids, num_tokens)
+        needed = self._num_to_grow(batch)
+        if needed == 0:
+            return 0
+        if not make_room(needed):
+            return None
+        return self._grow(pool, batch)
 
     def cache_blocks(
         self, pool: PyBlockPool, seq_id: int, first_index: int, block_hashes: Sequence[int]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from enginekit.config import AllocatorConfig
@@ -43,6 +44,15 @@ class PagedAllocator(Allocator):
     def grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> None:
         self._num_reserved_blocks += self.kv.tables.grow(self.kv.pool, seq_ids, num_tokens)
 
+    def try_grow(
+        self, seq_ids: IntBatch, num_tokens: IntBatch, make_room: Callable[[int], bool]
+    ) -> bool:
+        num_grown = self.kv.tables.grow_with(self.kv.pool, seq_ids, num_tokens, make_room)
+        if num_grown is None:
+            return False
+        self._num_reserved_blocks += num_grown
+        return True
+
     def release(self, seq_id: int) -> None:
         tables = self.kv.tables
         num_holes = tables.num_holes(seq_id)
@@ -73,8 +83,7 @@ class PagedAllocator(Allocator):
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         tables, pool = self.kv.tables, self.kv.pool
         block_ids = tables.fork(parent_seq_id, child_seq_id)
-        for block_id in block_ids:
-            pool.incref(block_id)
+        pool.incref_all(block_ids)
         self._num_reserved_blocks += len(block_ids)
         self._num_hole_blocks += tables.num_holes(child_seq_id)
 

@@ -183,8 +183,7 @@ class RadixPrefixCache(PrefixCache):
         result = tree.insert(tokens, block_ids)
         self._num_gains += 1
         pool = self.kv.pool
-        for block_id in result.new_block_refs:
-            pool.incref(block_id)
+        pool.incref_all(result.new_block_refs)
         if result.released_block_refs:
             # The new leaf's copy of a block replaced the ancestors' (after the increfs, so
             # a block in both lists is never freed on the way).
