@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -130,3 +132,25 @@ def test_main_writes_a_row_per_backend_and_prints_a_table(tmp_path, capsys) -> N
     assert all(r["workload"] == "unique" and r["num_finished"] == 6 for r in rows)
     assert set(rows[0]["phase_ns"]) == set(bench.PHASES)
     assert data["meta"]["num_requests"] == 6
+
+
+def test_the_instruction_count_toggles_callgrind_at_both_ends_of_every_batch(tmp_path) -> None:
+    """Outside valgrind the toggle does nothing: the replay runs as it would under it, and
+    the script checks that it toggled twice per timed batch."""
+    lib = tmp_path / "toggle.so"
+    source = REPO_ROOT / "benchmarks" / "callgrind_toggle.c"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", lib, source], check=True)
+    script = REPO_ROOT / "benchmarks" / "count_manager_instructions.py"
+    args = ["--workload", "unique", "--requests", "6", "--pool", "256", "--prefix", "radix"]
+    done = subprocess.run(
+        [sys.executable, script, lib, *args], capture_output=True, text=True, check=True
+    )
+    assert re.fullmatch(
+        r"unique at 256 blocks, radix: [1-9][\d,]* generated tokens, [\d,]+ steps, "
+        r"[1-9][\d,]* batches\n",
+        done.stderr,
+    )
+    done = subprocess.run(
+        [sys.executable, script, lib, "--empty", "5"], capture_output=True, text=True, check=True
+    )
+    assert done.stderr == "5 empty batches\n"

@@ -270,8 +270,10 @@ class KVCacheManager:
     def _admission_room(self) -> int:
         """Blocks an admission may take now: the reclaimable ones less what short
         promises still need and the watermark."""
-        room = self.num_reclaimable_blocks() - self._num_short_promised()
-        return room - self.admission_watermark()
+        room = self.num_reclaimable_blocks() - self.admission_watermark()
+        if self._window is not None:  # else no promise falls short
+            room -= self._num_short_promised()
+        return room
 
     def _num_pinned_evictable(self, block_ids: list[int]) -> int:
         """Of a match's blocks, those that stop being reclaimable while a request holds
@@ -410,7 +412,11 @@ class KVCacheManager:
         if shortfall <= 0:
             return True
         num_evictable = pool.num_evictable_blocks
-        if all_or_nothing and shortfall > num_evictable + self._num_cache_only_blocks():
+        if (
+            all_or_nothing
+            and shortfall > num_evictable
+            and shortfall > num_evictable + self._num_cache_only_blocks()
+        ):
             return False
         if num_evictable:
             evicted = self.eviction.evict(min(shortfall, num_evictable))

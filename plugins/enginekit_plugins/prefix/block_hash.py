@@ -70,14 +70,17 @@ class BlockHashPrefixCache(PrefixCache):
     ) -> None:
         """The requests whose names and publications are up to the block the step fills
         have it named and published in one call; the others take ``on_computed``."""
+        # One loop, not three comprehensions: a step fills a block of few decodes.
+        seq_ids: list[int] = []
+        token_lists: list[list[int]] = []
+        extra_keys: list[bytes | None] = []
+        for request in requests:
+            seq_ids.append(request.seq_id)
+            token_lists.append(request.token_ids)
+            extra_keys.append(request.extra_key)
         kv = self.kv
         skipped = self._chains.publish_filled(
-            kv.tables,
-            kv.pool,
-            [r.seq_id for r in requests],
-            [r.token_ids for r in requests],
-            num_computed_tokens,
-            [r.extra_key for r in requests],
+            kv.tables, kv.pool, seq_ids, token_lists, num_computed_tokens, extra_keys
         )
         for i in skipped:
             self.on_computed(requests[i], num_computed_tokens[i])
