@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
     from enginekit.interfaces import Allocator
 
 
-_num_computed_tokens = attrgetter("num_computed_tokens")
 _new_tuple = tuple.__new__
 
 
@@ -523,7 +521,11 @@ class KVCacheManager:
     def _num_unused_slots(self, running: Sequence[Request], num_table_blocks: int) -> int:
         """``num_unused_slots`` with the allocator's reserved blocks already read."""
         num_blocks = num_table_blocks + self.allocator.num_hole_blocks()  # holes: released
-        return num_blocks * self._block_size - sum(map(_num_computed_tokens, running))
+        # A plain loop: map(attrgetter) builds an argument tuple per request.
+        num_computed = 0
+        for request in running:
+            num_computed += request.num_computed_tokens
+        return num_blocks * self._block_size - num_computed
 
     # -- forks ---------------------------------------------------------------------------
 
