@@ -16,6 +16,11 @@ its package, its plugins and its own replay are imported instead of this one's.
         [--pool 4096] [--prefix block_hash] [--checkout DIR]
     valgrind --tool=callgrind --collect-atstart=no python3 \\
         benchmarks/count_manager_instructions.py toggle.so --empty 100000
+    valgrind --tool=callgrind --collect-atstart=no python3 \\
+        benchmarks/count_manager_instructions.py toggle.so --scheduler-step block_hash
+
+``--scheduler-step PREFIX`` counts ``bench_bookkeeping.py``'s ``schedule()`` + ``update()``
+at 256 decodes instead: 300 steps after 50 of warm-up, one toggle at each end.
 
 callgrind prints the total ("Collected"); divide by the generated tokens printed here.
 About four minutes for multiturn at 4,096 blocks (Rust backend).
@@ -43,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--empty", type=int, metavar="N", help="only N empty batches (the per-batch constant)"
     )
+    parser.add_argument("--scheduler-step", metavar="PREFIX", help="count 300 scheduler steps")
     args = parser.parse_args(argv)
     toggle = ctypes.CDLL(args.toggle_lib).toggle
     num_toggles = 0
@@ -63,6 +69,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.checkout is not None:
         root = args.checkout.resolve()
         sys.path[:0] = [str(root / "benchmarks"), str(root), str(root / "plugins")]
+
+    if args.scheduler_step is not None:
+        import bench_bookkeeping
+
+        case = bench_bookkeeping.scheduler_step(args.scheduler_step)
+        step = case(bench_bookkeeping.RUST, 350)
+        for _ in range(50):
+            step()
+        toggle()
+        for _ in range(300):
+            step()
+        toggle()
+        print(f"300 steps of schedule + update, {args.scheduler_step}", file=sys.stderr)
+        return
 
     import bench_cache_manager as bench
 

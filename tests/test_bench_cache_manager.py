@@ -154,3 +154,10 @@ def test_the_instruction_count_toggles_callgrind_at_both_ends_of_every_batch(tmp
         [sys.executable, script, lib, "--empty", "5"], capture_output=True, text=True, check=True
     )
     assert done.stderr == "5 empty batches\n"
+    done = subprocess.run(
+        [sys.executable, script, lib, "--scheduler-step", "radix"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stderr == "300 steps of schedule + update, radix\n"

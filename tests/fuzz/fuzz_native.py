@@ -292,7 +292,17 @@ class Fuzz:
         if self.b.one_in(6):
             tokens = tokens[:-1] if tokens else [1]
         self.call("num_blocks_to_grow", lambda w: w.tables.num_blocks_to_grow(seqs, tokens))
-        self.call(f"grow({seqs}, {tokens})", lambda w: w.tables.grow(w.pool, seqs, tokens))
+        if self.b.one_in(2):
+            self.call(f"grow({seqs}, {tokens})", lambda w: w.tables.grow(w.pool, seqs, tokens))
+            return
+        room = self.b.one_in(2)  # what make_room answers; the calls it gets must agree
+
+        def grow_with(w: World) -> tuple[Any, list[int]]:
+            asked: list[int] = []
+            grown = w.tables.grow_with(w.pool, seqs, tokens, lambda n: asked.append(n) or room)
+            return grown, asked
+
+        self.call(f"grow_with({seqs}, {tokens}, room {room})", grow_with)
 
     def op_cache_blocks(self) -> None:
         seq = self.seq_id()
@@ -337,6 +347,10 @@ class Fuzz:
         ok, _ = self.call(f"incref({b})", lambda w: w.pool.incref(b))
         if ok:
             self.must(f"free([{b}])", lambda w: w.pool.free([b]))
+        pins = [self.block_id() for _ in range(self.b.int(0, 3))]
+        ok, _ = self.call(f"incref_all({pins})", lambda w: w.pool.incref_all(pins))
+        if ok:
+            self.must(f"free({pins})", lambda w: w.pool.free(pins))
         b = self.block_id()
         if not 0 <= b < self.num_blocks or self.python.pool.ref_count(b) == 0:
             self.call(f"free([{b}])", lambda w: w.pool.free([b]))
