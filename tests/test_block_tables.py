@@ -265,8 +265,8 @@ def test_grow_with_asks_for_room_first(impl) -> None:
         return False
 
     # 2 blocks for sequence 1, 2 for sequence 2: asked for 4, refused, nothing changes.
-    raises_nothing = tables.grow_with(pool, [1, 2], [9, 5], refuse)
-    assert (raises_nothing, asked) == (None, [4])
+    grown = tables.grow_with(pool, [1, 2], [9, 5], refuse)
+    assert (grown, asked) == (None, [4])
     assert tables.block_ids(1) == [0] and tables.block_ids(2) == []
     assert pool.num_free_blocks == 5
     # Nothing to grow: make_room is not asked.
@@ -300,7 +300,7 @@ def test_grow_with_asks_for_room_first(impl) -> None:
 
     with pytest.raises(RuntimeError, match="make_room failed"):
         tables.grow_with(pool, [1], [16], fail)
-    assert tables.grow_with(pool, [1], [16], lambda n: True) == 1  # the scratch survived
+    assert tables.grow_with(pool, [1], [16], lambda n: True) == 1  # still usable after a raise
     assert tables.block_ids(1) == [0, 1, 2, 4]  # the last block freed is handed out first
     tables.check_integrity(pool)
     pool.check_integrity()

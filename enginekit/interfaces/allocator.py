@@ -63,10 +63,11 @@ class Allocator(Plugin, ABC):
         an allocator over the backend's tables may do it in one call
         (``BlockTables.grow_with``). Mutates pool and tables."""
         num_needed = self.num_blocks_to_grow(seq_ids, num_tokens)
-        if num_needed and not make_room(num_needed):
+        if num_needed == 0:
+            return True
+        if not make_room(num_needed):
             return False
-        if num_needed:
-            self.grow(seq_ids, num_tokens)
+        self.grow(seq_ids, num_tokens)
         return True
 
     @abstractmethod

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from enginekit.interfaces import Allocator
 
 
-_new_tuple = tuple.__new__
+def _overrides(plugin: object, base: type, method: str) -> bool:
+    """Whether ``plugin``'s class replaces ``base``'s default ``method``."""
+    return getattr(type(plugin), method) is not getattr(base, method)
 
 
 class _Admission(NamedTuple):
@@ -94,18 +96,14 @@ class KVCacheManager:
         # The allocator, if it can leave holes in a table (checked once: a Protocol
         # isinstance walks its attributes).
         self._holes = allocator if isinstance(allocator, HoleAllocator) else None
-        # Whether the policy may release blocks out of a window (it overrides the default
-        # of none): else release_out_of_window has nothing to ask.
-        self._has_windows = type(eviction).ranges_out_of_window is not Eviction.ranges_out_of_window
-        # Whether the prefix cache holds pool references of its own (it overrides the
-        # default of no evictable blocks), and whether it listens to evictions: else the
-        # per-step reclaim asks it nothing.
-        prefix_type = type(prefix)
-        self._cache_holds_blocks = (
-            prefix_type.num_evictable_blocks is not PrefixCache.num_evictable_blocks
-        )
-        self._hears_evictions = prefix_type.on_evicted is not PrefixCache.on_evicted
-        self._hears_steps = prefix_type.on_step_executed is not PrefixCache.on_step_executed
+        # Which optional hooks the plugins override (the defaults do nothing): the per-step
+        # calls skip the others. Windows to release; pool references the prefix cache
+        # holds itself (radix: blocks only it keeps are reclaimable); listening to
+        # evictions and to executed steps.
+        self._has_windows = _overrides(eviction, Eviction, "ranges_out_of_window")
+        self._cache_holds_blocks = _overrides(prefix, PrefixCache, "num_evictable_blocks")
+        self._hears_evictions = _overrides(prefix, PrefixCache, "on_evicted")
+        self._hears_steps = _overrides(prefix, PrefixCache, "on_step_executed")
         self._refusal: _Refusal | None = None  # see still_refused
 
     @property
@@ -136,18 +134,14 @@ class KVCacheManager:
         pool = self.pool
         cache_only = self._num_cache_only_blocks()
         num_table_blocks = self.allocator.num_reserved_blocks()
-        # tuple.__new__: KVUsage's own __new__ is a Python function, and this runs every step
-        return _new_tuple(
-            KVUsage,
-            (
-                pool.num_blocks,
-                max(0, pool.num_used_blocks - cache_only),
-                pool.num_evictable_blocks + cache_only,
-                pool.num_free_blocks,
-                num_table_blocks,
-                num_table_blocks * self._block_size,
-                self._num_unused_slots(running, num_table_blocks),
-            ),
+        return KVUsage(
+            pool.num_blocks,
+            max(0, pool.num_used_blocks - cache_only),
+            pool.num_evictable_blocks + cache_only,
+            pool.num_free_blocks,
+            num_table_blocks,
+            num_table_blocks * self._block_size,
+            self.num_unused_slots(running),
         )
 
     def num_reclaimable_blocks(self) -> int:
@@ -268,10 +262,8 @@ class KVCacheManager:
     def _admission_room(self) -> int:
         """Blocks an admission may take now: the reclaimable ones less what short
         promises still need and the watermark."""
-        room = self.num_reclaimable_blocks() - self.admission_watermark()
-        if self._window is not None:  # else no promise falls short
-            room -= self._num_short_promised()
-        return room
+        room = self.num_reclaimable_blocks() - self._num_short_promised()
+        return room - self.admission_watermark()
 
     def _num_pinned_evictable(self, block_ids: list[int]) -> int:
         """Of a match's blocks, those that stop being reclaimable while a request holds
@@ -410,11 +402,7 @@ class KVCacheManager:
         if shortfall <= 0:
             return True
         num_evictable = pool.num_evictable_blocks
-        if (
-            all_or_nothing
-            and shortfall > num_evictable
-            and shortfall > num_evictable + self._num_cache_only_blocks()
-        ):
+        if all_or_nothing and shortfall > num_evictable + self._num_cache_only_blocks():
             return False
         if num_evictable:
             evicted = self.eviction.evict(min(shortfall, num_evictable))
@@ -516,11 +504,8 @@ class KVCacheManager:
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must
         be every request holding a table): partial last blocks and reservations."""
-        return self._num_unused_slots(running, self.allocator.num_reserved_blocks())
-
-    def _num_unused_slots(self, running: Sequence[Request], num_table_blocks: int) -> int:
-        """``num_unused_slots`` with the allocator's reserved blocks already read."""
-        num_blocks = num_table_blocks + self.allocator.num_hole_blocks()  # holes: released
+        allocator = self.allocator
+        num_blocks = allocator.num_reserved_blocks() + allocator.num_hole_blocks()  # holes
         # A plain loop: map(attrgetter) builds an argument tuple per request.
         num_computed = 0
         for request in running:

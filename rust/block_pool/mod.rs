@@ -239,10 +239,10 @@ impl BlockPool {
     }
 
     /// `incref` of each id, in order (an id listed twice gains two references). Checked as a
-    /// whole first, so an error (unknown id, free block, a count that would overflow) changes
-    /// nothing.
+    /// whole first, so an error changes nothing: an unknown id, a free block, or a count
+    /// within the batch's length of u32::MAX (it might overflow; checked without counting
+    /// repeats).
     pub fn incref_all(&mut self, block_ids: &[u32]) -> KvResult<()> {
-        // A count can only overflow if it is within the batch's length of u32::MAX.
         let headroom = u32::try_from(block_ids.len()).unwrap_or(u32::MAX);
         for &id in block_ids {
             let b = self.check_id(id)?;

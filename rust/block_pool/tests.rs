@@ -173,6 +173,21 @@ fn incref_all_is_checked_as_a_whole() {
 }
 
 #[test]
+fn incref_all_refuses_a_count_near_overflow() {
+    let mut p = pool(2);
+    p.allocate(2).unwrap();
+    p.ref_count[0] = u32::MAX - 1;
+    // One more fits a single incref, but a batch of two might overflow: refused whole.
+    assert_eq!(
+        cache_msg(p.incref_all(&[1, 0])),
+        "block 0: reference count overflow: cannot incref"
+    );
+    assert_eq!(p.ref_counts(), vec![u32::MAX - 1, 1]);
+    p.incref_all(&[0]).unwrap();
+    assert_eq!(p.ref_count(0).unwrap(), u32::MAX);
+}
+
+#[test]
 fn incref_overflow_is_refused() {
     let mut p = pool(1);
     p.allocate(1).unwrap();

@@ -8,7 +8,7 @@ use super::convert::{
     OutOfBlocksError,
 };
 use crate::block_pool::BlockPool;
-use crate::error::MAX_BLOCKS;
+use crate::error::{KvResult, MAX_BLOCKS};
 
 /// A number of blocks to allocate or evict: an int past u64 can never be met, so it is
 /// an [`OutOfBlocksError`] against the `available` blocks of that `kind`.
@@ -31,6 +31,23 @@ pub(super) struct PyBlockPool {
 
 impl PyBlockPool {
     /// A pool block id: an int outside the pool is an unknown block.
+    /// `f` on the pool and the ids of the list or tuple `block_ids`, read into the reused
+    /// scratch (an id outside the pool is an unknown block).
+    fn with_block_ids<T>(
+        &mut self,
+        block_ids: &Bound<'_, PyAny>,
+        f: impl FnOnce(&mut BlockPool, &[u32]) -> KvResult<T>,
+    ) -> PyResult<T> {
+        let mut ids = std::mem::take(&mut self.ids);
+        let max = u64::from(self.inner.num_blocks()) - 1;
+        let r = collect_ints(block_ids, "block_ids", &mut ids, max, |x| {
+            self.unknown_block(x)
+        })
+        .and_then(|()| f(&mut self.inner, &ids).map_err(to_py));
+        self.ids = ids;
+        r
+    }
+
     fn block_arg(&self, obj: &Bound<'_, PyAny>) -> PyResult<u32> {
         match as_u64(obj)? {
             Some(v) if v < u64::from(self.inner.num_blocks()) => Ok(v as u32),
@@ -108,29 +125,11 @@ impl PyBlockPool {
     }
 
     fn incref_all(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        guard(|| {
-            let mut ids = std::mem::take(&mut self.ids);
-            let max = u64::from(self.inner.num_blocks()) - 1;
-            let r = collect_ints(block_ids, "block_ids", &mut ids, max, |x| {
-                self.unknown_block(x)
-            })
-            .and_then(|()| self.inner.incref_all(&ids).map_err(to_py));
-            self.ids = ids;
-            r
-        })
+        guard(|| self.with_block_ids(block_ids, |pool, ids| pool.incref_all(ids)))
     }
 
     fn free(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        guard(|| {
-            let mut ids = std::mem::take(&mut self.ids);
-            let max = u64::from(self.inner.num_blocks()) - 1;
-            let r = collect_ints(block_ids, "block_ids", &mut ids, max, |x| {
-                self.unknown_block(x)
-            })
-            .and_then(|()| self.inner.free(&ids).map_err(to_py));
-            self.ids = ids;
-            r
-        })
+        guard(|| self.with_block_ids(block_ids, |pool, ids| pool.free(ids)))
     }
 
     fn lookup_prefix(&self, block_hashes: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -144,16 +143,7 @@ impl PyBlockPool {
     }
 
     fn num_unreferenced(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<u64> {
-        guard(|| {
-            let mut ids = std::mem::take(&mut self.ids);
-            let max = u64::from(self.inner.num_blocks()) - 1;
-            let r = collect_ints(block_ids, "block_ids", &mut ids, max, |x| {
-                self.unknown_block(x)
-            })
-            .and_then(|()| self.inner.num_unreferenced(&ids).map_err(to_py));
-            self.ids = ids;
-            r
-        })
+        guard(|| self.with_block_ids(block_ids, |pool, ids| pool.num_unreferenced(ids)))
     }
 
     fn ref_count(&self, block_id: &Bound<'_, PyAny>) -> PyResult<u32> {

@@ -342,16 +342,20 @@ impl PyBlockTables {
                     needed,
                 )
             };
-            let room = make_room.call1((needed,))?.is_truthy()?;
+            let room = make_room.call1((needed,)).and_then(|r| r.is_truthy());
             let mut this = slf.try_borrow_mut()?;
-            let grown = if room {
-                let mut pool = pool.try_borrow_mut()?;
-                this.inner
-                    .grow(&mut pool.inner, &seqs, &toks)
-                    .map(Some)
-                    .map_err(to_py)
-            } else {
-                Ok(None)
+            let grown = match room {
+                Ok(true) => pool
+                    .try_borrow_mut()
+                    .map_err(PyErr::from)
+                    .and_then(|mut pool| {
+                        this.inner
+                            .grow(&mut pool.inner, &seqs, &toks)
+                            .map(Some)
+                            .map_err(to_py)
+                    }),
+                Ok(false) => Ok(None),
+                Err(e) => Err(e), // make_room raised
             };
             (this.seqs, this.toks) = (seqs, toks);
             grown

@@ -175,19 +175,22 @@ class PyBlockPool:
         Raises KVCacheError for an unknown id or a free block.
         """
         block_id = self._known(block_id)
+        self._check_not_free(block_id)
         if self._ref_counts[block_id] == 0:
-            if not self._is_evictable(block_id):
-                raise KVCacheError(f"incref of free block {block_id}")
             del self._lru[block_id]
         self._ref_counts[block_id] += 1
+
+    def _check_not_free(self, block_id: int) -> None:
+        """KVCacheError for a free block (one neither referenced nor evictable)."""
+        if self._ref_counts[block_id] == 0 and not self._is_evictable(block_id):
+            raise KVCacheError(f"incref of free block {block_id}")
 
     def incref_all(self, block_ids: Sequence[int]) -> None:
         """``incref`` of each id, in order (an id listed twice gains two references).
         Checked as a whole first, so on error (unknown id, free block) nothing changes."""
         ids = int_list(block_ids, "block_ids", self._known)
         for block_id in ids:
-            if self._ref_counts[block_id] == 0 and not self._is_evictable(block_id):
-                raise KVCacheError(f"incref of free block {block_id}")
+            self._check_not_free(block_id)
         for block_id in ids:
             self.incref(block_id)
 

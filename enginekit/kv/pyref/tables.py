@@ -255,10 +255,7 @@ class PyBlockTables:
         return self._grow(pool, self._batch(seq_ids, num_tokens))
 
     def _grow(self, pool: PyBlockPool, batch: list[tuple[int, int]]) -> int:
-        """``grow`` of a checked batch of (seq_id, blocks wanted); a sequence the batch
-        names may have been removed since the check (KVCacheError, changing nothing)."""
-        for s, _ in batch:
-            self._table(s)
+        """``grow`` of a checked batch of (seq_id, blocks wanted)."""
         target: dict[int, int] = {}
         for s, want in batch:
             target[s] = max(target.get(s, 0), want)
@@ -289,6 +286,8 @@ class PyBlockTables:
             return 0
         if not make_room(needed):
             return None
+        for s, _ in batch:
+            self._table(s)  # make_room may have removed one (KVCacheError, nothing grown)
         return self._grow(pool, batch)
 
     def cache_blocks(
