@@ -25,6 +25,9 @@ many blocks gives each about 2.1 KB, less than one token's KV in any production 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from enginekit.interfaces.structures import (
     HashBatch,
     InsertResult,
@@ -63,6 +66,25 @@ def hash_blocks(
     ``parent_hash`` defaults to ROOT_HASH (None is refused, TypeError). Raises as hash_block,
     or ValueError if block_size < 1; arguments are checked left to right.
     """
+
+def mark_decodes_scheduled(
+    requests: list[Any], num_tokens: npt.NDArray[np.int64], block_size: int, ints: list[int]
+) -> tuple[list[int], list[int]]:
+    """The decode batch's pass when a step is scheduled; contract and twin:
+    ``enginekit.scheduler.decode_ops.mark_decodes_scheduled``. Also ValueError if
+    ``num_tokens`` is not a 1-D C-contiguous int64 buffer."""
+
+def append_decode_tokens(
+    token_lists: list[list[int]],
+    token_ids: list[int],
+    num_tokens: npt.NDArray[np.int64],
+    max_num_tokens: npt.NDArray[np.int64],
+    stops_at_eos: npt.NDArray[np.uint8],
+    eos: int | None,
+) -> tuple[list[int], list[int]]:
+    """The decode batch's pass when a step's tokens come back; contract and twin:
+    ``enginekit.scheduler.decode_ops.append_decode_tokens``. Also ValueError if an array is
+    not a 1-D C-contiguous buffer of its type, or ``num_tokens`` is read-only."""
 
 def _panic_for_test() -> None:
     """Test hook: panics inside Rust; always raises KVCacheError("internal error: ...")."""

@@ -302,6 +302,16 @@ def test_grow_with_asks_for_room_first(impl) -> None:
         tables.grow_with(pool, [1], [16], fail)
     assert tables.grow_with(pool, [1], [16], lambda n: True) == 1  # still usable after a raise
     assert tables.block_ids(1) == [0, 1, 2, 4]  # the last block freed is handed out first
+
+    def remove_3(n: int) -> bool:
+        pool.free(tables.remove_sequence(3))
+        return True
+
+    # After the call back only the sequences that need blocks are read again: one that
+    # needed none is passed over though make_room removed it.
+    tables.add_sequence(3, pool.allocate(1))
+    assert tables.grow_with(pool, [3, 1], [4, 20], remove_3) == 1
+    assert tables.seq_ids() == [1] and len(tables.block_ids(1)) == 5
     tables.check_integrity(pool)
     pool.check_integrity()
 

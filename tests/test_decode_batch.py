@@ -1,5 +1,6 @@
-"""DecodeBatch on its own: every step's block fills and finishes equal what checking each
-member one by one gives, and its aligned fields stay true (``check``) after every change."""
+"""DecodeBatch on its own, with the Rust passes and with the Python ones: every step's
+block fills and finishes equal what checking each member one by one gives, and its aligned
+fields stay true (``check``) after every change."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from hypothesis import strategies as st
 
 from enginekit.request import Request, RequestStatus, SamplingParams
 from enginekit.scheduler.decode_batch import DecodeBatch
+from enginekit.scheduler.decode_ops import DecodeOps, decode_ops
 
 BLOCK_SIZE = 4
 EOS = 2
+BOTH = pytest.mark.parametrize("ops", [decode_ops(True), decode_ops(False)], ids=["rust", "py"])
 
 
 def decoding_request(seq_id: int, prompt_len: int, sampling: SamplingParams) -> Request:
@@ -33,18 +36,18 @@ def expected_status(request: Request, token: int) -> RequestStatus | None:
     return None
 
 
-def test_a_step_marks_fills_and_finishes_members() -> None:
-    batch = DecodeBatch(EOS, BLOCK_SIZE)
+@BOTH
+def test_a_step_marks_fills_and_finishes_members(ops: DecodeOps) -> None:
+    batch = DecodeBatch(EOS, BLOCK_SIZE, ops)
     a = decoding_request(1, 3, SamplingParams(max_tokens=3, ignore_eos=True))  # 4 tokens
     b = decoding_request(2, 6, SamplingParams(max_tokens=9, stop_token_ids=(7,)))  # 7
     batch.add([a, b])
     batch.check()
-    lens = batch.num_tokens()
-    assert lens == [4, 7] and batch.seq_ids == [1, 2] and batch.last_token_ids == [9, 9]
-    assert batch.mark_scheduled(lens) == [0]  # a's 4th token fills its first block
+    assert batch.seq_ids == [1, 2] and batch.last_token_ids == [9, 9]
+    assert batch.mark_scheduled() == ([4, 7], [0])  # a's 4th token fills its first block
     assert (a.num_computed_tokens, b.num_computed_tokens) == (4, 7)
     assert batch.append([EOS, 5]) == []  # a ignores EOS; b goes on
-    assert batch.mark_scheduled(batch.num_tokens()) == [1]  # b's 8th token
+    assert batch.mark_scheduled() == ([5, 8], [1])  # b's 8th token
     finished = batch.append([3, 7])  # a reaches max_tokens=3, b its stop id
     assert finished == [a, b] and len(batch) == 0
     assert a.status is RequestStatus.FINISHED_LENGTH
@@ -53,8 +56,9 @@ def test_a_step_marks_fills_and_finishes_members() -> None:
     batch.check()
 
 
-def test_tokens_for_another_batch_are_refused() -> None:
-    batch = DecodeBatch(EOS, BLOCK_SIZE)
+@BOTH
+def test_tokens_for_another_batch_are_refused(ops: DecodeOps) -> None:
+    batch = DecodeBatch(EOS, BLOCK_SIZE, ops)
     batch.add([decoding_request(1, 3, SamplingParams(max_tokens=5))])
     with pytest.raises(ValueError, match="2 tokens for a batch of 1 decodes"):
         batch.append([3, 4])
@@ -76,12 +80,13 @@ OPS = st.lists(
 )
 
 
+@BOTH
 @settings(max_examples=150, deadline=None)
-@given(ops=OPS)
-def test_the_batch_agrees_with_checking_each_member(ops) -> None:
-    batch = DecodeBatch(EOS, BLOCK_SIZE)
+@given(script=OPS)
+def test_the_batch_agrees_with_checking_each_member(ops: DecodeOps, script) -> None:
+    batch = DecodeBatch(EOS, BLOCK_SIZE, ops)
     next_seq_id = iter(range(1000))
-    for op, arg in ops:
+    for op, arg in script:
         if op == "add":
             joining = [decoding_request(next(next_seq_id), n, s) for n, s in arg]
             # a member whose first output already reached max_tokens would have finished
@@ -90,10 +95,10 @@ def test_the_batch_agrees_with_checking_each_member(ops) -> None:
             batch.remove([batch.requests[arg % len(batch)]])
         elif op == "step":
             members = list(batch.requests)
-            lens = batch.num_tokens()
-            assert lens == [r.num_tokens for r in members]
+            lens = [r.num_tokens for r in members]
+            assert batch.num_tokens() == lens
             fills = [i for i, n in enumerate(lens) if n % BLOCK_SIZE == 0]
-            assert batch.mark_scheduled(lens) == fills
+            assert batch.mark_scheduled() == (lens, fills)
             assert [r.num_computed_tokens for r in members] == lens
             tokens = arg[: len(members)]
             for request, token in zip(members, tokens, strict=True):
@@ -106,3 +111,17 @@ def test_the_batch_agrees_with_checking_each_member(ops) -> None:
             assert [r.status for r in finished] == [s for s in expected if s]
             assert batch.requests == [r for r, s in zip(members, expected, strict=True) if not s]
         batch.check()
+
+
+@BOTH
+def test_counts_past_the_int_table_extend_it(ops: DecodeOps) -> None:
+    batch = DecodeBatch(EOS, BLOCK_SIZE, ops)
+    short = decoding_request(1, 3, SamplingParams(max_tokens=5000, ignore_eos=True))
+    batch.add([short])
+    assert batch.mark_scheduled() == ([4], [0])
+    batch.append([7])
+    batch.add([decoding_request(2, 2500, SamplingParams(max_tokens=5, ignore_eos=True))])
+    batch.check()
+    assert batch.mark_scheduled() == ([5, 2501], [])
+    assert batch.append([7, 7]) == []
+    batch.check()

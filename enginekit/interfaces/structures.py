@@ -340,8 +340,10 @@ class BlockTables(Protocol[PoolT]):
         ``num_blocks_to_grow`` counts them) when ``n > 0``: returns the blocks allocated, or
         None, changing nothing, if ``make_room`` returns false (one conversion of the batch
         where a count and a growth would take two). The batch is read once, before the call
-        back, which may use the tables and the pool; ``grow``'s errors are raised after it
-        (a sequence it removed: KVCacheError; a pool still short: OutOfBlocksError)."""
+        back, which may use the tables and the pool; after it, only the sequences that
+        needed blocks are read again and grown, as ``grow`` of that part of the batch, whose
+        errors are raised then (one of them removed: KVCacheError; a pool still short:
+        OutOfBlocksError)."""
         ...
 
     def cache_blocks(

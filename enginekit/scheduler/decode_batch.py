@@ -8,18 +8,21 @@ token to the executor, mark its computed tokens, append the sampled token and ch
 stop conditions. The batch keeps what that work reads side by side (seq ids, token counts,
 token limits, last tokens, each request's own ``token_ids`` list), so that the scheduler
 hands whole lists to the cache manager (one call into Rust per step for the tables), and
-the checks run over arrays.
+the per-member passes (``decode_ops``: one call each, in Rust on native runs) take them
+whole.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from enginekit.request import Request, RequestStatus
+from enginekit.scheduler.decode_ops import PYTHON_DECODE_OPS, DecodeOps
+
+_INT_TABLE_STEP = 1024  # ints the batch's table grows by past the count that needs them
 
 
 class DecodeBatch:
@@ -35,9 +38,12 @@ class DecodeBatch:
     never mutated, when the batch changes, so a caller may keep one as a snapshot.
     """
 
-    def __init__(self, eos_token_id: int | None, block_size: int) -> None:
+    def __init__(
+        self, eos_token_id: int | None, block_size: int, ops: DecodeOps = PYTHON_DECODE_OPS
+    ) -> None:
         self._eos_token_id = eos_token_id
         self._block_size = block_size
+        self._ops = ops
         self.requests: list[Request] = []
         self.seq_ids: list[int] = []
         self.last_token_ids: list[int] = []
@@ -45,8 +51,13 @@ class DecodeBatch:
         self.seq_id_array = np.zeros(0, dtype=np.int64)  # ``seq_ids`` for batch calls
         self._num_tokens = np.zeros(0, dtype=np.int64)
         self._max_num_tokens = np.zeros(0, dtype=np.int64)
-        self._stops_at_eos = np.zeros(0, dtype=bool)
+        self._stops_at_eos = np.zeros(0, dtype=np.uint8)  # 1 where EOS stops the member
         self._stop_indices: list[int] = []  # members with stop_token_ids
+        # Item n is the int n, for n up to at least ``_most_tokens``: a step's marks share
+        # these objects rather than make an int per member. ``_most_tokens`` bounds every
+        # member's number of tokens from above.
+        self._ints: list[int] = []
+        self._most_tokens = 0
         # Bumped by every change of membership: the scheduler checks that the batch it
         # scheduled is the one its tokens come back for.
         self.version = 0
@@ -70,9 +81,9 @@ class DecodeBatch:
         self.last_token_ids = self.last_token_ids + [r.token_ids[-1] for r in requests]
         self._token_lists = self._token_lists + [r.token_ids for r in requests]
         self.seq_id_array = np.array(self.seq_ids, dtype=np.int64)
-        self._num_tokens = np.concatenate(
-            (self._num_tokens, np.array([len(r.token_ids) for r in requests], dtype=np.int64))
-        )
+        num_tokens = [len(r.token_ids) for r in requests]
+        self._num_tokens = np.concatenate((self._num_tokens, np.array(num_tokens, dtype=np.int64)))
+        self._most_tokens = max(self._most_tokens, *num_tokens)
         self._max_num_tokens = np.concatenate(
             (
                 self._max_num_tokens,
@@ -83,7 +94,10 @@ class DecodeBatch:
             )
         )
         self._stops_at_eos = np.concatenate(
-            (self._stops_at_eos, np.array([not r.sampling.ignore_eos for r in requests]))
+            (
+                self._stops_at_eos,
+                np.array([not r.sampling.ignore_eos for r in requests], dtype=np.uint8),
+            )
         )
         self._changed()
 
@@ -129,16 +143,15 @@ class DecodeBatch:
         """``num_token_array`` as a new list. Pure."""
         return self._num_tokens.tolist()  # type: ignore[no-any-return]
 
-    def mark_scheduled(self, context_lens: list[int]) -> list[int]:
-        """Every member's tokens are computed by the step being scheduled
-        (``context_lens``: ``num_tokens()``): sets its ``num_computed_tokens``. Returns the
-        indices of the members whose last block this fills, ascending."""
-        for request, num_tokens in zip(self.requests, context_lens, strict=True):
-            request.num_computed_tokens = num_tokens
-        # One pass over the array each step: membership changes nearly every step in
-        # steady serving, so an index of coming events would be rebuilt as often.
-        filled: list[int] = np.flatnonzero(self._num_tokens % self._block_size == 0).tolist()
-        return filled
+    def mark_scheduled(self) -> tuple[list[int], list[int]]:
+        """Every member's tokens are computed by the step being scheduled: sets its
+        ``num_computed_tokens`` to its number of tokens. Returns (those numbers as a new
+        list: the step's context lengths; the indices of the members whose last block the
+        step fills, ascending)."""
+        ints = self._ints
+        if self._most_tokens >= len(ints):  # grown past the table: extend it, amortized
+            ints.extend(range(len(ints), self._most_tokens + _INT_TABLE_STEP))
+        return self._ops.mark_scheduled(self.requests, self._num_tokens, self._block_size, ints)
 
     def append(self, token_ids: list[int]) -> list[Request]:
         """Appends ``token_ids[i]`` to member i (``token_ids``: one per member, owned by
@@ -148,14 +161,20 @@ class DecodeBatch:
         status set and removed from the batch."""
         if len(token_ids) != len(self.requests):
             raise ValueError(f"{len(token_ids)} tokens for a batch of {len(self.requests)} decodes")
-        deque(map(list.append, self._token_lists, token_ids), maxlen=0)
+        at_eos, at_length = self._ops.append_tokens(
+            self._token_lists,
+            token_ids,
+            self._num_tokens,
+            self._max_num_tokens,
+            self._stops_at_eos,
+            self._eos_token_id,
+        )
         self.last_token_ids = token_ids
-        self._num_tokens += 1
-        stopped = self._stopped(token_ids)
-        at_length = np.flatnonzero(self._num_tokens >= self._max_num_tokens).tolist()
+        self._most_tokens += 1
+        stopped = self._stopped(token_ids, at_eos)
         if not stopped and not at_length:
             return []
-        finished_indices = sorted(set(stopped).union(at_length))
+        finished_indices = sorted(stopped.union(at_length))
         finished = []
         for i in finished_indices:
             request = self.requests[i]
@@ -168,14 +187,10 @@ class DecodeBatch:
         self._keep([i for i in range(len(self.requests)) if i not in finished_set])
         return finished
 
-    def _stopped(self, token_ids: list[int]) -> set[int]:
-        """Indices of the members whose new token is EOS (where EOS stops them) or one of
-        their own stop token ids."""
-        stopped: set[int] = set()
-        eos = self._eos_token_id
-        if eos is not None and eos in token_ids:
-            is_eos = np.array(token_ids, dtype=np.int64) == eos
-            stopped.update(np.flatnonzero(is_eos & self._stops_at_eos).tolist())
+    def _stopped(self, token_ids: list[int], at_eos: list[int]) -> set[int]:
+        """Indices of the members whose new token is EOS where EOS stops them
+        (``at_eos``) or one of their own stop token ids."""
+        stopped = set(at_eos)
         for i in self._stop_indices:
             if token_ids[i] in self.requests[i].sampling.stop_token_ids:
                 stopped.add(i)
@@ -215,6 +230,10 @@ class DecodeBatch:
                 raise RuntimeError(f"decode batch entry {i} {held} disagrees with {r}")
             if r.status is not RequestStatus.RUNNING or r.is_beam or r.num_tokens_to_compute != 1:
                 raise RuntimeError(f"{r.request_id!r} cannot be in the decode batch: {r.status}")
+        if any(len(r.token_ids) > self._most_tokens for r in self.requests):
+            raise RuntimeError("a decode batch member has more tokens than the batch's bound")
+        if self._ints != list(range(len(self._ints))):
+            raise RuntimeError("the decode batch's table of ints is not 0, 1, 2, ...")
         stop_indices = [i for i, r in enumerate(self.requests) if r.sampling.stop_token_ids]
         if self._stop_indices != stop_indices:
             raise RuntimeError("the decode batch's stop-id index is stale")

@@ -33,6 +33,7 @@ from enginekit.metrics import PreemptionEvent, PrefixQuery, SchedulerStats
 from enginekit.request import Request, RequestStatus
 from enginekit.scheduler.beams import choose_continuations
 from enginekit.scheduler.decode_batch import DecodeBatch
+from enginekit.scheduler.decode_ops import decode_ops
 from enginekit.scheduler.forks import Forker, num_sequences_to_fork
 from enginekit.scheduler.plan import StepPlan, empty_output, export_block_tables
 from enginekit.step import Fork, ModelOutput, SchedulerOutput
@@ -89,7 +90,8 @@ class Scheduler:
         self._stats = SchedulerStats()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._batch = DecodeBatch(eos_token_id, cache.block_size)
+        native = cache.context.backend.name == "native"
+        self._batch = DecodeBatch(eos_token_id, cache.block_size, decode_ops(native))
         self._unbatched: list[Request] = []  # running requests not in the batch, in order
         # (batch version, members) the last step scheduled, checked by update
         self._scheduled_batch: tuple[int, int] | None = None
@@ -289,8 +291,7 @@ class Scheduler:
         if len(batch) != plan.num_batched:
             raise RuntimeError("the decode batch changed while the step was planned")
         if plan.num_batched:
-            decode_context_lens = batch.num_tokens()
-            filled = batch.mark_scheduled(decode_context_lens)
+            decode_context_lens, filled = batch.mark_scheduled()
             if filled:
                 members = batch.requests
                 self.cache.on_decodes_computed(

@@ -13,11 +13,36 @@ impl BlockTables {
     /// Sum over the batch of max(0, ceil(num_tokens / block_size) - num_blocks(seq)); a
     /// sequence listed twice counts twice (saturating at u64::MAX).
     pub fn num_blocks_to_grow(&self, seq_ids: &[u64], num_tokens: &[u64]) -> KvResult<u64> {
+        self.count_growth(seq_ids, num_tokens, |_| {})
+    }
+
+    /// `num_blocks_to_grow`, also listing in `growing` (cleared first) the batch positions
+    /// whose sequence needs blocks, ascending: the rest of the batch needs none.
+    pub fn positions_to_grow(
+        &self,
+        seq_ids: &[u64],
+        num_tokens: &[u64],
+        growing: &mut Vec<usize>,
+    ) -> KvResult<u64> {
+        growing.clear();
+        self.count_growth(seq_ids, num_tokens, |i| growing.push(i))
+    }
+
+    fn count_growth(
+        &self,
+        seq_ids: &[u64],
+        num_tokens: &[u64],
+        mut on_growing: impl FnMut(usize),
+    ) -> KvResult<u64> {
         lengths_match(seq_ids, num_tokens)?;
         let mut total = 0u64;
-        for (&s, &n) in seq_ids.iter().zip(num_tokens) {
+        for (i, (&s, &n)) in seq_ids.iter().zip(num_tokens).enumerate() {
             let have = self.table(s)?.len() as u64;
-            total = total.saturating_add(self.blocks_for_tokens(n).saturating_sub(have));
+            let need = self.blocks_for_tokens(n).saturating_sub(have);
+            if need > 0 {
+                on_growing(i);
+                total = total.saturating_add(need);
+            }
         }
         Ok(total)
     }

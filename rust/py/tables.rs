@@ -315,7 +315,8 @@ impl PyBlockTables {
     /// `grow`, first asking `make_room(n)` for the `n` blocks the batch needs (as
     /// `num_blocks_to_grow` counts them) when `n > 0`: returns the blocks allocated, or None,
     /// changing nothing, if `make_room` returns false. The batch is read once, before the
-    /// call back; no borrow of the tables or the pool is held during it.
+    /// call back, and only the part of it that needs blocks is grown after it; no borrow of
+    /// the tables or the pool is held during it.
     fn grow_with(
         slf: &Bound<'_, Self>,
         pool: &Bound<'_, PyBlockPool>,
@@ -324,41 +325,32 @@ impl PyBlockTables {
         make_room: &Bound<'_, PyAny>,
     ) -> PyResult<Option<u64>> {
         guard(|| {
-            // The scratch batch leaves the tables while Python runs: a call back into
-            // another batch method would otherwise overwrite it.
+            // The growing part is copied out of the scratch batch, which a call back into
+            // another batch method may overwrite.
             let (seqs, toks, needed) = {
                 let mut this = slf.try_borrow_mut()?;
                 this.batch_args(seq_ids, num_tokens)?;
+                let mut growing = Vec::new();
                 let needed = this
                     .inner
-                    .num_blocks_to_grow(&this.seqs, &this.toks)
+                    .positions_to_grow(&this.seqs, &this.toks, &mut growing)
                     .map_err(to_py)?;
                 if needed == 0 {
                     return Ok(Some(0));
                 }
-                (
-                    std::mem::take(&mut this.seqs),
-                    std::mem::take(&mut this.toks),
-                    needed,
-                )
+                let seqs: Vec<u64> = growing.iter().map(|&i| this.seqs[i]).collect();
+                let toks: Vec<u64> = growing.iter().map(|&i| this.toks[i]).collect();
+                (seqs, toks, needed)
             };
-            let room = make_room.call1((needed,)).and_then(|r| r.is_truthy());
+            if !make_room.call1((needed,))?.is_truthy()? {
+                return Ok(None);
+            }
             let mut this = slf.try_borrow_mut()?;
-            let grown = match room {
-                Ok(true) => pool
-                    .try_borrow_mut()
-                    .map_err(PyErr::from)
-                    .and_then(|mut pool| {
-                        this.inner
-                            .grow(&mut pool.inner, &seqs, &toks)
-                            .map(Some)
-                            .map_err(to_py)
-                    }),
-                Ok(false) => Ok(None),
-                Err(e) => Err(e), // make_room raised
-            };
-            (this.seqs, this.toks) = (seqs, toks);
-            grown
+            let mut pool = pool.try_borrow_mut()?;
+            this.inner
+                .grow(&mut pool.inner, &seqs, &toks)
+                .map(Some)
+                .map_err(to_py)
         })
     }
 

@@ -279,16 +279,20 @@ class PyBlockTables:
         """``grow``, first asking ``make_room(n)`` for the ``n`` blocks the batch needs (as
         ``num_blocks_to_grow`` counts them) when ``n > 0``: returns the blocks allocated, or
         None, changing nothing, if ``make_room`` returns false. The batch is read once,
-        before the call back (which may use the tables and the pool)."""
+        before the call back (which may use the tables and the pool); after it, only the
+        sequences that needed blocks are read again and grown (``grow`` of that part of
+        the batch: one that ``make_room`` removed raises KVCacheError, nothing grown)."""
+        tables = self._tables
         batch = self._batch(seq_ids, num_tokens)
-        needed = self._num_to_grow(batch)
+        growing = [(s, want) for s, want in batch if want > len(tables[s])]
+        needed = sum(want - len(tables[s]) for s, want in growing)
         if needed == 0:
             return 0
         if not make_room(needed):
             return None
-        for s, _ in batch:
-            self._table(s)  # make_room may have removed one (KVCacheError, nothing grown)
-        return self._grow(pool, batch)
+        for s, _ in growing:
+            self._table(s)
+        return self._grow(pool, growing)
 
     def cache_blocks(
         self, pool: PyBlockPool, seq_id: int, first_index: int, block_hashes: Sequence[int]

@@ -1,0 +1,129 @@
+"""The decode batch's two per-step passes over its members, in Python (the executable
+spec) and in Rust (``enginekit._native``, the same contract in one call each).
+
+Every step, each decoding request has its computed tokens advanced when the step is
+scheduled, and its sampled token appended when the step's tokens come back. ``DecodeBatch``
+holds the members' fields side by side; these passes take those fields whole. Each checks
+its arguments (lengths, types) before it changes anything.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from enginekit.request import Request
+
+
+class MarkScheduled(Protocol):
+    def __call__(
+        self,
+        requests: list[Request],
+        num_tokens: npt.NDArray[np.int64],
+        block_size: int,
+        ints: list[int],
+    ) -> tuple[list[int], list[int]]: ...
+
+
+class AppendTokens(Protocol):
+    def __call__(
+        self,
+        token_lists: list[list[int]],
+        token_ids: list[int],
+        num_tokens: npt.NDArray[np.int64],
+        max_num_tokens: npt.NDArray[np.int64],
+        stops_at_eos: npt.NDArray[np.uint8],
+        eos: int | None,
+    ) -> tuple[list[int], list[int]]: ...
+
+
+class DecodeOps(NamedTuple):
+    """One implementation of the two passes."""
+
+    mark_scheduled: MarkScheduled
+    append_tokens: AppendTokens
+
+
+def _check_lengths(expected: int, **fields: Sequence[object] | npt.NDArray[np.generic]) -> None:
+    for name, values in fields.items():
+        if len(values) != expected:
+            raise ValueError(f"{name} has {len(values)} entries for a batch of {expected}")
+
+
+def mark_decodes_scheduled(
+    requests: list[Request], num_tokens: npt.NDArray[np.int64], block_size: int, ints: list[int]
+) -> tuple[list[int], list[int]]:
+    """Sets ``requests[i].num_computed_tokens = ints[num_tokens[i]]`` for every i; returns
+    (those ints as a new list, the indices i whose ``num_tokens[i]`` is a multiple of
+    ``block_size``, ascending). ``ints`` is the caller's table of int objects: item n is n
+    for every count in ``num_tokens``, so that no int is made per request. Raises
+    ValueError for a ``block_size`` below 1, an array of another length than
+    ``requests`` or a count outside ``ints``, changing nothing."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    _check_lengths(len(requests), num_tokens=num_tokens)
+    counts: list[int] = num_tokens.tolist()
+    outside = [n for n in counts if not 0 <= n < len(ints)]
+    if outside:
+        raise ValueError(
+            f"num_tokens holds {outside[0]}, outside the {len(ints)} ints of the table"
+        )
+    context_lens = [ints[n] for n in counts]
+    for request, n in zip(requests, context_lens, strict=True):
+        request.num_computed_tokens = n
+    filled: list[int] = np.flatnonzero(num_tokens % block_size == 0).tolist()
+    return context_lens, filled
+
+
+def append_decode_tokens(
+    token_lists: list[list[int]],
+    token_ids: list[int],
+    num_tokens: npt.NDArray[np.int64],
+    max_num_tokens: npt.NDArray[np.int64],
+    stops_at_eos: npt.NDArray[np.uint8],
+    eos: int | None,
+) -> tuple[list[int], list[int]]:
+    """Appends ``token_ids[i]`` to ``token_lists[i]`` and adds one to ``num_tokens[i]`` (in
+    place) for every i; returns (the indices whose token is the int ``eos`` where
+    ``stops_at_eos[i]`` is nonzero, the indices where ``num_tokens[i]`` reached
+    ``max_num_tokens[i]``), both ascending; ``eos`` None stops none. Raises ValueError for
+    arguments of different lengths and TypeError for a token list that is not a list,
+    changing nothing."""
+    n = len(token_lists)
+    _check_lengths(
+        n,
+        token_ids=token_ids,
+        num_tokens=num_tokens,
+        max_num_tokens=max_num_tokens,
+        stops_at_eos=stops_at_eos,
+    )
+    if not all(isinstance(tokens, list) for tokens in token_lists):
+        raise TypeError("every token list must be a list")
+    stopped: list[int] = []
+    if eos is not None and eos in token_ids:
+        stopped = [
+            i
+            for i, t in enumerate(token_ids)
+            if isinstance(t, int) and t == eos and stops_at_eos[i]
+        ]
+    deque(map(list.append, token_lists, token_ids), maxlen=0)
+    num_tokens += 1
+    at_length: list[int] = np.flatnonzero(num_tokens >= max_num_tokens).tolist()
+    return stopped, at_length
+
+
+PYTHON_DECODE_OPS = DecodeOps(mark_decodes_scheduled, append_decode_tokens)
+
+
+def decode_ops(native: bool) -> DecodeOps:
+    """The Rust passes (``native``) or the Python ones, which behave the same."""
+    if not native:
+        return PYTHON_DECODE_OPS
+    from enginekit._native import append_decode_tokens as native_append
+    from enginekit._native import mark_decodes_scheduled as native_mark
+
+    return DecodeOps(native_mark, native_append)
