@@ -196,7 +196,8 @@ impl HashChains {
                 block_tokens.len()
             ));
         }
-        let mut seen: HashSet<u64, FastBuild> = HashSet::default();
+        let mut seen: HashSet<u64, FastBuild> =
+            HashSet::with_capacity_and_hasher(seq_ids.len(), FastBuild::default());
         let mut indices = Vec::with_capacity(seq_ids.len());
         let mut names = Vec::with_capacity(seq_ids.len());
         for (i, &s) in seq_ids.iter().enumerate() {

@@ -338,8 +338,23 @@ pub(super) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 /// raise what that raises).
 pub(super) fn token_ids_in(obj: &Bound<'_, PyAny>, start: usize, end: usize) -> Option<Vec<u32>> {
     let mut v = Vec::new();
+    token_ids_onto(obj, start, end, &mut v).then_some(v)
+}
+
+/// [`token_ids_in`] appended to `out`: false, `out` as it was, for anything else.
+pub(super) fn token_ids_onto(
+    obj: &Bound<'_, PyAny>,
+    start: usize,
+    end: usize,
+    out: &mut Vec<u32>,
+) -> bool {
+    let before = out.len();
     let limit = end.saturating_sub(start);
-    exact_ints_in(obj, &mut v, u64::from(u32::MAX), start, limit).then_some(v)
+    let read = exact_ints_in(obj, out, u64::from(u32::MAX), start, limit);
+    if !read {
+        out.truncate(before);
+    }
+    read
 }
 
 /// The first `limit` token ids of a list or tuple (those after them are not checked), or

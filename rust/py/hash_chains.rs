@@ -8,7 +8,7 @@ use pyo3::types::{PyList, PySlice, PyTuple};
 
 use super::convert::{
     as_u64, collect_ints, count, extra_key_arg, guard, hash_arg, new_seq_arg, seq_arg,
-    seq_ids_into, to_py, token_ids_arg, token_ids_in, type_err, value_err,
+    seq_ids_into, to_py, token_ids_arg, token_ids_in, token_ids_onto, type_err, value_err,
 };
 use super::pool::PyBlockPool;
 use super::tables::PyBlockTables;
@@ -31,15 +31,50 @@ fn token_range(token_ids: &Bound<'_, PyAny>, start: u64, end: u64) -> PyResult<V
     token_ids_arg(&token_ids.get_item(slice)?)
 }
 
-/// The items of the list or tuple `obj` (argument `what`).
-fn items<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    if let Ok(list) = obj.downcast::<PyList>() {
-        return Ok(list.iter().collect());
+/// `token_range` appended to `out`.
+fn token_range_onto(
+    token_ids: &Bound<'_, PyAny>,
+    start: u64,
+    end: u64,
+    out: &mut Vec<u32>,
+) -> PyResult<()> {
+    if !token_ids_onto(token_ids, usize_of(start), usize_of(end), out) {
+        out.extend(token_range(token_ids, start, end)?);
     }
-    if let Ok(tuple) = obj.downcast::<PyTuple>() {
-        return Ok(tuple.iter().collect());
+    Ok(())
+}
+
+/// A list or tuple argument, read item by item.
+enum Items<'py> {
+    List(Bound<'py, PyList>),
+    Tuple(Bound<'py, PyTuple>),
+}
+
+impl<'py> Items<'py> {
+    /// `obj` (argument `what`) if it is a list or a tuple; TypeError otherwise.
+    fn of(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Self> {
+        if let Ok(list) = obj.downcast::<PyList>() {
+            return Ok(Self::List(list.clone()));
+        }
+        if let Ok(tuple) = obj.downcast::<PyTuple>() {
+            return Ok(Self::Tuple(tuple.clone()));
+        }
+        Err(type_err(what, "a list or tuple", obj))
     }
-    Err(type_err(what, "a list or tuple", obj))
+
+    fn len(&self) -> usize {
+        match self {
+            Self::List(list) => list.len(),
+            Self::Tuple(tuple) => tuple.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Self::List(list) => list.get_item(i),
+            Self::Tuple(tuple) => tuple.get_item(i),
+        }
+    }
 }
 
 /// A sequence id to look up: an int outside u64 has no chain (None).
@@ -163,12 +198,12 @@ impl PyHashChains {
         guard(|| {
             let mut seqs = Vec::new();
             seq_ids_into(seq_ids, &mut seqs)?;
-            let lists = items(token_lists, "token_lists")?;
+            let lists = Items::of(token_lists, "token_lists")?;
             let mut counts: Vec<u64> = Vec::new();
             collect_ints(num_tokens, "num_tokens", &mut counts, u64::MAX, |x| {
                 value_err(format!("num_tokens {x} is not in [0, 2**64)"))
             })?;
-            let keys = items(extra_keys, "extra_keys")?;
+            let keys = Items::of(extra_keys, "extra_keys")?;
             if lists.len() != seqs.len() || counts.len() != seqs.len() || keys.len() != seqs.len() {
                 return Err(value_err(format!(
                     "seq_ids, token_lists, num_tokens and extra_keys differ in length ({}, {}, {}, {})",
@@ -180,23 +215,23 @@ impl PyHashChains {
             }
             let bs = self.inner.block_size();
             let mut skipped = Vec::new();
-            let mut filling = Vec::new();
-            let mut block_tokens: Vec<u32> = Vec::new();
-            let mut key_objs: Vec<Option<Bound<'_, PyAny>>> = Vec::new();
+            let mut filling = Vec::with_capacity(seqs.len());
+            let mut block_tokens: Vec<u32> = Vec::with_capacity(seqs.len() * bs);
+            let mut key_objs: Vec<Option<Bound<'_, PyAny>>> = Vec::with_capacity(seqs.len());
             for (i, (&s, &n)) in seqs.iter().zip(&counts).enumerate() {
                 if !self.inner.fills_next(s, n) {
                     skipped.push(i);
                     continue;
                 }
-                let tokens = token_range(&lists[i], n - bs as u64, n)?;
-                if tokens.len() != bs {
+                let before = block_tokens.len();
+                token_range_onto(&lists.get(i)?, n - bs as u64, n, &mut block_tokens)?;
+                if block_tokens.len() - before != bs {
                     return Err(value_err(format!(
                         "sequence {s} has {n} tokens scheduled but fewer in its token list"
                     )));
                 }
-                block_tokens.extend_from_slice(&tokens);
                 filling.push(s);
-                key_objs.push(Some(keys[i].clone()).filter(|k| !k.is_none()));
+                key_objs.push(Some(keys.get(i)?).filter(|k| !k.is_none()));
             }
             // Checked once every filling decode's tokens are, as the twin does.
             let extras = key_objs
