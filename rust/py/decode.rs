@@ -3,8 +3,9 @@
 //! does at every step, instead of Python work per request.
 //!
 //! These act on Python objects themselves (the requests, their token lists), so there is
-//! no core below them: each function checks every argument first, then changes the
-//! members, so a bad argument raises having changed nothing.
+//! no core below them. Each function checks its arguments first (lengths, types, buffers,
+//! counts), so a bad argument raises having changed nothing; an object that refuses a write
+//! (no such attribute) raises with the members before it written, as the twins do.
 
 use std::ffi::c_int;
 
