@@ -100,15 +100,21 @@ def test_bad_arguments_change_nothing(ops: DecodeOps) -> None:
     assert lists == [[1, 2], [3]] and num_tokens.tolist() == [2, 1]
 
 
-def test_rust_refuses_arrays_it_cannot_read_or_write() -> None:
+@BOTH
+def test_arrays_that_cannot_be_read_or_written_are_refused(ops: DecodeOps) -> None:
     lists, tokens, num_tokens, limits, stops = _append_args()
-    with pytest.raises(ValueError, match="num_tokens must be a 1-D C-contiguous buffer"):
-        RUST.append_tokens(lists, tokens, num_tokens.astype(np.int32), limits, stops, 2)  # type: ignore[arg-type]
+    int32 = num_tokens.astype(np.int32)
+    with pytest.raises(ValueError, match="num_tokens must be a 1-D C-contiguous buffer of int64"):
+        ops.append_tokens(lists, tokens, int32, limits, stops, 2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="stops_at_eos must be a 1-D C-contiguous buffer of uint8"):
+        ops.append_tokens(lists, tokens, num_tokens, limits, stops.astype(bool), 2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_tokens must be a 1-D C-contiguous buffer of int64"):
+        ops.mark_scheduled(_requests([3]), [3], 4, INTS)  # type: ignore[arg-type]
     num_tokens.flags.writeable = False
     with pytest.raises(ValueError, match="num_tokens must be writable"):
-        RUST.append_tokens(lists, tokens, num_tokens, limits, stops, 2)
+        ops.append_tokens(lists, tokens, num_tokens, limits, stops, 2)
     with pytest.raises(ValueError, match="must be 1-D and C-contiguous"):
-        RUST.mark_scheduled(_requests([3, 4]), np.arange(4, dtype=np.int64)[::2], 4, INTS)
+        ops.mark_scheduled(_requests([3, 4]), np.arange(4, dtype=np.int64)[::2], 4, INTS)
     assert lists == [[1, 2], [3]]
 
 

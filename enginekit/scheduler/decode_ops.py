@@ -48,6 +48,19 @@ class DecodeOps(NamedTuple):
     append_tokens: AppendTokens
 
 
+def _check_array(
+    name: str, array: npt.NDArray[np.generic], dtype: type[np.generic], writable: bool = False
+) -> None:
+    """ValueError unless ``array`` is a 1-D C-contiguous numpy array of ``dtype`` (and
+    writable, if asked)."""
+    if not isinstance(array, np.ndarray) or array.dtype != dtype:
+        raise ValueError(f"{name} must be a 1-D C-contiguous buffer of {np.dtype(dtype).name}")
+    if array.ndim != 1 or not array.flags.c_contiguous:
+        raise ValueError(f"{name} must be 1-D and C-contiguous")
+    if writable and not array.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+
+
 def _check_lengths(expected: int, **fields: Sequence[object] | npt.NDArray[np.generic]) -> None:
     for name, values in fields.items():
         if len(values) != expected:
@@ -61,10 +74,11 @@ def mark_decodes_scheduled(
     (those ints as a new list, the indices i whose ``num_tokens[i]`` is a multiple of
     ``block_size``, ascending). ``ints`` is the caller's table of int objects: item n is n
     for every count in ``num_tokens``, so that no int is made per request. Raises
-    ValueError for a ``block_size`` below 1, an array of another length than
-    ``requests`` or a count outside ``ints``, changing nothing."""
+    ValueError for a ``block_size`` below 1, a ``num_tokens`` that is no 1-D C-contiguous
+    int64 array as long as ``requests`` or a count outside ``ints``, changing nothing."""
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
+    _check_array("num_tokens", num_tokens, np.int64)
     _check_lengths(len(requests), num_tokens=num_tokens)
     counts: list[int] = num_tokens.tolist()
     outside = [n for n in counts if not 0 <= n < len(ints)]
@@ -90,9 +104,13 @@ def append_decode_tokens(
     """Appends ``token_ids[i]`` to ``token_lists[i]`` and adds one to ``num_tokens[i]`` (in
     place) for every i; returns (the indices whose token is the int ``eos`` where
     ``stops_at_eos[i]`` is nonzero, the indices where ``num_tokens[i]`` reached
-    ``max_num_tokens[i]``), both ascending; ``eos`` None stops none. Raises ValueError for
-    arguments of different lengths and TypeError for a token list that is not a list,
-    changing nothing."""
+    ``max_num_tokens[i]``), both ascending; ``eos`` None stops none. The arrays are 1-D
+    C-contiguous numpy arrays of their dtypes, ``num_tokens`` writable. Raises ValueError
+    for an array that is not, or arguments of different lengths, and TypeError for a token
+    list that is not a list, changing nothing."""
+    _check_array("num_tokens", num_tokens, np.int64, writable=True)
+    _check_array("max_num_tokens", max_num_tokens, np.int64)
+    _check_array("stops_at_eos", stops_at_eos, np.uint8)
     n = len(token_lists)
     _check_lengths(
         n,
