@@ -209,9 +209,9 @@ fn append_decode_tokens(
         same_length("stops_at_eos", stops.len(), n)?;
         let mut stopped = Vec::new();
         let mut at_length = Vec::new();
-        // SAFETY: the GIL is held, and no Python code runs in either loop (list checks, reads
-        // of exact ints, list appends), so the borrowed items stay valid; every index is
-        // below the lengths checked above.
+        // SAFETY: the GIL is held, and no Python code runs in either loop (list checks,
+        // PyLong_AsLongLong on ints, list appends; nothing is released), so the borrowed
+        // items stay valid; every index is below the lengths checked above.
         unsafe {
             let (lists, tokens) = (token_lists.as_ptr(), token_ids.as_ptr());
             // Checked whole first: every token list is a list.
