@@ -54,8 +54,9 @@ class DecodeBatch:
         self._stops_at_eos = np.zeros(0, dtype=np.uint8)  # 1 where EOS stops the member
         self._stop_indices: list[int] = []  # members with stop_token_ids
         # Item n is the int n, for n up to at least ``_most_tokens``: a step's marks share
-        # these objects rather than make an int per member. ``_most_tokens`` bounds every
-        # member's number of tokens from above.
+        # these objects rather than make an int per member (about 36 bytes an entry, 4.7 MB
+        # for a member of 131,072 tokens). ``_most_tokens`` bounds every member's number of
+        # tokens from above.
         self._ints: list[int] = []
         self._most_tokens = 0
         # Bumped by every change of membership: the scheduler checks that the batch it
