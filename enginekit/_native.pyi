@@ -71,8 +71,7 @@ def mark_decodes_scheduled(
     requests: list[Any], num_tokens: npt.NDArray[np.int64], block_size: int, ints: list[int]
 ) -> tuple[list[int], list[int]]:
     """The decode batch's pass when a step is scheduled; contract and twin:
-    ``enginekit.scheduler.decode_ops.mark_decodes_scheduled``. Also ValueError if
-    ``num_tokens`` is not a 1-D C-contiguous int64 buffer."""
+    ``enginekit.scheduler.decode_ops.mark_decodes_scheduled``."""
 
 def append_decode_tokens(
     token_lists: list[list[int]],
@@ -83,8 +82,7 @@ def append_decode_tokens(
     eos: int | None,
 ) -> tuple[list[int], list[int]]:
     """The decode batch's pass when a step's tokens come back; contract and twin:
-    ``enginekit.scheduler.decode_ops.append_decode_tokens``. Also ValueError if an array is
-    not a 1-D C-contiguous buffer of its type, or ``num_tokens`` is read-only."""
+    ``enginekit.scheduler.decode_ops.append_decode_tokens``."""
 
 def _panic_for_test() -> None:
     """Test hook: panics inside Rust; always raises KVCacheError("internal error: ...")."""

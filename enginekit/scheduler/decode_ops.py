@@ -10,35 +10,32 @@ its arguments (lengths, types) before it changes anything.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
 from enginekit.request import Request
 
-
-class MarkScheduled(Protocol):
-    def __call__(
-        self,
-        requests: list[Request],
-        num_tokens: npt.NDArray[np.int64],
-        block_size: int,
-        ints: list[int],
-    ) -> tuple[list[int], list[int]]: ...
-
-
-class AppendTokens(Protocol):
-    def __call__(
-        self,
-        token_lists: list[list[int]],
-        token_ids: list[int],
-        num_tokens: npt.NDArray[np.int64],
-        max_num_tokens: npt.NDArray[np.int64],
-        stops_at_eos: npt.NDArray[np.uint8],
-        eos: int | None,
-    ) -> tuple[list[int], list[int]]: ...
+# (requests, num_tokens, block_size, ints) -> (context lengths, filled): see
+# mark_decodes_scheduled
+MarkScheduled: TypeAlias = Callable[
+    [list[Request], npt.NDArray[np.int64], int, list[int]], tuple[list[int], list[int]]
+]
+# (token_lists, token_ids, num_tokens, max_num_tokens, stops_at_eos, eos) -> (stopped by
+# EOS, at max_tokens): see append_decode_tokens
+AppendTokens: TypeAlias = Callable[
+    [
+        list[list[int]],
+        list[int],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.uint8],
+        int | None,
+    ],
+    tuple[list[int], list[int]],
+]
 
 
 class DecodeOps(NamedTuple):

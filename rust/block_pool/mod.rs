@@ -218,24 +218,9 @@ impl BlockPool {
 
     /// Adds a reference; an evictable block leaves the LRU list (a prefix-cache hit).
     pub fn incref(&mut self, block_id: u32) -> KvResult<()> {
-        let b = self.check_id(block_id)?;
-        match self.ref_count[b] {
-            0 if self.hash[b].is_none() => {
-                cache_err(format!("block {block_id} is free: cannot incref"))
-            }
-            u32::MAX => cache_err(format!(
-                "block {block_id}: reference count overflow: cannot incref"
-            )),
-            0 => {
-                self.lru_unlink(block_id);
-                self.ref_count[b] = 1;
-                Ok(())
-            }
-            _ => {
-                self.ref_count[b] += 1;
-                Ok(())
-            }
-        }
+        self.check_incref(block_id, 1)?;
+        self.incref_unchecked(block_id);
+        Ok(())
     }
 
     /// `incref` of each id, in order (an id listed twice gains two references). Checked as a
@@ -245,20 +230,36 @@ impl BlockPool {
     pub fn incref_all(&mut self, block_ids: &[u32]) -> KvResult<()> {
         let headroom = u32::try_from(block_ids.len()).unwrap_or(u32::MAX);
         for &id in block_ids {
-            let b = self.check_id(id)?;
-            if self.ref_count[b] == 0 && self.hash[b].is_none() {
-                return cache_err(format!("block {id} is free: cannot incref"));
-            }
-            if self.ref_count[b] > u32::MAX - headroom {
-                return cache_err(format!(
-                    "block {id}: reference count overflow: cannot incref"
-                ));
-            }
+            self.check_incref(id, headroom)?;
         }
         for &id in block_ids {
-            self.incref(id).expect("checked above");
+            self.incref_unchecked(id);
         }
         Ok(())
+    }
+
+    /// Whether `block_id` may gain up to `headroom` (>= 1) references: a known block, not
+    /// free, whose count stays within u32.
+    fn check_incref(&self, block_id: u32, headroom: u32) -> KvResult<()> {
+        let b = self.check_id(block_id)?;
+        if self.ref_count[b] == 0 && self.hash[b].is_none() {
+            return cache_err(format!("block {block_id} is free: cannot incref"));
+        }
+        if self.ref_count[b] > u32::MAX - headroom {
+            return cache_err(format!(
+                "block {block_id}: reference count overflow: cannot incref"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds a reference to a block `check_incref` let through.
+    fn incref_unchecked(&mut self, block_id: u32) {
+        let b = block_id as usize;
+        if self.ref_count[b] == 0 {
+            self.lru_unlink(block_id);
+        }
+        self.ref_count[b] += 1;
     }
 
     /// Drops a reference. At zero a cached block goes to the most recent end of the LRU list and

@@ -30,7 +30,6 @@ pub(super) struct PyBlockPool {
 }
 
 impl PyBlockPool {
-    /// A pool block id: an int outside the pool is an unknown block.
     /// `f` on the pool and the ids of the list or tuple `block_ids`, read into the reused
     /// scratch (an id outside the pool is an unknown block).
     fn with_block_ids<T>(
@@ -48,6 +47,7 @@ impl PyBlockPool {
         r
     }
 
+    /// A pool block id: an int outside the pool is an unknown block.
     fn block_arg(&self, obj: &Bound<'_, PyAny>) -> PyResult<u32> {
         match as_u64(obj)? {
             Some(v) if v < u64::from(self.inner.num_blocks()) => Ok(v as u32),

@@ -176,14 +176,7 @@ class PyBlockPool:
         """
         block_id = self._known(block_id)
         self._check_not_free(block_id)
-        if self._ref_counts[block_id] == 0:
-            del self._lru[block_id]
-        self._ref_counts[block_id] += 1
-
-    def _check_not_free(self, block_id: int) -> None:
-        """KVCacheError for a free block (one neither referenced nor evictable)."""
-        if self._ref_counts[block_id] == 0 and not self._is_evictable(block_id):
-            raise KVCacheError(f"incref of free block {block_id}")
+        self._add_ref(block_id)
 
     def incref_all(self, block_ids: Sequence[int]) -> None:
         """``incref`` of each id, in order (an id listed twice gains two references).
@@ -192,7 +185,19 @@ class PyBlockPool:
         for block_id in ids:
             self._check_not_free(block_id)
         for block_id in ids:
-            self.incref(block_id)
+            self._add_ref(block_id)
+
+    def _check_not_free(self, block_id: int) -> None:
+        """KVCacheError for a free block (one neither referenced nor evictable)."""
+        if self._ref_counts[block_id] == 0 and not self._is_evictable(block_id):
+            raise KVCacheError(f"incref of free block {block_id}")
+
+    def _add_ref(self, block_id: int) -> None:
+        """Adds a reference to a block ``_check_not_free`` let through; an evictable one
+        leaves the LRU order."""
+        if self._ref_counts[block_id] == 0:
+            del self._lru[block_id]
+        self._ref_counts[block_id] += 1
 
     def _decref(self, block_id: int) -> None:
         """Drops a reference of a block whose ref_count is > 0 (free checked it). At zero a

@@ -285,7 +285,7 @@ class PyBlockTables:
         tables = self._tables
         batch = self._batch(seq_ids, num_tokens)
         growing = [(s, want) for s, want in batch if want > len(tables[s])]
-        needed = sum(want - len(tables[s]) for s, want in growing)
+        needed = self._num_to_grow(growing)
         if needed == 0:
             return 0
         if not make_room(needed):
