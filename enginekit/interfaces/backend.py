@@ -20,6 +20,8 @@ class Backend(NamedTuple):
     ``hash_block(parent, tokens, extra_key)`` names one full block after its parent's
     name; ``hash_blocks(tokens, block_size, extra_key)`` names every full block of a
     sequence; ``root_hash`` is the parent name of a sequence's first block.
+    ``sum_attribute(objects, name)`` adds ``getattr(o, name)`` over a list of objects, in
+    order (for ints, their ``sum``), each attribute read once.
     """
 
     name: str  # "native" or "pyref"
@@ -30,3 +32,4 @@ class Backend(NamedTuple):
     root_hash: int
     hash_block: Callable[[int, list[int], bytes | None], int]
     hash_blocks: Callable[[list[int], int, bytes | None], list[int]]
+    sum_attribute: Callable[[list[Any], str], Any]

@@ -20,6 +20,7 @@ def make_backend(native: bool) -> Backend:
             RadixTree,
             hash_block,
             hash_blocks,
+            sum_attribute,
         )
 
         return Backend(
@@ -31,9 +32,10 @@ def make_backend(native: bool) -> Backend:
             ROOT_HASH,
             hash_block,
             hash_blocks,
+            sum_attribute,
         )
     from enginekit.kv import pyref
-    from enginekit.kv.pyref import hashing
+    from enginekit.kv.pyref import attributes, hashing
 
     return Backend(
         "pyref",
@@ -44,6 +46,7 @@ def make_backend(native: bool) -> Backend:
         hashing.ROOT_HASH,
         hashing.hash_block,
         hashing.hash_blocks,
+        attributes.sum_attribute,
     )
 
 

@@ -87,6 +87,7 @@ class KVCacheManager:
         self.eviction = eviction
         self.num_watermark_blocks = int(watermark * context.num_blocks)
         self._block_size = context.spec.block_size
+        self._sum_attribute = context.backend.sum_attribute  # one call for all requests
         self._block_ops = BlockOps()  # handed to the executor by take_block_ops
         self._promises = PrefillPromises()
         self._shared_tails = SharedTails(self.pool, self.tables, allocator, self._block_ops)
@@ -506,10 +507,8 @@ class KVCacheManager:
         be every request holding a table): partial last blocks and reservations."""
         allocator = self.allocator
         num_blocks = allocator.num_reserved_blocks() + allocator.num_hole_blocks()  # holes
-        # A plain loop: map(attrgetter) builds an argument tuple per request.
-        num_computed = 0
-        for request in running:
-            num_computed += request.num_computed_tokens
+        requests = running if isinstance(running, list) else list(running)
+        num_computed: int = self._sum_attribute(requests, "num_computed_tokens")
         return num_blocks * self._block_size - num_computed
 
     # -- forks ---------------------------------------------------------------------------

@@ -7,15 +7,14 @@
 //! counts), so a bad argument raises having changed nothing; an object that refuses a write
 //! (no such attribute) raises with the members before it written, as the twins do.
 
-use std::ffi::c_int;
-
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString};
+use pyo3::types::PyList;
 
+use super::attrs::AttrWriter;
 use super::convert::{guard, value_err};
 
 /// The 1-D C-contiguous buffer of `T` (numpy's `dtype`) that argument `what` must be.
@@ -42,80 +41,6 @@ fn same_length(what: &str, n: usize, expected: usize) -> PyResult<()> {
         )));
     }
     Ok(())
-}
-
-/// Writes one attribute of many objects as `setattr` does. Objects of the type of the first
-/// one, if that type keeps `__setattr__` object's own and the attribute is one of its
-/// `__slots__`, are written through the slot's descriptor, looked up once: what `setattr`
-/// does for them, without its per-call lookup. Any other object goes through `setattr`.
-struct AttrWriter<'py> {
-    name: Bound<'py, PyString>,
-    slot: Option<SlotWriter<'py>>,
-}
-
-struct SlotWriter<'py> {
-    owner: *mut ffi::PyTypeObject,
-    descr: Bound<'py, PyAny>,
-    set: ffi::descrsetfunc,
-}
-
-impl<'py> AttrWriter<'py> {
-    fn new(name: Bound<'py, PyString>, first: Option<&Bound<'py, PyAny>>) -> PyResult<Self> {
-        let slot = match first {
-            Some(obj) => SlotWriter::of(obj, &name)?,
-            None => None,
-        };
-        Ok(Self { name, slot })
-    }
-
-    /// Writes `value` to the attribute of `obj`.
-    ///
-    /// # Safety
-    /// The GIL is held and `obj` and `value` are live objects the caller holds references to.
-    unsafe fn write(&self, obj: *mut ffi::PyObject, value: *mut ffi::PyObject) -> c_int {
-        match &self.slot {
-            // `set` is the tp_descr_set of `descr`'s type, on an object of the type `descr`
-            // is a slot of.
-            Some(slot) if ffi::Py_TYPE(obj) == slot.owner => {
-                (slot.set)(slot.descr.as_ptr(), obj, value)
-            }
-            _ => ffi::PyObject_SetAttr(obj, self.name.as_ptr(), value),
-        }
-    }
-}
-
-impl<'py> SlotWriter<'py> {
-    /// The slot `name` of `obj`'s type, if writing it is all `setattr` does there.
-    fn of(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Option<Self>> {
-        let py = obj.py();
-        let owner = obj.get_type();
-        let member_type = py.import("types")?.getattr("MemberDescriptorType")?;
-        // A slot read from its class is its descriptor.
-        let Ok(descr) = owner.getattr(name) else {
-            return Ok(None);
-        };
-        if !descr.get_type().is(&member_type) {
-            return Ok(None);
-        }
-        // SAFETY: the GIL is held and both are live type objects; PyType_GetSlot reads
-        // static and heap types alike from 3.10 on.
-        unsafe {
-            let generic = ffi::PyObject_GenericSetAttr as *mut std::ffi::c_void;
-            if ffi::PyType_GetSlot(owner.as_type_ptr(), ffi::Py_tp_setattro) != generic {
-                return Ok(None);
-            }
-            let set = ffi::PyType_GetSlot(descr.get_type().as_type_ptr(), ffi::Py_tp_descr_set);
-            if set.is_null() {
-                return Ok(None);
-            }
-            let set: ffi::descrsetfunc = std::mem::transmute(set);
-            Ok(Some(Self {
-                owner: owner.as_type_ptr(),
-                descr,
-                set,
-            }))
-        }
-    }
 }
 
 /// Sets `requests[i].num_computed_tokens = ints[num_tokens[i]]` for every i and returns

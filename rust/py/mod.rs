@@ -3,7 +3,7 @@
 //! No logic lives here or below: `convert` turns Python arguments into the core's types and
 //! the core's errors into exceptions; `pool`, `tables`, `hash_chains` and `radix` wrap one
 //! structure each; `functions` holds the module-level functions; `decode` the decode
-//! batch's per-step passes over Python requests. The wrappers depend on `convert`, never on
+//! batch's per-step passes over Python requests; `attrs` one attribute of many objects. The wrappers depend on `convert`, never on
 //! this module.
 
 use pyo3::prelude::*;
@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use crate::error::{MAX_BLOCKS, MAX_TABLE_LEN};
 use crate::hash::ROOT_HASH;
 
+mod attrs;
 mod convert;
 mod decode;
 mod functions;
@@ -26,6 +27,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_TABLE_LEN", MAX_TABLE_LEN)?;
     functions::register(m)?;
     decode::register(m)?;
+    attrs::register(m)?;
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<tables::PyBlockTables>()?;
     m.add_class::<hash_chains::PyHashChains>()?;
