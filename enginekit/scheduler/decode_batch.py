@@ -172,6 +172,8 @@ class DecodeBatch:
         )
         self.last_token_ids = token_ids
         self._most_tokens += 1
+        if not at_eos and not at_length and not self._stop_indices:
+            return []  # the common step: nobody stops
         stopped = self._stopped(token_ids, at_eos)
         if not stopped and not at_length:
             return []

@@ -283,7 +283,6 @@ class Scheduler:
         """The step's SchedulerOutput: the plan, the decodes' context lengths (the decodes'
         computed tokens advance to them) and the block operations queued since the last
         step that ran."""
-        block_size = self.cache.block_size
         batch = self._batch
         decode_seq_ids = batch.seq_ids
         decode_context_lens: list[int] = []
@@ -300,6 +299,7 @@ class Scheduler:
             self._scheduled_batch = (batch.version, plan.num_batched)
         decodes = plan.decodes
         if decodes:
+            block_size = self.cache.block_size
             context_lens = [len(r.token_ids) for r in decodes]
             for request, num_computed in zip(decodes, context_lens, strict=True):
                 request.num_computed_tokens = num_computed
@@ -308,33 +308,37 @@ class Scheduler:
             decode_seq_ids = decode_seq_ids + [r.seq_id for r in decodes]
             decode_context_lens = decode_context_lens + context_lens
             decode_token_ids = decode_token_ids + [r.token_ids[-1] for r in decodes]
+        final_prefills = plan.final_prefill_seq_ids
         forks = self._forker.take_pending_forks() + plan.forks
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
         copies, swap_outs, swap_ins = self.cache.take_block_ops()
         self._num_steps += 1
         prefill_seq_ids = plan.prefill_seq_ids
+        block_tables = (
+            export_block_tables(self.cache.tables, prefill_seq_ids + decode_seq_ids)
+            if self.export_block_tables
+            else None
+        )
+        # Positional, in the fields' order: a call by keyword costs twice as much, every step.
         return SchedulerOutput(
-            step=self._num_steps,
-            prefill_seq_ids=prefill_seq_ids,
-            prefill_starts=plan.prefill_starts,
-            prefill_lens=plan.prefill_lens,
-            decode_seq_ids=decode_seq_ids,
-            decode_context_lens=decode_context_lens,
-            sample_seq_ids=decode_seq_ids + plan.final_prefill_seq_ids,
-            finished_seq_ids=finished,
-            preempted_seq_ids=preempted,
-            block_copies=copies,
-            swap_outs=swap_outs,
-            swap_ins=swap_ins,
-            forks=forks,
-            prefill_token_ids=plan.prefill_token_ids,
-            decode_token_ids=decode_token_ids,
-            block_tables=(
-                export_block_tables(self.cache.tables, prefill_seq_ids + decode_seq_ids)
-                if self.export_block_tables
-                else None
-            ),
+            self._num_steps,  # step
+            prefill_seq_ids,
+            plan.prefill_starts,
+            plan.prefill_lens,
+            decode_seq_ids,
+            decode_context_lens,
+            # sample_seq_ids (the decodes' list itself when no prefill samples: never mutated)
+            decode_seq_ids + final_prefills if final_prefills else decode_seq_ids,
+            finished,  # finished_seq_ids
+            preempted,  # preempted_seq_ids
+            copies,  # block_copies
+            swap_outs,
+            swap_ins,
+            block_tables,
+            forks,
+            plan.prefill_token_ids,
+            decode_token_ids,
         )
 
     def _append(
