@@ -385,10 +385,7 @@ class KVCacheManager:
     def _try_make_room(self, num_blocks: int) -> bool:
         """``make_room(num_blocks)`` if the reclaimable blocks cover them (``num_blocks <=
         num_reclaimable_blocks()``); else False, evicting nothing."""
-        num_free_blocks = num_blocks + self._promises.total
-        if num_free_blocks <= self.pool.num_free_blocks:
-            return True  # the common case, checked before _reclaim's call: every decode step
-        return self._reclaim(num_free_blocks, all_or_nothing=True)
+        return self._reclaim(num_blocks + self._promises.total, all_or_nothing=True)
 
     def make_room(self, num_blocks: int) -> bool:
         """Reclaims cached blocks until ``num_blocks`` are free beyond the prefill promises:
