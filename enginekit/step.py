@@ -56,6 +56,9 @@ class SchedulerOutput(NamedTuple):
 
     ``prefill_token_ids`` and ``decode_token_ids`` carry the tokens the step computes, so an
     executor needs no token history of its own.
+
+    The lists may be shared with one another (``sample_seq_ids`` is ``decode_seq_ids`` when
+    no prefill samples) and with the scheduler's own state: read them, never mutate them.
     """
 
     step: int
