@@ -16,9 +16,10 @@ use pyo3::types::{PyList, PyString, PyType};
 
 use super::convert::guard;
 
-/// The slot descriptor `name` of `first`'s type, if that type's `slot` (tp_getattro or
-/// tp_setattro) is the generic one, and the descriptor's own `descr_slot` (tp_descr_get or
-/// tp_descr_set).
+/// (`first`'s type, its slot descriptor `name`, the descriptor type's `descr_slot`:
+/// tp_descr_get or tp_descr_set) if that type's `slot` (tp_getattro or tp_setattro) is the
+/// generic one. The descriptor holds a reference to its type, so the type pointer stays
+/// valid while the descriptor is held.
 fn slot_of<'py>(
     first: &Bound<'py, PyAny>,
     name: &Bound<'py, PyString>,
