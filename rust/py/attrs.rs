@@ -16,43 +16,87 @@ use pyo3::types::{PyList, PyString, PyType};
 
 use super::convert::guard;
 
-/// (`first`'s type, its slot descriptor `name`, the descriptor type's `descr_slot`:
-/// tp_descr_get or tp_descr_set) if that type's `slot` (tp_getattro or tp_setattro) is the
-/// generic one. The descriptor holds a reference to its type, so the type pointer stays
-/// valid while the descriptor is held.
-fn slot_of<'py>(
-    first: &Bound<'py, PyAny>,
-    name: &Bound<'py, PyString>,
-    slot: c_int,
+/// One way of accessing an attribute: the type slot that must be object's own for the
+/// slot descriptor to be all there is to it (tp_getattro or tp_setattro), object's own
+/// function there, and the descriptor type's slot that then does the access (tp_descr_get
+/// or tp_descr_set).
+struct Access {
+    type_slot: c_int,
     generic: *mut c_void,
     descr_slot: c_int,
-) -> PyResult<Option<(*mut ffi::PyTypeObject, Bound<'py, PyAny>, *mut c_void)>> {
-    static MEMBER_TYPE: GILOnceCell<Py<PyType>> = GILOnceCell::new();
-    let py = first.py();
-    let owner = first.get_type();
-    let member_type = MEMBER_TYPE.import(py, "types", "MemberDescriptorType")?;
-    // A slot read from its class is its descriptor.
-    let Ok(descr) = owner.getattr(name) else {
-        return Ok(None);
-    };
-    if !descr.get_type().is(member_type) {
-        return Ok(None);
-    }
-    // SAFETY: the GIL is held and both are live type objects; PyType_GetSlot reads static
-    // and heap types alike from 3.10 on.
-    unsafe {
-        if ffi::PyType_GetSlot(owner.as_type_ptr(), slot) != generic {
+}
+
+const READ: Access = Access {
+    type_slot: ffi::Py_tp_getattro,
+    generic: ffi::PyObject_GenericGetAttr as *mut c_void,
+    descr_slot: ffi::Py_tp_descr_get,
+};
+
+const WRITE: Access = Access {
+    type_slot: ffi::Py_tp_setattro,
+    generic: ffi::PyObject_GenericSetAttr as *mut c_void,
+    descr_slot: ffi::Py_tp_descr_set,
+};
+
+/// A slot attribute of the objects of one exact type (`owner`): its descriptor, which holds
+/// a reference to `owner` (so the pointer stays valid while this lives), and the
+/// descriptor type's function for one access.
+struct Slot<'py> {
+    owner: *mut ffi::PyTypeObject,
+    descr: Bound<'py, PyAny>,
+    function: *mut c_void,
+}
+
+impl<'py> Slot<'py> {
+    /// The slot `name` of `first`'s type for `access`, if `name` is a slot of that type and
+    /// the access is all the type's getattr (setattr) would do; None otherwise (and for no
+    /// `first`).
+    fn of(
+        first: Option<&Bound<'py, PyAny>>,
+        name: &Bound<'py, PyString>,
+        access: &Access,
+    ) -> PyResult<Option<Self>> {
+        static MEMBER_TYPE: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+        let Some(first) = first else {
+            return Ok(None);
+        };
+        let owner = first.get_type();
+        let member_type = MEMBER_TYPE.import(first.py(), "types", "MemberDescriptorType")?;
+        // A slot read from its class is its descriptor.
+        let Ok(descr) = owner.getattr(name) else {
+            return Ok(None);
+        };
+        if !descr.get_type().is(member_type) {
             return Ok(None);
         }
-        let function = ffi::PyType_GetSlot(descr.get_type().as_type_ptr(), descr_slot);
-        Ok((!function.is_null()).then(|| (owner.as_type_ptr(), descr, function)))
+        // SAFETY: the GIL is held and both are live type objects; PyType_GetSlot reads
+        // static and heap types alike from 3.10 on.
+        unsafe {
+            if ffi::PyType_GetSlot(owner.as_type_ptr(), access.type_slot) != access.generic {
+                return Ok(None);
+            }
+            let function = ffi::PyType_GetSlot(descr.get_type().as_type_ptr(), access.descr_slot);
+            Ok((!function.is_null()).then(|| Self {
+                owner: owner.as_type_ptr(),
+                descr,
+                function,
+            }))
+        }
+    }
+
+    /// Whether `obj` is of the slot's type (then the slot's function applies to it).
+    ///
+    /// # Safety
+    /// `obj` is a live object.
+    unsafe fn serves(&self, obj: *mut ffi::PyObject) -> bool {
+        ffi::Py_TYPE(obj) == self.owner
     }
 }
 
 /// Writes one attribute of many objects as `setattr` does (see the module doc).
 pub(super) struct AttrWriter<'py> {
     name: Bound<'py, PyString>,
-    slot: Option<(*mut ffi::PyTypeObject, Bound<'py, PyAny>, ffi::descrsetfunc)>,
+    slot: Option<Slot<'py>>,
 }
 
 impl<'py> AttrWriter<'py> {
@@ -61,23 +105,7 @@ impl<'py> AttrWriter<'py> {
         name: Bound<'py, PyString>,
         first: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Self> {
-        let generic = ffi::PyObject_GenericSetAttr as *mut c_void;
-        let slot = match first {
-            Some(obj) => slot_of(
-                obj,
-                &name,
-                ffi::Py_tp_setattro,
-                generic,
-                ffi::Py_tp_descr_set,
-            )?,
-            None => None,
-        };
-        // SAFETY: a non-null tp_descr_set is a descrsetfunc.
-        let slot = slot.map(|(owner, descr, set)| {
-            (owner, descr, unsafe {
-                std::mem::transmute::<*mut c_void, ffi::descrsetfunc>(set)
-            })
-        });
+        let slot = Slot::of(first, &name, &WRITE)?;
         Ok(Self { name, slot })
     }
 
@@ -87,10 +115,10 @@ impl<'py> AttrWriter<'py> {
     /// The GIL is held and `obj` and `value` are live objects the caller holds references to.
     pub(super) unsafe fn write(&self, obj: *mut ffi::PyObject, value: *mut ffi::PyObject) -> c_int {
         match &self.slot {
-            // `set` is the tp_descr_set of `descr`'s type, on an object of the type `descr`
-            // is a slot of.
-            Some((owner, descr, set)) if ffi::Py_TYPE(obj) == *owner => {
-                set(descr.as_ptr(), obj, value)
+            Some(slot) if slot.serves(obj) => {
+                // The slot's function for WRITE is its descriptor type's tp_descr_set.
+                let set = std::mem::transmute::<*mut c_void, ffi::descrsetfunc>(slot.function);
+                set(slot.descr.as_ptr(), obj, value)
             }
             _ => ffi::PyObject_SetAttr(obj, self.name.as_ptr(), value),
         }
@@ -100,46 +128,30 @@ impl<'py> AttrWriter<'py> {
 /// Reads one attribute of many objects as `getattr` does (see the module doc).
 struct AttrReader<'py> {
     name: Bound<'py, PyString>,
-    slot: Option<(*mut ffi::PyTypeObject, Bound<'py, PyAny>, ffi::descrgetfunc)>,
+    slot: Option<Slot<'py>>,
 }
 
 impl<'py> AttrReader<'py> {
     /// A reader of `name`, fast for objects of `first`'s type.
     fn new(name: Bound<'py, PyString>, first: Option<&Bound<'py, PyAny>>) -> PyResult<Self> {
-        let generic = ffi::PyObject_GenericGetAttr as *mut c_void;
-        let slot = match first {
-            Some(obj) => slot_of(
-                obj,
-                &name,
-                ffi::Py_tp_getattro,
-                generic,
-                ffi::Py_tp_descr_get,
-            )?,
-            None => None,
-        };
-        // SAFETY: a non-null tp_descr_get is a descrgetfunc.
-        let slot = slot.map(|(owner, descr, get)| {
-            (owner, descr, unsafe {
-                std::mem::transmute::<*mut c_void, ffi::descrgetfunc>(get)
-            })
-        });
+        let slot = Slot::of(first, &name, &READ)?;
         Ok(Self { name, slot })
     }
 
     /// The attribute of `obj`.
     fn read(&self, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let py = obj.py();
-        // SAFETY: the GIL is held and `obj` is held by the caller. `get` is the
-        // tp_descr_get of `descr`'s type, called on an object of the type `descr` is a
-        // slot of (`owner`); it returns a new reference or null with the error set.
+        // SAFETY: the GIL is held and `obj` is held by the caller. The slot's function for
+        // READ is its descriptor type's tp_descr_get, called on an object of the type the
+        // descriptor is a slot of; it returns a new reference or null with the error set.
         unsafe {
             let value = match &self.slot {
-                Some((owner, descr, get)) if ffi::Py_TYPE(obj.as_ptr()) == *owner => {
-                    get(descr.as_ptr(), obj.as_ptr(), owner.cast())
+                Some(slot) if slot.serves(obj.as_ptr()) => {
+                    let get = std::mem::transmute::<*mut c_void, ffi::descrgetfunc>(slot.function);
+                    get(slot.descr.as_ptr(), obj.as_ptr(), slot.owner.cast())
                 }
                 _ => ffi::PyObject_GetAttr(obj.as_ptr(), self.name.as_ptr()),
             };
-            Bound::from_owned_ptr_or_err(py, value)
+            Bound::from_owned_ptr_or_err(obj.py(), value)
         }
     }
 }
