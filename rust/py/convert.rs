@@ -333,15 +333,9 @@ pub(super) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     leading_token_ids_arg(obj, usize::MAX)
 }
 
-/// The token ids `obj[start:end]` of an exact list or tuple of exact ints in [0, 2**32),
-/// read in place; None for anything else (the caller slices it and converts the slice, to
-/// raise what that raises).
-pub(super) fn token_ids_in(obj: &Bound<'_, PyAny>, start: usize, end: usize) -> Option<Vec<u32>> {
-    let mut v = Vec::new();
-    token_ids_onto(obj, start, end, &mut v).then_some(v)
-}
-
-/// [`token_ids_in`] appended to `out`: false, `out` as it was, for anything else.
+/// Appends the token ids `obj[start:end]` of an exact list or tuple of exact ints in
+/// [0, 2**32) to `out`, read in place: true; false, `out` as it was, for anything else (the
+/// caller slices it and converts the slice, to raise what that raises).
 pub(super) fn token_ids_onto(
     obj: &Bound<'_, PyAny>,
     start: usize,

@@ -8,7 +8,7 @@ use pyo3::types::{PyList, PySlice, PyTuple};
 
 use super::convert::{
     as_u64, collect_ints, count, extra_key_arg, guard, hash_arg, new_seq_arg, seq_arg,
-    seq_ids_into, to_py, token_ids_arg, token_ids_in, token_ids_onto, type_err, value_err,
+    seq_ids_into, to_py, token_ids_arg, token_ids_onto, type_err, value_err,
 };
 use super::pool::PyBlockPool;
 use super::tables::PyBlockTables;
@@ -23,24 +23,24 @@ pub(super) struct PyHashChains {
 /// `token_ids[start:end]` (by Python's slicing, `end` capped at isize::MAX) as token ids:
 /// a list or tuple of valid ids is read in place.
 fn token_range(token_ids: &Bound<'_, PyAny>, start: u64, end: u64) -> PyResult<Vec<u32>> {
-    if let Some(tokens) = token_ids_in(token_ids, usize_of(start), usize_of(end)) {
-        return Ok(tokens);
-    }
-    let cap = |v: u64| isize::try_from(v).unwrap_or(isize::MAX);
-    let slice = PySlice::new(token_ids.py(), cap(start), cap(end), 1);
-    token_ids_arg(&token_ids.get_item(slice)?)
+    let mut tokens = Vec::new();
+    token_range_onto(token_ids, start, end, &mut tokens)?;
+    Ok(tokens)
 }
 
-/// `token_range` appended to `out`.
+/// `token_range` appended to `out` (`out` as it was if it raises).
 fn token_range_onto(
     token_ids: &Bound<'_, PyAny>,
     start: u64,
     end: u64,
     out: &mut Vec<u32>,
 ) -> PyResult<()> {
-    if !token_ids_onto(token_ids, usize_of(start), usize_of(end), out) {
-        out.extend(token_range(token_ids, start, end)?);
+    if token_ids_onto(token_ids, usize_of(start), usize_of(end), out) {
+        return Ok(());
     }
+    let cap = |v: u64| isize::try_from(v).unwrap_or(isize::MAX);
+    let slice = PySlice::new(token_ids.py(), cap(start), cap(end), 1);
+    out.extend(token_ids_arg(&token_ids.get_item(slice)?)?);
     Ok(())
 }
 
