@@ -43,7 +43,7 @@ class PreemptionEvent(NamedTuple):
     num_recomputed_tokens: int  # KV thrown away to compute again (0 for a swap)
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerStats:
     """What the scheduler did between two updates: admissions' prefix lookups,
     preemptions and blocks swapped. The scheduler fills one and hands it over with each

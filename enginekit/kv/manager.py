@@ -132,8 +132,9 @@ class KVCacheManager:
         """Block and slot counts by state (``running``: every request holding a table).
         Blocks that only a prefix cache holding its own references keeps (radix) count as
         evictable, not used (an estimate from above). Pure."""
+        # Called after every step: the allocator's reserved blocks are read once for both.
         pool = self.pool
-        cache_only = self._num_cache_only_blocks()
+        cache_only = self.prefix.num_evictable_blocks() if self._cache_holds_blocks else 0
         num_table_blocks = self.allocator.num_reserved_blocks()
         return KVUsage(
             pool.num_blocks,
@@ -142,7 +143,7 @@ class KVCacheManager:
             pool.num_free_blocks,
             num_table_blocks,
             num_table_blocks * self._block_size,
-            self.num_unused_slots(running),
+            self._num_unused_slots(running, num_table_blocks),
         )
 
     def num_reclaimable_blocks(self) -> int:
@@ -151,8 +152,9 @@ class KVCacheManager:
         would release, less the promised ones. The radix part may be an estimate from
         above; make_room then falls short and callers back off."""
         pool = self.pool
-        num_cache_only = self._num_cache_only_blocks()
-        num_reclaimable = pool.num_free_blocks + pool.num_evictable_blocks + num_cache_only
+        num_reclaimable = pool.num_free_blocks + pool.num_evictable_blocks
+        if self._cache_holds_blocks:
+            num_reclaimable += self.prefix.num_evictable_blocks()
         return num_reclaimable - self._promises.total
 
     @property
@@ -253,7 +255,7 @@ class KVCacheManager:
         if (
             refusal is None
             or refusal.seq_id != request.seq_id
-            or refusal.num_tokens != request.num_tokens
+            or refusal.num_tokens != len(request.token_ids)
         ):
             return False
         if refusal.num_needed <= self._admission_room():
@@ -263,7 +265,9 @@ class KVCacheManager:
     def _admission_room(self) -> int:
         """Blocks an admission may take now: the reclaimable ones less what short
         promises still need and the watermark."""
-        room = self.num_reclaimable_blocks() - self._num_short_promised()
+        room = self.num_reclaimable_blocks()
+        if self._window is not None:
+            room -= self._num_short_promised()
         return room - self.admission_watermark()
 
     def _num_pinned_evictable(self, block_ids: list[int]) -> int:
@@ -385,7 +389,7 @@ class KVCacheManager:
     def _try_make_room(self, num_blocks: int) -> bool:
         """``make_room(num_blocks)`` if the reclaimable blocks cover them (``num_blocks <=
         num_reclaimable_blocks()``); else False, evicting nothing."""
-        return self._reclaim(num_blocks + self._promises.total, all_or_nothing=True)
+        return self._reclaim(num_blocks + self._promises.total, True)  # all or nothing
 
     def make_room(self, num_blocks: int) -> bool:
         """Reclaims cached blocks until ``num_blocks`` are free beyond the prefill promises:
@@ -403,22 +407,20 @@ class KVCacheManager:
         if shortfall <= 0:
             return True
         num_evictable = pool.num_evictable_blocks
-        if all_or_nothing and shortfall > num_evictable + self._num_cache_only_blocks():
+        holds_blocks = self._cache_holds_blocks  # then the blocks only it keeps count too
+        if all_or_nothing and shortfall > num_evictable + (
+            self.prefix.num_evictable_blocks() if holds_blocks else 0
+        ):
             return False
         if num_evictable:
             evicted = self.eviction.evict(min(shortfall, num_evictable))
             if self._hears_evictions:
                 self.prefix.on_evicted(evicted)
             shortfall = num_free_blocks - pool.num_free_blocks
-        while shortfall > 0 and self._num_cache_only_blocks():
+        while holds_blocks and shortfall > 0 and self.prefix.num_evictable_blocks():
             pool.free(self.prefix.evict(shortfall))
             shortfall = num_free_blocks - pool.num_free_blocks
         return shortfall <= 0
-
-    def _num_cache_only_blocks(self) -> int:
-        """Blocks only a prefix cache holding references of its own (radix) keeps, which it
-        would release (``PrefixCache.num_evictable_blocks``: an estimate from above)."""
-        return self.prefix.num_evictable_blocks() if self._cache_holds_blocks else 0
 
     # -- computed tokens and release -----------------------------------------------------
 
@@ -505,8 +507,11 @@ class KVCacheManager:
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must
         be every request holding a table): partial last blocks and reservations."""
-        allocator = self.allocator
-        num_blocks = allocator.num_reserved_blocks() + allocator.num_hole_blocks()  # holes
+        return self._num_unused_slots(running, self.allocator.num_reserved_blocks())
+
+    def _num_unused_slots(self, running: Sequence[Request], num_reserved_blocks: int) -> int:
+        """``num_unused_slots(running)``, given the allocator's reserved blocks."""
+        num_blocks = num_reserved_blocks + self.allocator.num_hole_blocks()  # holes
         requests = running if isinstance(running, list) else list(running)
         num_computed: int = self._sum_attribute(requests, "num_computed_tokens")
         return num_blocks * self._block_size - num_computed

@@ -27,7 +27,7 @@ def empty_output(step: int) -> SchedulerOutput:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class StepPlan:
     """The work one ``schedule`` call has decided so far, and the token budget left."""
 
