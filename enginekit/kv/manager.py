@@ -134,7 +134,7 @@ class KVCacheManager:
         evictable, not used (an estimate from above). Pure."""
         # Called after every step: the allocator's reserved blocks are read once for both.
         pool = self.pool
-        cache_only = self.prefix.num_evictable_blocks() if self._cache_holds_blocks else 0
+        cache_only = self._num_cache_only_blocks()
         num_table_blocks = self.allocator.num_reserved_blocks()
         return KVUsage(
             pool.num_blocks,
@@ -152,9 +152,8 @@ class KVCacheManager:
         would release, less the promised ones. The radix part may be an estimate from
         above; make_room then falls short and callers back off."""
         pool = self.pool
-        num_reclaimable = pool.num_free_blocks + pool.num_evictable_blocks
-        if self._cache_holds_blocks:
-            num_reclaimable += self.prefix.num_evictable_blocks()
+        num_cache_only = self._num_cache_only_blocks()
+        num_reclaimable = pool.num_free_blocks + pool.num_evictable_blocks + num_cache_only
         return num_reclaimable - self._promises.total
 
     @property
@@ -407,20 +406,22 @@ class KVCacheManager:
         if shortfall <= 0:
             return True
         num_evictable = pool.num_evictable_blocks
-        holds_blocks = self._cache_holds_blocks  # then the blocks only it keeps count too
-        if all_or_nothing and shortfall > num_evictable + (
-            self.prefix.num_evictable_blocks() if holds_blocks else 0
-        ):
+        if all_or_nothing and shortfall > num_evictable + self._num_cache_only_blocks():
             return False
         if num_evictable:
             evicted = self.eviction.evict(min(shortfall, num_evictable))
             if self._hears_evictions:
                 self.prefix.on_evicted(evicted)
             shortfall = num_free_blocks - pool.num_free_blocks
-        while holds_blocks and shortfall > 0 and self.prefix.num_evictable_blocks():
+        while shortfall > 0 and self._num_cache_only_blocks():
             pool.free(self.prefix.evict(shortfall))
             shortfall = num_free_blocks - pool.num_free_blocks
         return shortfall <= 0
+
+    def _num_cache_only_blocks(self) -> int:
+        """Blocks only a prefix cache holding references of its own (radix) keeps, which it
+        would release (``PrefixCache.num_evictable_blocks``: an estimate from above)."""
+        return self.prefix.num_evictable_blocks() if self._cache_holds_blocks else 0
 
     # -- computed tokens and release -----------------------------------------------------
 
