@@ -132,7 +132,6 @@ class KVCacheManager:
         """Block and slot counts by state (``running``: every request holding a table).
         Blocks that only a prefix cache holding its own references keeps (radix) count as
         evictable, not used (an estimate from above). Pure."""
-        # Called after every step: the allocator's reserved blocks are read once for both.
         pool = self.pool
         cache_only = self._num_cache_only_blocks()
         num_table_blocks = self.allocator.num_reserved_blocks()
@@ -143,7 +142,7 @@ class KVCacheManager:
             pool.num_free_blocks,
             num_table_blocks,
             num_table_blocks * self._block_size,
-            self._num_unused_slots(running, num_table_blocks),
+            self.num_unused_slots(running),
         )
 
     def num_reclaimable_blocks(self) -> int:
@@ -254,7 +253,7 @@ class KVCacheManager:
         if (
             refusal is None
             or refusal.seq_id != request.seq_id
-            or refusal.num_tokens != len(request.token_ids)
+            or refusal.num_tokens != request.num_tokens
         ):
             return False
         if refusal.num_needed <= self._admission_room():
@@ -264,9 +263,7 @@ class KVCacheManager:
     def _admission_room(self) -> int:
         """Blocks an admission may take now: the reclaimable ones less what short
         promises still need and the watermark."""
-        room = self.num_reclaimable_blocks()
-        if self._window is not None:
-            room -= self._num_short_promised()
+        room = self.num_reclaimable_blocks() - self._num_short_promised()
         return room - self.admission_watermark()
 
     def _num_pinned_evictable(self, block_ids: list[int]) -> int:
@@ -291,11 +288,14 @@ class KVCacheManager:
         a block another sequence still holds): admission leaves them for those prefills."""
         if self._window is None:
             return 0  # without a window a promise is always peak - held
+        # A loop, not sum() over a generator: that would make the function build a closure
+        # cell at every call, the common early return above included (every step's
+        # admission check calls it).
         promises = self._promises
-        return sum(
-            max(0, promises.peak(s) - self.num_held_blocks(s) - promises.promised(s))
-            for s in promises
-        )
+        num_short = 0
+        for s in promises:
+            num_short += max(0, promises.peak(s) - self.num_held_blocks(s) - promises.promised(s))
+        return num_short
 
     def admit(self, request: Request, match: PrefixMatch) -> None:
         """Gives ``request`` a block table: the fully matched blocks (pinned first, so
@@ -388,7 +388,7 @@ class KVCacheManager:
     def _try_make_room(self, num_blocks: int) -> bool:
         """``make_room(num_blocks)`` if the reclaimable blocks cover them (``num_blocks <=
         num_reclaimable_blocks()``); else False, evicting nothing."""
-        return self._reclaim(num_blocks + self._promises.total, True)  # all or nothing
+        return self._reclaim(num_blocks + self._promises.total, all_or_nothing=True)
 
     def make_room(self, num_blocks: int) -> bool:
         """Reclaims cached blocks until ``num_blocks`` are free beyond the prefill promises:
@@ -508,11 +508,8 @@ class KVCacheManager:
     def num_unused_slots(self, running: Sequence[Request]) -> int:
         """Token slots the block tables hold that no computed token fills (``running`` must
         be every request holding a table): partial last blocks and reservations."""
-        return self._num_unused_slots(running, self.allocator.num_reserved_blocks())
-
-    def _num_unused_slots(self, running: Sequence[Request], num_reserved_blocks: int) -> int:
-        """``num_unused_slots(running)``, given the allocator's reserved blocks."""
-        num_blocks = num_reserved_blocks + self.allocator.num_hole_blocks()  # holes
+        allocator = self.allocator
+        num_blocks = allocator.num_reserved_blocks() + allocator.num_hole_blocks()  # holes
         requests = running if isinstance(running, list) else list(running)
         num_computed: int = self._sum_attribute(requests, "num_computed_tokens")
         return num_blocks * self._block_size - num_computed

@@ -48,7 +48,7 @@ class BlockHashPrefixCache(PrefixCache):
         """A match runs until the first name not in the pool: it can be longer than
         ``match`` only if the name of the block right after it is there now."""
         num_matched = len(match.block_ids)
-        if num_matched >= (len(request.token_ids) - 1) // self._block_size:
+        if num_matched >= (request.num_tokens - 1) // self._block_size:
             return False  # every full block but the one holding the last token
         if self._chains.num_names(request.seq_id) <= num_matched:
             return True
