@@ -506,6 +506,13 @@ class PoolTwins(RuleBasedStateMachine):
     def evict_lru(self, data: st.DataObject) -> None:
         self.both("evict_lru", data.draw(st.integers(0, self.python.num_evictable_blocks + 1)))
 
+    @rule(data=st.data())
+    def make_room_lru(self, data: st.DataObject) -> None:
+        reclaimable = self.python.num_free_blocks + self.python.num_evictable_blocks
+        num_blocks = data.draw(st.integers(0, reclaimable + 1) | st.integers(-1, 2**70))
+        num_kept_free = data.draw(st.integers(0, reclaimable + 1) | st.just(-1))
+        self.both("make_room_lru", num_blocks, num_kept_free)
+
     @invariant()
     def same_state_and_intact(self) -> None:
         if not hasattr(self, "native"):

@@ -316,6 +316,71 @@ def test_grow_with_asks_for_room_first(impl) -> None:
     pool.check_integrity()
 
 
+class Reserve:
+    """A ``FreeBlockReserve``: the free blocks an ``LruRoom`` keeps."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def __repr__(self) -> str:
+        return f"Reserve({self.total})"
+
+
+@pytest.mark.parametrize(
+    ("Pool", "Tables", "Room"),
+    [
+        (_native.BlockPool, _native.BlockTables, _native.LruRoom),
+        (PyBlockPool, PyBlockTables, pyref.PyLruRoom),
+    ],
+    ids=["native", "python"],
+)
+def test_grow_with_the_pools_lru_room(Pool: Any, Tables: Any, Room: Any) -> None:
+    pool, tables = Pool(6), Tables(4)
+    tables.add_sequence(1, pool.allocate(1))
+    cached = pool.allocate(3)  # released as cache, oldest first: 1, 2, 3
+    for k, block_id in enumerate(cached):
+        tables.add_sequence(10 + k, [block_id])
+        tables.cache_blocks(pool, 10 + k, 0, [100 + k])
+        pool.free(tables.remove_sequence(10 + k))
+    reserve = Reserve(2)
+    room = Room(pool, reserve)
+    # 2 free, 3 evictable. Growing 1 by 2 blocks and keeping 2 free: 2 evicted, oldest first.
+    assert tables.grow_with(pool, [1], [12], room) == 2
+    assert pool.evictable_block_ids() == [3]
+    assert pool.num_free_blocks == 2 and pool.lookup_prefix([100]) == []
+    # Short even after evicting everything: None, nothing evicted or grown.
+    before = (pool.evictable_block_ids(), pool.free_block_ids(), tables.block_ids(1))
+    assert tables.grow_with(pool, [1], [20], room) is None
+    assert (pool.evictable_block_ids(), pool.free_block_ids(), tables.block_ids(1)) == before
+    # The reserve is read at each call.
+    reserve.total = 0
+    assert tables.grow_with(pool, [1], [20], room) == 2
+    assert pool.num_free_blocks == 0 and pool.num_evictable_blocks == 1
+    # Called as a plain call back (a Python allocator, or tables of another pool) it does
+    # the same; bad counts are refused.
+    assert room(1) and pool.num_evictable_blocks == 0 and pool.num_free_blocks == 1
+    assert not room(2)
+    with pytest.raises(ValueError, match="num_blocks must be non-negative"):
+        room(-1)
+    reserve.total = -1
+    with pytest.raises(ValueError):
+        room(0)
+    tables.check_integrity(pool)
+    pool.check_integrity()
+
+
+def test_an_lru_room_of_another_pool_is_called(impl) -> None:
+    Pool, Tables = impl
+    Room = _native.LruRoom if Pool is _native.BlockPool else pyref.PyLruRoom
+    pool, other, tables = Pool(4), Pool(4), Tables(4)
+    tables.add_sequence(1)
+    other.allocate(4)
+    # The other pool has no room: the answer is its, and nothing is grown.
+    assert tables.grow_with(pool, [1], [8], Room(other, Reserve(0))) is None
+    assert tables.block_ids(1) == [] and pool.num_free_blocks == 4
+    tables.check_integrity(pool)
+
+
 def test_ids_and_counts_the_stub_leaves_open(impl) -> None:
     """Validation both twins share where the stub is silent: table entries are block ids in
     [0, 2**31) (they export to int32), new seq ids lie in [0, 2**64), counts are >= 0."""
@@ -855,18 +920,22 @@ class TablesTwins(RuleBasedStateMachine):
         if data.draw(st.booleans()):
             self.both(lambda p, t: t.grow(p, ids, tokens_arg), "grow" + args)
             return
-        room = data.draw(st.booleans())  # what make_room answers
+        room = data.draw(st.sampled_from([True, False, "lru"]))  # what make_room answers
+        reserve = Reserve(data.draw(st.integers(0, 3)))  # for the pool's own LRU room
 
         def grow_with(pool: Any, tables: Any) -> tuple[Any, list[int]]:
             asked: list[int] = []
 
             def make_room(n: int) -> bool:
                 asked.append(n)
-                return room
+                return room is True
 
+            if room == "lru":  # the pool's own, which the Rust tables run without a call
+                lru_room = _native.LruRoom if pool is self.native[0] else pyref.PyLruRoom
+                return tables.grow_with(pool, ids, tokens_arg, lru_room(pool, reserve)), asked
             return tables.grow_with(pool, ids, tokens_arg, make_room), asked
 
-        self.both(grow_with, f"grow_with{args}, room {room}")
+        self.both(grow_with, f"grow_with{args}, room {room} {reserve}")
 
     @rule(data=st.data())
     @precondition(has_sequences)

@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enginekit.errors import OutOfBlocksError
+from enginekit.interfaces.eviction import AttentionSpan
 from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
 from enginekit.kv.backend import make_backend, make_context
 from enginekit.kv.manager import KVCacheManager
@@ -372,6 +373,38 @@ def test_decode_growth_takes_a_block_per_four_tokens_and_evicts_under_pressure(n
     assert manager.match(request(2, tokens(8, 100))) == NO_MATCH
     assert not manager.try_grow([0], [17])
     assert manager.tables.block_ids(0) == [0, 1, 3, 2]
+
+
+class NewestFirstEviction(LRUEviction):
+    """A policy with an ``evict`` of its own: the block released last goes first."""
+
+    def evict(self, num_blocks: int) -> list[int]:
+        victims = self.kv.pool.evictable_block_ids()[::-1][:num_blocks]
+        for block_id in victims:
+            self.kv.pool.evict(block_id)
+        return victims
+
+
+def test_decode_growth_evicts_what_an_eviction_policy_of_its_own_chooses(native):
+    context = make_context(make_backend(native), 4, SPEC, MAX_MODEL_LEN, AttentionSpan(None))
+    manager = KVCacheManager(
+        context,
+        PagedAllocator(PagedConfig(), context),
+        BlockHashPrefixCache(BlockHashConfig(), context),
+        NewestFirstEviction(LRUConfig(), context),
+        watermark=0.0,
+    )
+    a, b = request(0, tokens(8)), request(1, tokens(8, 100))
+    for r in (a, b):
+        admit(manager, r)
+        prefill(manager, r)
+    a.token_ids.append(50)
+    assert manager.release(b) == 2  # evictable: 3 then 2
+    assert manager.try_grow([0], [9])  # the policy's choice: block 2, not block 3
+    manager.check_integrity()
+    assert manager.tables.block_ids(0) == [0, 1, 2]
+    assert manager.match(request(2, tokens(8, 100))) == NO_MATCH  # its first block is gone
+    assert free_and_evictable(manager) == (0, 1)
 
 
 def test_a_released_prompt_and_its_outputs_are_matched_again(native):

@@ -7,7 +7,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from enginekit.interfaces.hash_chains import HashChains
-    from enginekit.interfaces.structures import BlockPool, BlockTables, RadixTree
+    from enginekit.interfaces.structures import (
+        BlockPool,
+        BlockTables,
+        FreeBlockReserve,
+        RadixTree,
+    )
 
 
 class Backend(NamedTuple):
@@ -21,7 +26,10 @@ class Backend(NamedTuple):
     name; ``hash_blocks(tokens, block_size, extra_key)`` names every full block of a
     sequence; ``root_hash`` is the parent name of a sequence's first block.
     ``sum_attribute(objects, name)`` adds ``getattr(o, name)`` over a list of objects, in
-    order (for ints, their ``sum``), each attribute read once.
+    order (for ints, their ``sum``), each attribute read once. ``new_lru_room(pool,
+    reserve)`` is a make-room call back for ``BlockTables.grow_with``:
+    ``pool.make_room_lru(n, reserve.total)``, which the Rust tables run without a call into
+    Python.
     """
 
     name: str  # "native" or "pyref"
@@ -33,3 +41,5 @@ class Backend(NamedTuple):
     hash_block: Callable[[int, list[int], bytes | None], int]
     hash_blocks: Callable[[list[int], int, bytes | None], list[int]]
     sum_attribute: Callable[[list[Any], str], Any]
+    # (a pool of this backend, its reserve) -> a make-room call back
+    new_lru_room: Callable[[Any, FreeBlockReserve], Callable[[int], bool]]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Sequence
 from typing import ClassVar, NamedTuple
 
@@ -52,10 +52,13 @@ class Eviction(Plugin, ABC):
         ``HoleAllocator``). Default: none. Pure."""
         return []
 
-    @abstractmethod
     def evict(self, num_blocks: int) -> list[int]:
         """Turns ``num_blocks`` evictable blocks into free ones and returns their ids.
 
         The caller ensures ``num_blocks <= pool.num_evictable_blocks``. Mutates the pool
-        (drops the blocks' hashes); the manager then tells the prefix cache.
-        """
+        (drops the blocks' hashes); the manager then tells the prefix cache. Default: the
+        pool's LRU order (``pool.evict_lru``: the blocks released longest ago first). A
+        policy that keeps the default lets the cache manager make room for growing
+        sequences inside the structures (``BlockPool.make_room_lru``), without a call to
+        this method."""
+        return self.kv.pool.evict_lru(num_blocks)

@@ -63,6 +63,13 @@ HashBatch: TypeAlias = "list[int] | tuple[int, ...] | array[int]"
 C-contiguous buffer of u64)."""
 
 
+class FreeBlockReserve(Protocol):
+    """Free blocks an owner keeps for itself (the cache manager's prefill promises): what
+    a pool's ``LruRoom`` keeps free beyond the blocks it makes room for."""
+
+    total: int
+
+
 class BlockPool(Protocol):
     """A fixed set of KV blocks with reference counts, a free list and a prefix-hash map.
 
@@ -167,6 +174,13 @@ class BlockPool(Protocol):
         oldest first (each pushed on the free stack in that order, so the newest of them is
         allocated first). Raises OutOfBlocksError if num_blocks > num_evictable_blocks,
         ValueError if negative."""
+        ...
+
+    def make_room_lru(self, num_blocks: int, num_kept_free: int) -> bool:
+        """Makes num_blocks blocks free beyond num_kept_free, evicting the least recently
+        released evictable blocks (as ``evict_lru``) for what the free ones lack. Returns
+        True if that many are free then; False, evicting nothing, if the free and evictable
+        blocks together fall short. Raises ValueError if either count is negative."""
         ...
 
     def free_block_ids(self) -> list[int]:

@@ -17,6 +17,7 @@ def make_backend(native: bool) -> Backend:
             BlockPool,
             BlockTables,
             HashChains,
+            LruRoom,
             RadixTree,
             hash_block,
             hash_blocks,
@@ -33,6 +34,7 @@ def make_backend(native: bool) -> Backend:
             hash_block,
             hash_blocks,
             sum_attribute,
+            LruRoom,
         )
     from enginekit.kv import pyref
     from enginekit.kv.pyref import attributes, hashing
@@ -47,6 +49,7 @@ def make_backend(native: bool) -> Backend:
         hashing.hash_block,
         hashing.hash_blocks,
         attributes.sum_attribute,
+        pyref.PyLruRoom,
     )
 
 

@@ -4,7 +4,7 @@ block pool and one set of block tables. The scheduler talks only to this class."
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
@@ -105,6 +105,21 @@ class KVCacheManager:
         self._cache_holds_blocks = _overrides(prefix, PrefixCache, "num_evictable_blocks")
         self._hears_evictions = _overrides(prefix, PrefixCache, "on_evicted")
         self._hears_steps = _overrides(prefix, PrefixCache, "on_step_executed")
+        # The call back that makes room for growing tables (all or nothing, beyond the
+        # promises): where evicting in the pool's LRU order is all ``_try_make_room`` would
+        # do (the eviction policy keeps the default order, the prefix cache neither hears
+        # evictions nor holds blocks of its own), the structures' own, which the Rust
+        # tables run without calling back into Python.
+        is_pool_lru = not (
+            _overrides(eviction, Eviction, "evict")
+            or self._hears_evictions
+            or self._cache_holds_blocks
+        )
+        self._make_room_to_grow: Callable[[int], bool] = (
+            context.backend.new_lru_room(self.pool, self._promises)
+            if is_pool_lru
+            else self._try_make_room
+        )
         self._refusal: _Refusal | None = None  # see still_refused
 
     @property
@@ -383,7 +398,7 @@ class KVCacheManager:
     def try_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> bool:
         """Makes each sequence's table hold num_tokens[i] tokens, evicting if needed.
         Returns False, changing nothing, if the blocks are not there."""
-        return self.allocator.try_grow(seq_ids, num_tokens, self._try_make_room)
+        return self.allocator.try_grow(seq_ids, num_tokens, self._make_room_to_grow)
 
     def _try_make_room(self, num_blocks: int) -> bool:
         """``make_room(num_blocks)`` if the reclaimable blocks cover them (``num_blocks <=
@@ -531,7 +546,7 @@ class KVCacheManager:
         if not writes:
             return True
         # len(writes) is an upper bound: the last writer of a block copies nothing
-        if not self._try_make_room(len(writes)):
+        if not self._make_room_to_grow(len(writes)):
             return False
         self._shared_tails.copy_on_write(writes)
         return True

@@ -411,6 +411,27 @@ impl BlockPool {
         Ok(out)
     }
 
+    /// Makes `num_blocks` blocks free beyond `num_kept_free`, evicting the least recently
+    /// released evictable blocks (as `evict_lru`) for what the free ones lack: true if
+    /// that many are free then; false, evicting nothing, if the free and evictable blocks
+    /// together fall short.
+    pub fn make_room_lru(&mut self, num_blocks: u64, num_kept_free: u64) -> bool {
+        let wanted = num_blocks.saturating_add(num_kept_free);
+        let num_free = u64::from(self.num_free_blocks());
+        if wanted <= num_free {
+            return true;
+        }
+        let shortfall = wanted - num_free;
+        if shortfall > u64::from(self.num_evictable) {
+            return false;
+        }
+        for _ in 0..shortfall {
+            let b = self.lru_head;
+            self.evict_unchecked(b);
+        }
+        true
+    }
+
     /// Free blocks in the order `allocate` would hand them out.
     pub fn free_block_ids(&self) -> Vec<u32> {
         self.free.iter().rev().copied().collect()

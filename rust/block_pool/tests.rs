@@ -314,6 +314,26 @@ fn evict_lru_oldest_first() {
 }
 
 #[test]
+fn make_room_lru_evicts_only_the_shortfall_or_nothing() {
+    // mixed(): free 4, 5; evictable 0 then 1; used 2, 3.
+    let mut p = mixed();
+    assert!(p.make_room_lru(2, 0)); // the free blocks cover it
+    assert_eq!(p.num_evictable_blocks(), 2);
+    let before = snapshot(&p);
+    assert!(!p.make_room_lru(3, 2)); // 5 wanted, 2 free + 2 evictable
+    assert!(!p.make_room_lru(u64::MAX, u64::MAX));
+    assert_eq!(snapshot(&p), before);
+    assert!(p.make_room_lru(1, 2)); // one short: the oldest evictable goes
+    assert_eq!(p.evictable_block_ids(), vec![1]);
+    assert_eq!(p.lookup_prefix(&[100]), Vec::<u32>::new());
+    assert_eq!(p.num_free_blocks(), 3);
+    assert!(p.make_room_lru(0, 4));
+    assert_eq!(p.num_evictable_blocks(), 0);
+    assert_eq!(p.num_free_blocks(), 4);
+    p.check_integrity().unwrap();
+}
+
+#[test]
 fn integrity_detects_corruption() {
     let mut p = mixed();
     p.raw_ref_counts_mut()[4] = 1; // free block with a reference

@@ -18,6 +18,7 @@ mod functions;
 mod hash_chains;
 mod pool;
 mod radix;
+mod room;
 mod tables;
 
 /// Fills the `enginekit._native` module.
@@ -29,6 +30,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     decode::register(m)?;
     attrs::register(m)?;
     m.add_class::<pool::PyBlockPool>()?;
+    m.add_class::<room::PyLruRoom>()?;
     m.add_class::<tables::PyBlockTables>()?;
     m.add_class::<hash_chains::PyHashChains>()?;
     m.add_class::<radix::PyRadixTree>()

@@ -172,6 +172,18 @@ impl PyBlockPool {
         })
     }
 
+    fn make_room_lru(
+        &mut self,
+        num_blocks: &Bound<'_, PyAny>,
+        num_kept_free: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        guard(|| {
+            let n = count(num_blocks, "num_blocks")?;
+            let kept = count(num_kept_free, "num_kept_free")?;
+            Ok(self.inner.make_room_lru(n, kept))
+        })
+    }
+
     fn free_block_ids(&self) -> PyResult<Vec<u32>> {
         guard(|| Ok(self.inner.free_block_ids()))
     }

@@ -9,6 +9,7 @@ use super::convert::{
     table_block_ids, to_py, typed_buffer, value_err,
 };
 use super::pool::PyBlockPool;
+use super::room::PyLruRoom;
 use crate::block_table::{BlockTables, HOLE};
 use crate::error::MAX_BLOCK_ID;
 
@@ -316,7 +317,8 @@ impl PyBlockTables {
     /// `num_blocks_to_grow` counts them) when `n > 0`: returns the blocks allocated, or None,
     /// changing nothing, if `make_room` returns false. The batch is read once, before the
     /// call back, and only the part of it that needs blocks is grown after it; no borrow of
-    /// the tables or the pool is held during it.
+    /// the tables or the pool is held during it. An `LruRoom` of `pool` is run without a
+    /// call into Python.
     fn grow_with(
         slf: &Bound<'_, Self>,
         pool: &Bound<'_, PyBlockPool>,
@@ -342,7 +344,11 @@ impl PyBlockTables {
                 let toks: Vec<u64> = growing.iter().map(|&i| this.toks[i]).collect();
                 (seqs, toks, needed)
             };
-            if !make_room.call1((needed,))?.is_truthy()? {
+            let made = match make_room.downcast::<PyLruRoom>() {
+                Ok(room) if room.get().is_of(pool) => room.get().make_room(slf.py(), needed)?,
+                _ => make_room.call1((needed,))?.is_truthy()?,
+            };
+            if !made {
                 return Ok(None);
             }
             let mut this = slf.try_borrow_mut()?;

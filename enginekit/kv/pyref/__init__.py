@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from enginekit.kv.pyref.hash_chains import PyHashChains
-from enginekit.kv.pyref.pool import MAX_BLOCKS, PyBlockPool
+from enginekit.kv.pyref.pool import MAX_BLOCKS, PyBlockPool, PyLruRoom
 from enginekit.kv.pyref.radix import PyRadixTree
 from enginekit.kv.pyref.tables import MAX_TABLE_LEN, PyBlockTables
 
@@ -38,6 +38,7 @@ __all__ = [
     "PyBlockPool",
     "PyBlockTables",
     "PyHashChains",
+    "PyLruRoom",
     "PyRadixTree",
 ]
 

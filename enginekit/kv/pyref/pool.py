@@ -11,9 +11,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
+from enginekit.interfaces.structures import FreeBlockReserve
 from enginekit.kv.pyref.args import int_list, u64_buffer
 
-__all__ = ["MAX_BLOCKS", "PyBlockPool"]
+__all__ = ["MAX_BLOCKS", "PyBlockPool", "PyLruRoom"]
 
 _MAX_HASH = (1 << 64) - 1
 _INT32_MIN = -(1 << 31)
@@ -256,6 +257,21 @@ class PyBlockPool:
             self.evict(block_id)
         return victims
 
+    def make_room_lru(self, num_blocks: int, num_kept_free: int) -> bool:
+        """Makes num_blocks blocks free beyond num_kept_free, evicting the least recently
+        released evictable blocks (as ``evict_lru``) for what the free ones lack. Returns
+        True if that many are free then; False, evicting nothing, if the free and evictable
+        blocks together fall short. Raises ValueError if either count is negative."""
+        num_blocks = _check_count("num_blocks", num_blocks)
+        num_kept_free = _check_count("num_kept_free", num_kept_free)
+        shortfall = num_blocks + num_kept_free - len(self._free_stack)
+        if shortfall <= 0:
+            return True
+        if shortfall > len(self._lru):
+            return False
+        self.evict_lru(shortfall)
+        return True
+
     # ---- prefix-hash map ------------------------------------------------------------------
 
     def _cache_block(self, block_id: int, block_hash: int) -> bool:
@@ -381,3 +397,17 @@ class PyBlockPool:
         num_cached = sum(h is not None for h in self._hashes)
         if num_cached != len(self._hash_to_block):
             raise broken("per-block hashes and the hash map differ in size")
+
+
+class PyLruRoom:
+    """Twin of ``enginekit._native.LruRoom``: the make-room call back of a pool whose room
+    is made by evicting in its own LRU order. ``room(num_blocks)`` is
+    ``pool.make_room_lru(num_blocks, reserve.total)``, ``reserve.total`` read at each call
+    (the free blocks its owner keeps, such as prefill promises)."""
+
+    def __init__(self, pool: PyBlockPool, reserve: FreeBlockReserve) -> None:
+        self._pool = pool
+        self._reserve = reserve
+
+    def __call__(self, num_blocks: int) -> bool:
+        return self._pool.make_room_lru(num_blocks, self._reserve.total)

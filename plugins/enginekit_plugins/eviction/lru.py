@@ -14,12 +14,9 @@ class LRUConfig(EvictionConfig):
 
 
 class LRUEviction(Eviction):
-    """Evicts in the pool's LRU order: a block's recency is the moment its last reference
-    was dropped (a hit takes it out of the order; its next release puts it at the end).
-    A sequence releases its blocks tail first, so a shared prefix outlives the tails that
-    extend it."""
+    """Evicts in the pool's LRU order (``Eviction``'s default ``evict``): a block's
+    recency is the moment its last reference was dropped (a hit takes it out of the order;
+    its next release puts it at the end). A sequence releases its blocks tail first, so a
+    shared prefix outlives the tails that extend it."""
 
     Config = LRUConfig
-
-    def evict(self, num_blocks: int) -> list[int]:
-        return self.kv.pool.evict_lru(num_blocks)

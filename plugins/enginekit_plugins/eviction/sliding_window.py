@@ -156,9 +156,6 @@ class SlidingWindowEviction(Eviction):
         first = max(self.num_sink_blocks, self.first_window_block(num_computed_tokens))
         return [*block_ids[: self.num_sink_blocks], *block_ids[first:]]
 
-    def evict(self, num_blocks: int) -> list[int]:
-        return self.kv.pool.evict_lru(num_blocks)
-
     def ranges_out_of_window(self, running: Sequence[Request]) -> list[BlockRange]:
         """For each request, its blocks from the sink blocks up to the first block of its
         next query's window that it still holds. The holes this policy makes are exactly
