@@ -108,3 +108,29 @@ def test_an_empty_slot_raises_as_getattr_does() -> None:
     for implementation in (_native.sum_attribute, twin):
         with pytest.raises(AttributeError):
             implementation([Slotted(1), empty], "value")
+
+
+class Shrinking:
+    """Reading its ``value`` removes the last object of the list it is in."""
+
+    def __init__(self, value: int, objects: list[Any]) -> None:
+        self._value = value
+        self._objects = objects
+
+    @property
+    def value(self) -> int:
+        self._objects.pop()
+        return self._value
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_a_read_that_changes_the_list_is_seen(implementation: Any) -> None:
+    # As a for loop over the list: each step reads the list as it is then.
+    objects: list[Any] = [Slotted(1)]
+    objects += [Shrinking(10, objects), Slotted(100), Slotted(1000), Slotted(10000)]
+    assert implementation(objects, "value") == 1 + 10 + 100 + 1000
+    assert len(objects) == 4
+    objects = [Slotted(1)]
+    objects.append(Shrinking(10, objects))  # removes itself: the list ends there
+    assert implementation(objects, "value") == 11
+    assert len(objects) == 1
