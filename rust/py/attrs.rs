@@ -138,19 +138,20 @@ impl<'py> AttrReader<'py> {
         Ok(Self { name, slot })
     }
 
-    /// The attribute of `obj`: a new reference, or null with the error set.
-    ///
-    /// # Safety
-    /// The GIL is held and `obj` is a live object the caller holds a reference to.
-    unsafe fn read_ptr(&self, obj: *mut ffi::PyObject) -> *mut ffi::PyObject {
-        match &self.slot {
-            // The slot's function for READ is its descriptor type's tp_descr_get, called on
-            // an object of the type the descriptor is a slot of.
-            Some(slot) if slot.serves(obj) => {
-                let get = std::mem::transmute::<*mut c_void, ffi::descrgetfunc>(slot.function);
-                get(slot.descr.as_ptr(), obj, slot.owner.cast())
-            }
-            _ => ffi::PyObject_GetAttr(obj, self.name.as_ptr()),
+    /// The attribute of `obj`.
+    fn read(&self, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: the GIL is held and `obj` is held by the caller. The slot's function for
+        // READ is its descriptor type's tp_descr_get, called on an object of the type the
+        // descriptor is a slot of; it returns a new reference or null with the error set.
+        unsafe {
+            let value = match &self.slot {
+                Some(slot) if slot.serves(obj.as_ptr()) => {
+                    let get = std::mem::transmute::<*mut c_void, ffi::descrgetfunc>(slot.function);
+                    get(slot.descr.as_ptr(), obj.as_ptr(), slot.owner.cast())
+                }
+                _ => ffi::PyObject_GetAttr(obj.as_ptr(), self.name.as_ptr()),
+            };
+            Bound::from_owned_ptr_or_err(obj.py(), value)
         }
     }
 }
@@ -185,35 +186,23 @@ fn sum_attribute<'py>(
     guard(|| {
         let py = objects.py();
         let reader = AttrReader::new(name.clone(), objects.get_item(0).ok().as_ref())?;
-        let list = objects.as_ptr();
         let mut fast: i64 = 0;
         let mut slow: Option<Bound<'py, PyAny>> = None; // the sum, once past the fast path
-        let mut i: ffi::Py_ssize_t = 0;
-        // SAFETY: the GIL is held. Each item is read from the list right before its
-        // attribute and held (a reference of its own) while that is read: a getattr can run
-        // Python code that changes the list, so its size is read again at each step.
-        unsafe {
-            while i < ffi::PyList_Size(list) {
-                let item = ffi::PyList_GetItem(list, i);
-                if item.is_null() {
-                    return Err(PyErr::fetch(py));
-                }
-                ffi::Py_IncRef(item);
-                let value = reader.read_ptr(item);
-                ffi::Py_DecRef(item);
-                let value = Bound::from_owned_ptr_or_err(py, value)?;
-                slow = match slow {
-                    None => match exact_i64(&value).and_then(|v| fast.checked_add(v)) {
-                        Some(sum) => {
-                            fast = sum;
-                            None
-                        }
-                        None => Some(fast.into_pyobject(py)?.add(&value)?),
-                    },
-                    Some(sum) => Some(sum.add(&value)?),
-                };
-                i += 1;
-            }
+        let mut i = 0;
+        while i < objects.len() {
+            // Read again at each step: a getattr can run Python code that changes the list.
+            let value = reader.read(&objects.get_item(i)?)?;
+            slow = match slow {
+                None => match exact_i64(&value).and_then(|v| fast.checked_add(v)) {
+                    Some(sum) => {
+                        fast = sum;
+                        None
+                    }
+                    None => Some(fast.into_pyobject(py)?.add(&value)?),
+                },
+                Some(sum) => Some(sum.add(&value)?),
+            };
+            i += 1;
         }
         match slow {
             Some(sum) => Ok(sum),
