@@ -41,10 +41,13 @@ time would count other processes' turns), read around each batch of manager call
 the scheduler makes back to back (a decode reservation, one admission attempt, the
 output's calls, the update's calls), so that only the manager's own work is counted (with
 the few branches of the scheduler's glue between calls of a batch, tens of nanoseconds
-against calls of microseconds). Reading the clock costs about as much as a short Rust
-call, so its cost, measured before each replay (the median of back-to-back readings), is
-subtracted once per batch. Each (workload, pool, prefix cache) runs Rust and then Python
-on the same requests; their counts must agree (the twins are the executable spec).
+against calls of microseconds). Reading this clock is a system call: an empty batch (two
+readings) costs about as much as a manager call that does nothing (0.8 to 1.2 us on a
+shared 2-core machine), so its cost, measured before each replay (the median of
+back-to-back readings), is subtracted once per batch; what a reading's cost varies by
+during a replay stays in the figures as noise. Each (workload, pool, prefix cache) runs
+Rust and then Python on the same requests; their counts must agree (the twins are the
+executable spec).
 
 Per row: us of manager time per generated token for each backend and the ratio, the
 prompt-token hit rate of first admissions and of re-admissions after preemption (hit
