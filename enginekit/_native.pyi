@@ -132,8 +132,8 @@ class BlockPool:
 class LruRoom:
     """The make-room call back of a pool whose room is made by evicting in its own LRU
     order: ``room(num_blocks)`` is ``pool.make_room_lru(num_blocks, reserve.total)``, with
-    ``reserve.total`` read at each call. ``BlockTables.grow_with`` runs an ``LruRoom`` of
-    its pool without calling into Python."""
+    ``reserve.total`` read at each call. ``BlockTables.grow_with`` runs an ``LruRoom``
+    without calling into Python."""
 
     def __init__(self, pool: BlockPool, reserve: FreeBlockReserve) -> None: ...
     def __call__(self, num_blocks: int) -> bool: ...

@@ -369,7 +369,7 @@ def test_grow_with_the_pools_lru_room(Pool: Any, Tables: Any, Room: Any) -> None
     pool.check_integrity()
 
 
-def test_an_lru_room_of_another_pool_is_called(impl) -> None:
+def test_an_lru_room_of_another_pool_makes_room_there(impl) -> None:
     Pool, Tables = impl
     Room = _native.LruRoom if Pool is _native.BlockPool else pyref.PyLruRoom
     pool, other, tables = Pool(4), Pool(4), Tables(4)
@@ -378,6 +378,10 @@ def test_an_lru_room_of_another_pool_is_called(impl) -> None:
     # The other pool has no room: the answer is its, and nothing is grown.
     assert tables.grow_with(pool, [1], [8], Room(other, Reserve(0))) is None
     assert tables.block_ids(1) == [] and pool.num_free_blocks == 4
+    # It has room: the answer is trusted, and the growth is from the tables' pool.
+    other.free([0, 1])
+    assert tables.grow_with(pool, [1], [8], Room(other, Reserve(0))) == 2
+    assert pool.num_free_blocks == 2 and other.num_free_blocks == 2
     tables.check_integrity(pool)
 
 

@@ -18,12 +18,6 @@ pub(super) struct PyLruRoom {
 }
 
 impl PyLruRoom {
-    /// Whether the pool `grow_with` grows from is this room's own (only then may it run
-    /// the room directly).
-    pub(super) fn is_of(&self, pool: &Bound<'_, PyBlockPool>) -> bool {
-        self.pool.is(pool)
-    }
-
     /// The call back itself (what `__call__` does with a count already read).
     pub(super) fn make_room(&self, py: Python<'_>, num_blocks: u64) -> PyResult<bool> {
         let total = self.reserve.bind(py).getattr(intern!(py, "total"))?;

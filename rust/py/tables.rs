@@ -317,8 +317,8 @@ impl PyBlockTables {
     /// `num_blocks_to_grow` counts them) when `n > 0`: returns the blocks allocated, or None,
     /// changing nothing, if `make_room` returns false. The batch is read once, before the
     /// call back, and only the part of it that needs blocks is grown after it; no borrow of
-    /// the tables or the pool is held during it. An `LruRoom` of `pool` is run without a
-    /// call into Python.
+    /// the tables or the pool is held during it. An `LruRoom` is run as its call would run
+    /// it (on its own pool), without a call into Python.
     fn grow_with(
         slf: &Bound<'_, Self>,
         pool: &Bound<'_, PyBlockPool>,
@@ -345,7 +345,7 @@ impl PyBlockTables {
                 (seqs, toks, needed)
             };
             let made = match make_room.downcast::<PyLruRoom>() {
-                Ok(room) if room.get().is_of(pool) => room.get().make_room(slf.py(), needed)?,
+                Ok(room) => room.get().make_room(slf.py(), needed)?,
                 _ => make_room.call1((needed,))?.is_truthy()?,
             };
             if !made {
