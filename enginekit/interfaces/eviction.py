@@ -57,8 +57,8 @@ class Eviction(Plugin, ABC):
 
         The caller ensures ``num_blocks <= pool.num_evictable_blocks``. Mutates the pool
         (drops the blocks' hashes); the manager then tells the prefix cache. Default: the
-        pool's LRU order (``pool.evict_lru``: the blocks released longest ago first). A
-        policy that keeps the default lets the cache manager make room for growing
-        sequences inside the structures (``BlockPool.make_room_lru``), without a call to
-        this method."""
+        pool's LRU order (``pool.evict_lru``: the blocks released longest ago first). With a
+        policy that keeps the default, and a prefix cache that neither hears evictions nor
+        holds blocks of its own, the cache manager makes room for growing sequences inside
+        the structures (``BlockPool.make_room_lru``), without a call to this method."""
         return self.kv.pool.evict_lru(num_blocks)

@@ -403,12 +403,18 @@ impl BlockPool {
             )));
         }
         let mut out = Vec::with_capacity(num_blocks as usize);
+        self.evict_oldest(num_blocks, |b| out.push(b));
+        Ok(out)
+    }
+
+    /// Evicts the `num_blocks` least recently released evictable blocks (at most
+    /// `num_evictable`, checked by the callers), handing each to `each`, oldest first.
+    fn evict_oldest(&mut self, num_blocks: u64, mut each: impl FnMut(u32)) {
         for _ in 0..num_blocks {
             let b = self.lru_head;
             self.evict_unchecked(b);
-            out.push(b);
+            each(b);
         }
-        Ok(out)
     }
 
     /// Makes `num_blocks` blocks free beyond `num_kept_free`, evicting the least recently
@@ -425,10 +431,7 @@ impl BlockPool {
         if shortfall > u64::from(self.num_evictable) {
             return false;
         }
-        for _ in 0..shortfall {
-            let b = self.lru_head;
-            self.evict_unchecked(b);
-        }
+        self.evict_oldest(shortfall, |_| {});
         true
     }
 
