@@ -356,8 +356,8 @@ def test_grow_with_the_pools_lru_room(Pool: Any, Tables: Any, Room: Any) -> None
     reserve.total = 0
     assert tables.grow_with(pool, [1], [20], room) == 2
     assert pool.num_free_blocks == 0 and pool.num_evictable_blocks == 1
-    # Called as a plain call back (a Python allocator, or tables of another pool) it does
-    # the same; bad counts are refused.
+    # Called directly (as an allocator written in Python would) it does the same; bad
+    # counts are refused.
     assert room(1) and pool.num_evictable_blocks == 0 and pool.num_free_blocks == 1
     assert not room(2)
     with pytest.raises(ValueError, match="num_blocks must be non-negative"):
