@@ -21,7 +21,8 @@ scheduler or an executor, with the calls ``enginekit.scheduler.Scheduler`` and
    ``take_block_ops``; then the update: ``on_step_executed``, each decode and each
    request just prefilled appends its next scripted token, the finished ones (scripted
    output exhausted) are ``release``d, ``release_out_of_window`` and the metrics'
-   ``usage``.
+   ``usage`` (given the running requests' computed tokens, which the loop counts as they
+   change, as the scheduler does).
 
 Arrivals: every first turn is in the waiting queue at step 0, in workload order (the
 workloads' arrival times are ignored). A later turn of a session (``follows``) joins the
@@ -354,6 +355,7 @@ def replay(
     request_ids: dict[int, str] = {}
     waiting: deque[Request] = deque()
     running: list[Request] = []
+    num_running_computed = 0  # num_computed_tokens over ``running``, as the scheduler keeps it
     phase_ns = dict.fromkeys(PHASES, 0)
     num_batches = 0
     num_steps = step = 0
@@ -397,6 +399,7 @@ def replay(
                 phase_ns["decode"] += elapsed
                 break
             victim = running.pop()  # the most recently admitted
+            num_running_computed -= victim.num_computed_tokens
             start = clock()
             cache.release(victim)
             elapsed += clock() - start
@@ -424,6 +427,7 @@ def replay(
             waiting.popleft()
             request.status = RequestStatus.RUNNING
             running.append(request)
+            num_running_computed += request.num_computed_tokens
             prefilled.append(request)
             counts = again if request.num_preemptions else first
             counts[0] += 1
@@ -443,6 +447,7 @@ def replay(
 
         # 3. the step's output, then its update
         filled = []
+        num_running_computed += len(decodes)  # one token each
         for request in decodes:
             num_computed = len(request.token_ids)
             request.num_computed_tokens = num_computed
@@ -467,11 +472,12 @@ def replay(
         num_generated += len(decodes) + len(prefilled)
         if finished:
             running = [r for r in running if not r.status.is_finished]
+            num_running_computed -= sum(r.num_computed_tokens for r in finished)
         start = clock()
         for request in finished:
             cache.release(request)
         cache.release_out_of_window(running)
-        usage = cache.usage(running)
+        usage = cache.usage(num_running_computed)
         phase_ns["update"] += clock() - start
         num_batches += 1
         peak_used = max(peak_used, usage.num_used_blocks)
@@ -488,11 +494,15 @@ def replay(
                 )
         if check_every and num_steps % check_every == 0:
             cache.check_integrity()
+            if num_running_computed != sum(r.num_computed_tokens for r in running):
+                raise RuntimeError(f"step {step}: the count of computed tokens is off")
         step += 1
 
     cache.check_integrity()
     if cache.allocator.num_reserved_blocks():
         raise RuntimeError("every request finished but block tables still hold blocks")
+    if num_running_computed:
+        raise RuntimeError(f"nothing runs, but {num_running_computed} computed tokens are counted")
     total_ns = sum(phase_ns.values())
     return ReplayResult(
         workload=trace.name,

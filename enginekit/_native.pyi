@@ -85,10 +85,6 @@ def append_decode_tokens(
     """The decode batch's pass when a step's tokens come back; contract and twin:
     ``enginekit.scheduler.decode_ops.append_decode_tokens``."""
 
-def sum_attribute(objects: list[Any], name: str) -> Any:
-    """``0 + o.name + ...`` over ``objects``; contract and twin:
-    ``enginekit.kv.pyref.attributes.sum_attribute``."""
-
 def _panic_for_test() -> None:
     """Test hook: panics inside Rust; always raises KVCacheError("internal error: ...")."""
 

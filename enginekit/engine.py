@@ -312,16 +312,16 @@ class Engine:
 
     def _record(self, scheduled: SchedulerOutput, step_time_s: float, update: StepUpdate) -> None:
         """Feeds the step to the metrics: the scheduler's stats and the cache's usage."""
-        running = self.scheduler.running
+        scheduler = self.scheduler
         self.metrics.on_scheduler_stats(update.stats)
         self.metrics.on_step(
             self.clock,
             step_time_s,
             sum(scheduled.prefill_lens),
             len(scheduled.decode_seq_ids),
-            len(running),
-            len(self.scheduler.waiting) + len(self._pending),
-            self.cache.usage(running),
+            len(scheduler.running),
+            len(scheduler.waiting) + len(self._pending),
+            self.cache.usage(scheduler.num_running_computed_tokens),
         )
         if self.metrics.num_steps % FRAGMENTATION_SAMPLE_STEPS == 1:
             unusable = self.cache.allocator.num_unusable_free_blocks()

@@ -156,7 +156,7 @@ def test_admission_without_a_hit_promises_the_prompt_and_each_chunk_takes_its_bl
     assert prefill(manager, r, 4) == 4  # the last chunk ends the promise
     assert manager.tables.block_ids(0) == [0, 1, 2]
     assert manager.num_promised_blocks == 0
-    usage = manager.usage([r])
+    usage = manager.usage(r.num_computed_tokens)
     assert (usage.num_table_blocks, usage.num_unused_slots) == (3, 12 - 10)
 
 
@@ -952,7 +952,7 @@ def test_random_operations_keep_every_invariant_and_release_every_block(
     # Every block is free or evictable, or (radix) held by the tree alone, which gives
     # every one of them back.
     assert pool.num_used_blocks == len(set(manager.prefix.held_block_ids()))
-    assert manager.usage([]).num_used_blocks == 0
+    assert manager.usage(0).num_used_blocks == 0
     assert manager.make_room(num_blocks)
     manager.check_integrity()
     assert pool.num_free_blocks == num_blocks

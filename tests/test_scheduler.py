@@ -94,12 +94,13 @@ def step(
     scheduler: Scheduler, next_tokens: Sequence[int] | None = None
 ) -> tuple[SchedulerOutput, StepUpdate]:
     """One step: schedule, then update with ``next_tokens`` (default: token 50 for every
-    sequence sampled); checks every cache invariant."""
+    sequence sampled); checks every cache and scheduler invariant."""
     scheduled = scheduler.schedule()
     if next_tokens is None:
         next_tokens = [50] * len(scheduled.sample_seq_ids)
     update = scheduler.update(scheduled, ModelOutput(list(next_tokens), 0.01))
     scheduler.cache.check_integrity()
+    scheduler.check_integrity()
     return scheduled, update
 
 
@@ -403,7 +404,9 @@ def test_abort_of_a_running_a_waiting_and_a_swapped_request_returns_their_blocks
     assert manager.num_held_blocks(0) == 4
     assert scheduler.abort(a) == [a]
     manager.check_integrity()
+    scheduler.check_integrity()
     assert scheduler.running == []
+    assert scheduler.num_running_computed_tokens == 0
     assert all(r.status is RequestStatus.ABORTED for r in (a, b, waiting))
     assert manager.pool.num_free_blocks == 6
     assert scheduler.abort(a) == []  # already finished
@@ -419,9 +422,12 @@ def test_abort_ends_every_sample_of_a_request(native):
     scheduler.add_request(r)
     step(scheduler)
     assert len(scheduler.running) == 3
+    assert scheduler.num_running_computed_tokens == 3 * 6  # the samples share the prompt
     assert scheduler.abort(r) == [r, *r.children]
     manager.check_integrity()
+    scheduler.check_integrity()
     assert scheduler.running == []
+    assert scheduler.num_running_computed_tokens == 0
     assert manager.pool.num_free_blocks == 16
 
 
@@ -543,7 +549,9 @@ def test_every_step_runs_something_and_every_request_finishes(
         ]
         scheduler.update(scheduled, ModelOutput(next_tokens, 0.01))
         manager.check_integrity()
+        scheduler.check_integrity()  # among others: the running requests' computed tokens
     assert scheduler.num_unfinished == 0
+    assert scheduler.num_running_computed_tokens == 0
     for r in requests:
         assert r.is_group_finished
         assert len(r.children) == r.sampling.n - 1

@@ -25,9 +25,7 @@ class Backend(NamedTuple):
     ``hash_block(parent, tokens, extra_key)`` names one full block after its parent's
     name; ``hash_blocks(tokens, block_size, extra_key)`` names every full block of a
     sequence; ``root_hash`` is the parent name of a sequence's first block.
-    ``sum_attribute(objects, name)`` adds ``getattr(o, name)`` over a list of objects, in
-    order (for ints, their ``sum``), each attribute read once. ``new_lru_room(pool,
-    reserve)`` is a make-room call back for ``BlockTables.grow_with``:
+    ``new_lru_room(pool, reserve)`` is a make-room call back for ``BlockTables.grow_with``:
     ``pool.make_room_lru(n, reserve.total)``, which the Rust tables run without a call into
     Python.
     """
@@ -40,6 +38,5 @@ class Backend(NamedTuple):
     root_hash: int
     hash_block: Callable[[int, list[int], bytes | None], int]
     hash_blocks: Callable[[list[int], int, bytes | None], list[int]]
-    sum_attribute: Callable[[list[Any], str], Any]
     # (a pool of this backend, its reserve) -> a make-room call back
     new_lru_room: Callable[[Any, FreeBlockReserve], Callable[[int], bool]]

@@ -21,7 +21,6 @@ def make_backend(native: bool) -> Backend:
             RadixTree,
             hash_block,
             hash_blocks,
-            sum_attribute,
         )
 
         return Backend(
@@ -33,11 +32,10 @@ def make_backend(native: bool) -> Backend:
             ROOT_HASH,
             hash_block,
             hash_blocks,
-            sum_attribute,
             LruRoom,
         )
     from enginekit.kv import pyref
-    from enginekit.kv.pyref import attributes, hashing
+    from enginekit.kv.pyref import hashing
 
     return Backend(
         "pyref",
@@ -48,7 +46,6 @@ def make_backend(native: bool) -> Backend:
         hashing.ROOT_HASH,
         hashing.hash_block,
         hashing.hash_blocks,
-        attributes.sum_attribute,
         pyref.PyLruRoom,
     )
 

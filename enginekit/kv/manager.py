@@ -87,7 +87,6 @@ class KVCacheManager:
         self.eviction = eviction
         self.num_watermark_blocks = int(watermark * context.num_blocks)
         self._block_size = context.spec.block_size
-        self._sum_attribute = context.backend.sum_attribute  # one call for all requests
         self._block_ops = BlockOps()  # handed to the executor by take_block_ops
         self._promises = PrefillPromises()
         self._shared_tails = SharedTails(self.pool, self.tables, allocator, self._block_ops)
@@ -143,10 +142,11 @@ class KVCacheManager:
         """Blocks the sequence's table holds, holes excluded. Pure."""
         return self.tables.num_blocks(seq_id) - self.tables.num_holes(seq_id)
 
-    def usage(self, running: Sequence[Request]) -> KVUsage:
-        """Block and slot counts by state (``running``: every request holding a table).
+    def usage(self, num_computed_tokens: int) -> KVUsage:
+        """Block and slot counts by state (``num_computed_tokens``: the computed tokens of
+        every request holding a table, added up, which the caller keeps as they change).
         Blocks that only a prefix cache holding its own references keeps (radix) count as
-        evictable, not used (an estimate from above). Pure."""
+        evictable, not used (an estimate from above). Pure; reads no request."""
         pool = self.pool
         cache_only = self._num_cache_only_blocks()
         num_table_blocks = self.allocator.num_reserved_blocks()
@@ -157,7 +157,7 @@ class KVCacheManager:
             pool.num_free_blocks,
             num_table_blocks,
             num_table_blocks * self._block_size,
-            self.num_unused_slots(running),
+            self.num_unused_slots(num_computed_tokens),
         )
 
     def num_reclaimable_blocks(self) -> int:
@@ -520,14 +520,12 @@ class KVCacheManager:
         if self._hears_steps:
             self.prefix.on_step_executed()
 
-    def num_unused_slots(self, running: Sequence[Request]) -> int:
-        """Token slots the block tables hold that no computed token fills (``running`` must
-        be every request holding a table): partial last blocks and reservations."""
+    def num_unused_slots(self, num_computed_tokens: int) -> int:
+        """Token slots the block tables hold that no computed token fills: partial last
+        blocks and reservations (``num_computed_tokens``: as for ``usage``). Pure."""
         allocator = self.allocator
         num_blocks = allocator.num_reserved_blocks() + allocator.num_hole_blocks()  # holes
-        requests = running if isinstance(running, list) else list(running)
-        num_computed: int = self._sum_attribute(requests, "num_computed_tokens")
-        return num_blocks * self._block_size - num_computed
+        return num_blocks * self._block_size - num_computed_tokens
 
     # -- forks ---------------------------------------------------------------------------
 

@@ -53,9 +53,12 @@ class StepUpdate(NamedTuple):
 
 class Scheduler:
     """Owns the waiting queue, the running list and the requests' states (status, computed
-    tokens). ``running`` is in priority order (first admitted first); a preempted request
-    goes back to the front of ``waiting``. Preemption is the plugin's decision (which
-    victim, swap or recompute) and this class's act.
+    tokens), and the running requests' computed tokens together
+    (``num_running_computed_tokens``, what the cache manager's ``usage`` takes), kept at
+    every change so that reading it costs nothing per request. ``running`` is in priority
+    order (first admitted first); a preempted request goes back to the front of
+    ``waiting``. Preemption is the plugin's decision (which victim, swap or recompute) and
+    this class's act.
 
     The running requests are split in two: those that decode and are not beams sit in a
     ``DecodeBatch`` (joined once a token of theirs is appended and only that one is left to
@@ -90,6 +93,7 @@ class Scheduler:
         self._stats = SchedulerStats()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._num_running_computed = 0  # sum of num_computed_tokens over ``running``
         native = cache.context.backend.name == "native"
         self._batch = DecodeBatch(eos_token_id, cache.block_size, decode_ops(native))
         self._unbatched: list[Request] = []  # running requests not in the batch, in order
@@ -114,6 +118,12 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    @property
+    def num_running_computed_tokens(self) -> int:
+        """The running requests' ``num_computed_tokens``, added up: the tokens their block
+        tables hold (``KVCacheManager.usage`` takes it). O(1)."""
+        return self._num_running_computed
+
     def abort(self, root: Request) -> list[Request]:
         """Ends ``root``'s request now, with every sample or beam it forked: running ones
         give their blocks back, swapped-out ones their host blocks, waiting ones leave the
@@ -126,6 +136,7 @@ class Scheduler:
         for request in group:
             self._forker.settle(request)
             if request.status is RequestStatus.RUNNING:
+                self._num_running_computed -= request.num_computed_tokens
                 self.cache.release(request)
             elif self.cache.is_swapped(request):
                 self.cache.drop_swapped(request)
@@ -195,6 +206,7 @@ class Scheduler:
         plan.prefill_lens.append(num_new)
         plan.prefill_token_ids.append(request.token_ids[start : start + num_new])
         request.num_computed_tokens = start + num_new
+        self._num_running_computed += num_new
         self.cache.on_computed(request, start + num_new)
         if start + num_new == request.num_tokens:
             plan.final_prefill_seq_ids.append(request.seq_id)
@@ -223,6 +235,7 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            self._num_running_computed += request.num_computed_tokens  # hit or restored
             self._unbatched.append(request)
             self._forker.owe(request, owed)
             if not is_restore or request.is_prefilling:
@@ -291,6 +304,7 @@ class Scheduler:
             raise RuntimeError("the decode batch changed while the step was planned")
         if plan.num_batched:
             decode_context_lens, filled = batch.mark_scheduled()
+            self._num_running_computed += plan.num_batched  # one token each (DecodeBatch)
             if filled:
                 members = batch.requests
                 self.cache.on_decodes_computed(
@@ -302,6 +316,7 @@ class Scheduler:
             block_size = self.cache.block_size
             context_lens = [len(r.token_ids) for r in decodes]
             for request, num_computed in zip(decodes, context_lens, strict=True):
+                self._num_running_computed += num_computed - request.num_computed_tokens
                 request.num_computed_tokens = num_computed
                 if num_computed % block_size == 0:
                     self.cache.on_computed(request, num_computed)
@@ -417,6 +432,7 @@ class Scheduler:
             group = [r for r in self.running if (r.parent or r) is root]
         for request in reversed(group):  # lowest priority first: requeued in order
             self._forker.settle(request)
+            self._num_running_computed -= request.num_computed_tokens
             self._stats.preemptions.append(self._preempt_one(request))
             request.status = RequestStatus.WAITING
             request.num_preemptions += 1
@@ -450,6 +466,7 @@ class Scheduler:
         """A forked sequence joins the running list (behind its elders)."""
         self._by_seq_id[child.seq_id] = child
         self.running.append(child)
+        self._num_running_computed += child.num_computed_tokens  # its parent's
         self._unbatched.append(child)
 
     def _advance_beams(
@@ -545,6 +562,7 @@ class Scheduler:
         if finished:
             for request in finished:
                 self._forker.settle(request)
+                self._num_running_computed -= request.num_computed_tokens
                 self.cache.release(request)
                 del by_seq_id[request.seq_id]
                 self._finished_seq_ids.append(request.seq_id)
@@ -559,9 +577,15 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Raises RuntimeError unless, between steps, the decode batch and the requests
-        outside it together hold exactly the running requests, each once, and every batch
-        member decodes."""
+        outside it together hold exactly the running requests, each once, every batch
+        member decodes, and ``num_running_computed_tokens`` is the running requests' sum."""
         self._batch.check()
+        num_computed = sum(r.num_computed_tokens for r in self.running)
+        if num_computed != self._num_running_computed:
+            raise RuntimeError(
+                f"the running requests have {num_computed} computed tokens, but the "
+                f"scheduler counts {self._num_running_computed}"
+            )
         running = list(map(id, self.running))
         split = [*map(id, self._batch.requests), *map(id, self._unbatched)]
         if len(running) != len(set(running)) or sorted(running) != sorted(split):

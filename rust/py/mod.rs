@@ -28,7 +28,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_TABLE_LEN", MAX_TABLE_LEN)?;
     functions::register(m)?;
     decode::register(m)?;
-    attrs::register(m)?;
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<room::PyLruRoom>()?;
     m.add_class::<tables::PyBlockTables>()?;
