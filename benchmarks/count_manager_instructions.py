@@ -20,7 +20,9 @@ its package, its plugins and its own replay are imported instead of this one's.
         benchmarks/count_manager_instructions.py toggle.so --scheduler-step block_hash
 
 ``--scheduler-step PREFIX`` counts ``bench_bookkeeping.py``'s ``schedule()`` + ``update()``
-at 256 decodes instead: 300 steps after 50 of warm-up, one toggle at each end.
+at 256 decodes instead, ``--engine-step PREFIX`` its whole engine step there (schedule, the
+simulator, update, the metrics' record): 300 steps after 50 of warm-up, one toggle at each
+end.
 
 callgrind prints the total ("Collected"); divide by the generated tokens printed here.
 About four minutes for multiturn at 4,096 blocks (Rust backend). With ``PYTHONHASHSEED=0``
@@ -52,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--empty", type=int, metavar="N", help="only N empty batches (the per-batch constant)"
     )
     parser.add_argument("--scheduler-step", metavar="PREFIX", help="count 300 scheduler steps")
+    parser.add_argument("--engine-step", metavar="PREFIX", help="count 300 engine steps")
     args = parser.parse_args(argv)
     toggle = ctypes.CDLL(args.toggle_lib).toggle
     num_toggles = 0
@@ -73,10 +76,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         root = args.checkout.resolve()
         sys.path[:0] = [str(root / "benchmarks"), str(root), str(root / "plugins")]
 
-    if args.scheduler_step is not None:
+    if args.scheduler_step is not None or args.engine_step is not None:
         import bench_bookkeeping
 
-        case = bench_bookkeeping.scheduler_step(args.scheduler_step)
+        if args.scheduler_step is not None:
+            prefix, what = args.scheduler_step, "schedule + update"
+            case = bench_bookkeeping.scheduler_step(prefix)
+        else:
+            prefix, what = args.engine_step, "engine step"
+            case = bench_bookkeeping.engine_step(prefix)
         step = case(bench_bookkeeping.RUST, 350)
         for _ in range(50):
             step()
@@ -84,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for _ in range(300):
             step()
         toggle()
-        print(f"300 steps of schedule + update, {args.scheduler_step}", file=sys.stderr)
+        print(f"300 steps of {what}, {prefix}", file=sys.stderr)
         return
 
     import bench_cache_manager as bench
