@@ -161,3 +161,10 @@ def test_the_instruction_count_toggles_callgrind_at_both_ends_of_every_batch(tmp
         check=True,
     )
     assert done.stderr == "300 steps of schedule + update, radix\n"
+    done = subprocess.run(
+        [sys.executable, script, lib, "--engine-step", "block_hash"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stderr == "300 steps of engine step, block_hash\n"
