@@ -602,6 +602,35 @@ def test_release_range_makes_holes_anywhere(impl) -> None:
     pool.check_integrity()
 
 
+def test_free_sequence_frees_the_last_block_first_and_skips_holes(impl) -> None:
+    Pool, Tables = impl
+    pool, tables = Pool(8), Tables(4)
+    tables.add_sequence(1, pool.allocate(4))  # 0 .. 3
+    pool.free(tables.release_range(1, 1, 2))  # block 1: a hole
+    tables.cache_blocks(pool, 1, 0, [100])
+    tables.cache_blocks(pool, 1, 3, [103])
+    assert tables.free_sequence(pool, 1) == 3
+    assert tables.seq_ids() == []
+    # Freed last first: the table's tail leaves the LRU order before its prefix.
+    assert pool.evictable_block_ids() == [3, 0]
+    assert pool.free_block_ids()[0] == 2  # the uncached block, the next one allocated
+    assert pool.num_used_blocks == 0
+    pool.check_integrity()
+    ru = lambda exc, fn: raises_unchanged(pool, tables, exc, fn)  # noqa: E731
+    ru(KVCacheError, lambda: tables.free_sequence(pool, 1))  # gone
+    ru(KVCacheError, lambda: tables.free_sequence(pool, -1))
+    # A table whose blocks the pool already took back (a caller's bug): nothing changes.
+    tables.add_sequence(2, pool.allocate(2))
+    shared = tables.block_ids(2)
+    tables.add_sequence(3, shared)  # no reference of its own on them
+    assert tables.free_sequence(pool, 2) == 2
+    before = pool_state(pool), tables_state(tables)
+    with pytest.raises(KVCacheError):
+        tables.free_sequence(pool, 3)
+    assert (pool_state(pool), tables_state(tables)) == before
+    assert tables.remove_sequence(3) == shared
+
+
 def test_append_holes_restores_a_layout(impl) -> None:
     Pool, Tables = impl
     pool, tables = Pool(8), Tables(4)
@@ -871,6 +900,12 @@ class TablesTwins(RuleBasedStateMachine):
         kind, ids = self.both(lambda p, t: t.remove_sequence(seq_id), f"remove({seq_id})")
         if kind == "returned":
             self.release(ids)
+
+    @rule(data=st.data())
+    @precondition(has_sequences)
+    def free_sequence(self, data: st.DataObject) -> None:
+        seq_id = self.seq(data)
+        self.both(lambda p, t: t.free_sequence(p, seq_id), f"free_sequence({seq_id})")
 
     @rule(data=st.data(), child=SEQ_IDS)
     @precondition(has_sequences)

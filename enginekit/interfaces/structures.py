@@ -211,9 +211,9 @@ the Rust pool, the twin tables the twin pool)."""
 class BlockTables(Protocol[PoolT]):
     """Per-sequence lists of physical block ids (logical block i -> physical block).
 
-    Holds no references itself: callers incref and free in the BlockPool. ``grow`` and
-    ``cache_blocks`` take the pool (of the same implementation) to do a whole batch in one
-    call.
+    Holds no references itself: callers incref and free in the BlockPool. ``grow``,
+    ``cache_blocks`` and ``free_sequence`` take the pool (of the same implementation) to do
+    a whole batch, or a table's blocks, in one call.
 
     Ids and counts: a table entry is a block id in [0, 2**31) (so every table exports to
     int32); any other value raises ValueError. A new sequence id (add_sequence, fork's
@@ -252,6 +252,14 @@ class BlockTables(Protocol[PoolT]):
 
         Raises KVCacheError for an unknown seq_id (as do all methods below that name one).
         """
+        ...
+
+    def free_sequence(self, pool: PoolT, seq_id: int) -> int:
+        """Forgets the sequence and frees its blocks into ``pool``, last logical block first
+        (evictable ones leave the pool's LRU order tail first, prefix last), holes skipped;
+        returns how many: ``remove_sequence`` and ``pool.free`` of its blocks reversed, in
+        one call. All or nothing: raises KVCacheError for an unknown seq_id or a block the
+        pool holds no reference on, changing neither."""
         ...
 
     def append_blocks(self, seq_id: int, block_ids: IntList) -> None:

@@ -4,7 +4,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 
-use super::{lengths_match, BlockTables, HOLE};
+use super::{held, lengths_match, BlockTables, HOLE};
 use crate::block_pool::BlockPool;
 use crate::error::{cache_err, KvError, KvResult};
 use crate::hash::FastBuild;
@@ -94,6 +94,19 @@ impl BlockTables {
             }
         }
         Ok(total)
+    }
+
+    /// Forgets the sequence and frees its blocks into `pool`, last logical block first (so
+    /// that evictable ones leave the pool's LRU order tail first, prefix last), holes
+    /// skipped; returns how many: `remove_sequence` and `pool.free` of its blocks reversed.
+    /// All or nothing: an unknown sequence, or a block the pool refuses to free (one it
+    /// holds no reference on), changes neither.
+    pub fn free_sequence(&mut self, pool: &mut BlockPool, seq_id: u64) -> KvResult<u64> {
+        let mut block_ids = held(&self.table(seq_id)?.entries);
+        block_ids.reverse();
+        pool.free(&block_ids)?;
+        self.tables.remove(&seq_id);
+        Ok(block_ids.len() as u64)
     }
 
     /// `pool.cache_block(block_id_at(seq_id, first_index + i), block_hashes[i])` for each i;

@@ -80,6 +80,31 @@ fn add_remove_append() {
 }
 
 #[test]
+fn free_sequence_frees_the_last_block_first_and_skips_holes() {
+    let (mut bt, mut pool) = setup();
+    bt.grow(&mut pool, &[3], &[12]).unwrap(); // blocks 3, 4, 5
+    bt.release_range(3, 1, 2)
+        .map(|ids| pool.free(&ids))
+        .unwrap()
+        .unwrap(); // 4: a hole
+    bt.cache_blocks(&mut pool, 3, 0, &[30]).unwrap();
+    bt.cache_blocks(&mut pool, 3, 2, &[32]).unwrap();
+    let free_before = pool.num_free_blocks();
+    assert_eq!(bt.free_sequence(&mut pool, 3).unwrap(), 2);
+    assert!(!bt.seq_ids().contains(&3));
+    assert_eq!(pool.num_free_blocks(), free_before);
+    assert_eq!(pool.evictable_block_ids(), vec![5, 3]); // the oldest first
+    assert_eq!(msg(bt.free_sequence(&mut pool, 3)), "unknown sequence 3");
+    // A block the pool already took back: the table and the pool stay as they were.
+    let held = bt.block_ids(1).unwrap().to_vec();
+    pool.free(&held[1..]).unwrap();
+    let free_before = pool.num_free_blocks();
+    assert!(msg(bt.free_sequence(&mut pool, 1)).starts_with("double free"));
+    assert_eq!(bt.block_ids(1).unwrap(), &held[..]);
+    assert_eq!(pool.num_free_blocks(), free_before);
+}
+
+#[test]
 fn fork_set_block() {
     let (mut bt, _) = setup();
     bt.remove_sequence(1).unwrap();

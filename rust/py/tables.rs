@@ -178,6 +178,17 @@ impl PyBlockTables {
         })
     }
 
+    fn free_sequence(
+        &mut self,
+        mut pool: PyRefMut<'_, PyBlockPool>,
+        seq_id: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        guard(|| {
+            let s = seq_arg(seq_id)?;
+            self.inner.free_sequence(&mut pool.inner, s).map_err(to_py)
+        })
+    }
+
     fn append_blocks(
         &mut self,
         seq_id: &Bound<'_, PyAny>,

@@ -138,6 +138,19 @@ class PyBlockTables:
         del self._num_holes[operator.index(seq_id)]
         return _held(table)
 
+    def free_sequence(self, pool: PyBlockPool, seq_id: int) -> int:
+        """Forgets the sequence and frees its blocks into ``pool``, last logical block first
+        (evictable ones leave the LRU order tail first, prefix last), holes skipped;
+        returns how many: ``remove_sequence`` and ``pool.free`` of its blocks reversed. All
+        or nothing: raises KVCacheError for an unknown seq_id or a block the pool holds no
+        reference on, changing neither."""
+        block_ids = _held(self._table(seq_id))
+        block_ids.reverse()
+        pool.free(block_ids)
+        del self._tables[operator.index(seq_id)]
+        del self._num_holes[operator.index(seq_id)]
+        return len(block_ids)
+
     def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None:
         """Appends existing blocks, in order; each id stands for a reference the caller holds
         and hands over (no ref_count changes). Raises ValueError for a block id not in
