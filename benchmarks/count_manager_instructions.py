@@ -53,8 +53,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--empty", type=int, metavar="N", help="only N empty batches (the per-batch constant)"
     )
-    parser.add_argument("--scheduler-step", metavar="PREFIX", help="count 300 scheduler steps")
-    parser.add_argument("--engine-step", metavar="PREFIX", help="count 300 engine steps")
+    steps = parser.add_mutually_exclusive_group()
+    steps.add_argument("--scheduler-step", metavar="PREFIX", help="count 300 scheduler steps")
+    steps.add_argument("--engine-step", metavar="PREFIX", help="count 300 engine steps")
     args = parser.parse_args(argv)
     toggle = ctypes.CDLL(args.toggle_lib).toggle
     num_toggles = 0

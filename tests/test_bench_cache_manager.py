@@ -141,30 +141,20 @@ def test_the_instruction_count_toggles_callgrind_at_both_ends_of_every_batch(tmp
     source = REPO_ROOT / "benchmarks" / "callgrind_toggle.c"
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", lib, source], check=True)
     script = REPO_ROOT / "benchmarks" / "count_manager_instructions.py"
+
+    def stderr_of(*args: str) -> str:
+        run = [sys.executable, script, lib, *args]
+        return subprocess.run(run, capture_output=True, text=True, check=True).stderr
+
     args = ["--workload", "unique", "--requests", "6", "--pool", "256", "--prefix", "radix"]
-    done = subprocess.run(
-        [sys.executable, script, lib, *args], capture_output=True, text=True, check=True
-    )
     assert re.fullmatch(
         r"unique at 256 blocks, radix: [1-9][\d,]* generated tokens, [\d,]+ steps, "
         r"[1-9][\d,]* batches\n",
-        done.stderr,
+        stderr_of(*args),
     )
-    done = subprocess.run(
-        [sys.executable, script, lib, "--empty", "5"], capture_output=True, text=True, check=True
-    )
-    assert done.stderr == "5 empty batches\n"
-    done = subprocess.run(
-        [sys.executable, script, lib, "--scheduler-step", "radix"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert done.stderr == "300 steps of schedule + update, radix\n"
-    done = subprocess.run(
-        [sys.executable, script, lib, "--engine-step", "block_hash"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert done.stderr == "300 steps of engine step, block_hash\n"
+    assert stderr_of("--empty", "5") == "5 empty batches\n"
+    assert stderr_of("--scheduler-step", "radix") == "300 steps of schedule + update, radix\n"
+    assert stderr_of("--engine-step", "block_hash") == "300 steps of engine step, block_hash\n"
+    both = [sys.executable, script, lib, "--scheduler-step", "radix", "--engine-step", "radix"]
+    refused = subprocess.run(both, capture_output=True, text=True)
+    assert refused.returncode == 2 and "not allowed with argument" in refused.stderr
