@@ -147,8 +147,7 @@ class PyBlockTables:
         block_ids = _held(self._table(seq_id))
         block_ids.reverse()
         pool.free(block_ids)
-        del self._tables[operator.index(seq_id)]
-        del self._num_holes[operator.index(seq_id)]
+        self.remove_sequence(seq_id)
         return len(block_ids)
 
     def append_blocks(self, seq_id: int, block_ids: Sequence[int]) -> None:
