@@ -1,13 +1,14 @@
-"""Two checkouts of the project side by side on this machine: the cache manager's CPU time per
-generated token in ``bench_cache_manager.py``'s replay, or the scheduler's ``schedule()`` +
-``update()`` at 256 decodes, each run in a fresh process of its own, one at a time, the two
-alternating (new then base, base then new, ...) so that a change in the machine's load
-falls on both alike.
+"""Two checkouts of the project side by side, one process at a time, alternating.
+
+Measures the cache manager's CPU time per generated token in ``bench_cache_manager.py``'s
+replay, or the scheduler's ``schedule()`` + ``update()`` at 256 decodes, for each checkout in
+a fresh process of its own, one at a time, the two alternating (new then base, base then
+new, ...) so that a change in the machine's load falls on both alike.
 
 On a shared machine a run is slowed by what else the machine does, never sped up, and the
-faster side is the one slowed most in proportion; so besides each pair's ratio (base ÷
-new: how many times less time the new checkout takes) this prints the ratios' median,
-geometric mean and range, and the ratio of each side's fastest run.
+two sides of a pair are not always slowed alike; so besides each pair's ratio (base ÷ new:
+how many times less time the new checkout takes) this prints the ratios' median, geometric
+mean and range, and the ratio of each side's fastest run.
 
     python3 benchmarks/compare_checkouts.py BASE [--checkout DIR] [--pairs 12] \\
         [--workload multiturn] [--pool 4096] [--prefix block_hash] [--requests 2000]
@@ -17,9 +18,9 @@ BASE and DIR (default: this checkout) are checkouts of the project (another comm
 worktree add DIR COMMIT``), each with its native module built in place as it ships: ``cargo
 build --release`` there with the features its ``pyproject.toml`` gives maturin, then
 ``target/release/lib_native.so`` copied to ``enginekit/_native.abi3.so``. Each side imports
-its own package and plugins. The replay is each
-checkout's own (``bench_cache_manager.replay``, Rust structures): its manager time is what
-that checkout reports. The step is this file's harness on each checkout's engine (that of
+its own package and plugins. The replay is each checkout's own
+(``bench_cache_manager.replay``, Rust structures): its manager time is what that checkout
+reports. The step is this file's harness on each checkout's engine (that of
 ``bench_bookkeeping.py``: 256 requests of about 1,024 prompt tokens decoding, the
 executor's tokens given, best of 7 rounds of 300 steps after 100 of warm-up, CPU time).
 """
