@@ -218,33 +218,33 @@ def structure_step(impl: Impl, num_calls: int) -> Callable[[], None]:
     return step
 
 
-def _decoding_engine(prefix: str, impl: Impl) -> Engine:
-    """An engine whose NUM_SEQS requests have all been prefilled and decode from now on."""
+def _decoding_engine(prefix: str, impl: Impl, num_seqs: int = NUM_SEQS) -> Engine:
+    """An engine whose ``num_seqs`` requests have all been prefilled and decode from now on."""
     engine = Engine.from_overrides(
         [
             "progress=false",
             f"+prefix={prefix}",
             f"cache.native={impl is RUST}",
-            f"scheduler.max_num_seqs={NUM_SEQS}",
+            f"scheduler.max_num_seqs={num_seqs}",
             "cache.num_blocks=200000",
         ]
     )
-    for i in range(NUM_SEQS):
+    for i in range(num_seqs):
         prompt = [(i * 7919 + j) % 32000 + 1 for j in range(CONTEXT + i % BLOCK_SIZE)]
         engine.add_request(prompt, SamplingParams(max_tokens=4000, ignore_eos=True))
-    while len(engine.scheduler.running) < NUM_SEQS or any(
+    while len(engine.scheduler.running) < num_seqs or any(
         r.num_output_tokens == 0 for r in engine.scheduler.running
     ):
         engine.step()
     return engine
 
 
-def scheduler_step(prefix: str) -> Case:
-    """``schedule()`` + ``update()`` with NUM_SEQS running decodes, the tokens given."""
+def scheduler_step(prefix: str, num_seqs: int = NUM_SEQS) -> Case:
+    """``schedule()`` + ``update()`` with ``num_seqs`` running decodes, the tokens given."""
 
     def make(impl: Impl, num_calls: int) -> Callable[[], None]:
-        scheduler = _decoding_engine(prefix, impl).scheduler
-        tokens = [(7 * i) % 31000 + 1 for i in range(NUM_SEQS)]
+        scheduler = _decoding_engine(prefix, impl, num_seqs).scheduler
+        tokens = [(7 * i) % 31000 + 1 for i in range(num_seqs)]
 
         def call() -> None:
             scheduled = scheduler.schedule()

@@ -20,25 +20,23 @@ build --release`` there with the features its ``pyproject.toml`` gives maturin, 
 ``target/release/lib_native.so`` copied to ``enginekit/_native.abi3.so``. Each side imports
 its own package and plugins. The replay is each checkout's own
 (``bench_cache_manager.replay``, Rust structures): its manager time is what that checkout
-reports. The step is this file's harness on each checkout's engine (that of
-``bench_bookkeeping.py``: 256 requests of about 1,024 prompt tokens decoding, the
-executor's tokens given, best of 7 rounds of 300 steps after 100 of warm-up, CPU time).
+reports. The step is this checkout's ``bench_bookkeeping.py`` harness on each checkout's
+engine (256 requests of about 1,000 tokens decoding, the executor's tokens given), timed
+in CPU time as the best of 7 rounds of 300 steps after 100 of warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-BLOCK_SIZE = 16
-CONTEXT = 1024
 WARMUP_STEPS = 100
 ROUNDS = 7
 
@@ -71,40 +69,20 @@ def replay_us_per_token(root: Path, workload: str, requests: int, pool: int, pre
 
 
 def step_us(root: Path, prefix: str, num_seqs: int, num_steps: int) -> float:
-    """The checkout's ``schedule()`` + ``update()`` with ``num_seqs`` decodes: µs of CPU
-    time per step, the best of ROUNDS rounds of ``num_steps``."""
+    """The checkout's ``schedule()`` + ``update()`` with ``num_seqs`` decodes, driven by this
+    checkout's ``bench_bookkeeping.scheduler_step`` (the same harness for both sides): µs of
+    CPU time per step, the best of ROUNDS rounds of ``num_steps`` after WARMUP_STEPS."""
     _import_from(root)
-    from enginekit import Engine, SamplingParams
-    from enginekit.step import ModelOutput
-
-    engine = Engine.from_overrides(
-        [
-            "progress=false",
-            f"+prefix={prefix}",
-            "cache.native=true",
-            f"scheduler.max_num_seqs={num_seqs}",
-            "cache.num_blocks=200000",
-        ]
+    spec = importlib.util.spec_from_file_location(
+        "bench_bookkeeping", HERE / "benchmarks" / "bench_bookkeeping.py"
     )
-    for i in range(num_seqs):
-        prompt = [(i * 7919 + j) % 32000 + 1 for j in range(CONTEXT + i % BLOCK_SIZE)]
-        engine.add_request(prompt, SamplingParams(max_tokens=4000, ignore_eos=True))
-    scheduler = engine.scheduler
-    while len(scheduler.running) < num_seqs or any(
-        r.num_output_tokens == 0 for r in scheduler.running
-    ):
-        engine.step()
-    tokens = [(7 * i) % 31000 + 1 for i in range(num_seqs)]
-
-    def steps(n: int) -> float:
-        start = time.process_time()
-        for _ in range(n):
-            scheduled = scheduler.schedule()
-            scheduler.update(scheduled, ModelOutput(tokens[: len(scheduled.sample_seq_ids)], 0.0))
-        return time.process_time() - start
-
-    steps(WARMUP_STEPS)
-    return min(steps(num_steps) for _ in range(ROUNDS)) / num_steps * 1e6
+    assert spec is not None and spec.loader is not None
+    bench_bookkeeping = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_bookkeeping)  # its imports: ``root``'s package
+    step = bench_bookkeeping.scheduler_step(prefix, num_seqs)(bench_bookkeeping.RUST, 0)
+    bench_bookkeeping.time_per_call(step, WARMUP_STEPS)
+    rounds = (bench_bookkeeping.time_per_call(step, num_steps) for _ in range(ROUNDS))
+    return float(min(rounds)) * 1e6
 
 
 def _measure_in_child(root: Path, args: argparse.Namespace) -> float:
