@@ -45,6 +45,7 @@ CONTEXT = 1000  # tokens each sequence holds when a step measurement starts
 PROMPT = 1024  # tokens of a prompt matched or inserted (64 blocks)
 SHARED = 512  # tokens the radix tree's sequences share
 VOCAB = 128_000
+MAX_TOKENS = 4000  # each decoding request's output bound: the steps a decode step case lasts
 
 
 class Impl(NamedTuple):
@@ -231,7 +232,7 @@ def _decoding_engine(prefix: str, impl: Impl, num_seqs: int = NUM_SEQS) -> Engin
     )
     for i in range(num_seqs):
         prompt = [(i * 7919 + j) % 32000 + 1 for j in range(CONTEXT + i % BLOCK_SIZE)]
-        engine.add_request(prompt, SamplingParams(max_tokens=4000, ignore_eos=True))
+        engine.add_request(prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     while len(engine.scheduler.running) < num_seqs or any(
         r.num_output_tokens == 0 for r in engine.scheduler.running
     ):

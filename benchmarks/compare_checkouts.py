@@ -22,7 +22,8 @@ its own package and plugins. The replay is each checkout's own
 (``bench_cache_manager.replay``, Rust structures): its manager time is what that checkout
 reports. The step is this checkout's ``bench_bookkeeping.py`` harness on each checkout's
 engine (256 requests of about 1,000 tokens decoding, the executor's tokens given), timed
-in CPU time as the best of 7 rounds of 300 steps after 100 of warm-up.
+in CPU time as the best of 7 rounds of 300 steps after 100 of warm-up, the rounds 0.3 s
+apart (the machine slows for stretches of a fraction of a second).
 """
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ import math
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 100
 ROUNDS = 7
+# The machine slows for stretches of a fraction of a second: rounds that all fall in one
+# stretch have no fast one, so each round waits this long first (idle: no CPU time).
+ROUND_GAP_S = 0.3
 
 
 def _import_from(root: Path) -> None:
@@ -71,7 +76,8 @@ def replay_us_per_token(root: Path, workload: str, requests: int, pool: int, pre
 def step_us(root: Path, prefix: str, num_seqs: int, num_steps: int) -> float:
     """The checkout's ``schedule()`` + ``update()`` with ``num_seqs`` decodes, driven by this
     checkout's ``bench_bookkeeping.scheduler_step`` (the same harness for both sides): µs of
-    CPU time per step, the best of ROUNDS rounds of ``num_steps`` after WARMUP_STEPS."""
+    CPU time per step, the best of ROUNDS rounds of ``num_steps`` after WARMUP_STEPS, each
+    after ROUND_GAP_S idle."""
     _import_from(root)
     spec = importlib.util.spec_from_file_location(
         "bench_bookkeeping", HERE / "benchmarks" / "bench_bookkeeping.py"
@@ -79,10 +85,16 @@ def step_us(root: Path, prefix: str, num_seqs: int, num_steps: int) -> float:
     assert spec is not None and spec.loader is not None
     bench_bookkeeping = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_bookkeeping)  # its imports: ``root``'s package
+    # Each request has its first output token when the steps start, and must not finish.
+    if 1 + WARMUP_STEPS + ROUNDS * num_steps >= bench_bookkeeping.MAX_TOKENS:
+        raise SystemExit(f"{num_steps} steps a round would finish the requests mid-measurement")
     step = bench_bookkeeping.scheduler_step(prefix, num_seqs)(bench_bookkeeping.RUST, 0)
     bench_bookkeeping.time_per_call(step, WARMUP_STEPS)
-    rounds = (bench_bookkeeping.time_per_call(step, num_steps) for _ in range(ROUNDS))
-    return float(min(rounds)) * 1e6
+    rounds = []
+    for _ in range(ROUNDS):
+        time.sleep(ROUND_GAP_S)
+        rounds.append(bench_bookkeeping.time_per_call(step, num_steps))
+    return min(rounds) * 1e6
 
 
 def _measure_in_child(root: Path, args: argparse.Namespace) -> float:

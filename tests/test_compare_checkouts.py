@@ -41,6 +41,12 @@ def test_step_pair() -> None:
     assert done.stdout.startswith("schedule + update at 4 decodes, radix, µs per step\n")
     assert len(ROW.findall(done.stdout)) == 1
     assert "base ÷ new over 1 pair: median" in done.stdout
+    # 100 + 7 x 600 steps outlast the requests' 4,000 tokens: refused, not measured short.
+    too_long = _run(
+        REPO_ROOT, "--pairs", "1", "--step", "radix", "--num-seqs", "4", "--steps", "600"
+    )
+    assert too_long.returncode == 1
+    assert "600 steps a round would finish the requests mid-measurement" in too_long.stderr
 
 
 def test_refuses_a_directory_that_is_no_checkout(tmp_path: Path) -> None:
