@@ -40,7 +40,7 @@ from enginekit.spec.hardware import hardware_preset
 from enginekit.spec.kv import KVSpec, swap_space_num_blocks
 from enginekit.spec.model import ModelShape, resolve_dtype
 from enginekit.spec.restore_cost import RestoreCost
-from enginekit.step import SchedulerOutput
+from enginekit.step import KVUsage, SchedulerOutput
 from enginekit.tokenizer import Tokenizer
 from enginekit.workloads.ideal import ideal_prefix_hit_tokens
 
@@ -228,6 +228,11 @@ class Engine:
         ``scheduler.max_num_seqs`` a step."""
         return len(self.scheduler.waiting)
 
+    def kv_usage(self) -> KVUsage:
+        """The KV cache's block and slot counts by state now (``KVCacheManager.usage``, given
+        the scheduler's count of its running requests' computed tokens). Pure."""
+        return self.cache.usage(self.scheduler.num_running_computed_tokens)
+
     def abort_request(self, request_id: str) -> bool:
         """Ends the request now, with all its samples or beams, wherever it is: not yet
         arrived, waiting, swapped out or running (its blocks are released at once; the
@@ -321,7 +326,7 @@ class Engine:
             len(scheduled.decode_seq_ids),
             len(scheduler.running),
             len(scheduler.waiting) + len(self._pending),
-            self.cache.usage(scheduler.num_running_computed_tokens),
+            self.kv_usage(),
         )
         if self.metrics.num_steps % FRAGMENTATION_SAMPLE_STEPS == 1:
             unusable = self.cache.allocator.num_unusable_free_blocks()

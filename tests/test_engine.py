@@ -63,9 +63,7 @@ def test_paged_blocks_grow_one_per_block_size_tokens():
     while engine.has_unfinished_requests():
         engine.step()
         engine.check_integrity()
-        counts.append(
-            engine.cache.usage(engine.scheduler.num_running_computed_tokens).num_used_blocks
-        )
+        counts.append(engine.kv_usage().num_used_blocks)
     # step 1 prefills 40 tokens (3 blocks); step k >= 2 decodes token 40 + k - 2, so the
     # table holds ceil((40 + k - 1) / 16) blocks; the 10th token finishes and frees them.
     assert counts == [3, 3, 3, 3, 3, 3, 3, 3, 3, 0]
@@ -74,11 +72,9 @@ def test_paged_blocks_grow_one_per_block_size_tokens():
     counts = []
     while engine2.has_unfinished_requests():
         engine2.step()
-        counts.append(
-            engine2.cache.usage(engine2.scheduler.num_running_computed_tokens).num_used_blocks
-        )
+        counts.append(engine2.kv_usage().num_used_blocks)
     assert counts == [3, 3, 4, 0]  # token 48 fits block 3; token 49 needs block 4
-    assert engine2.cache.usage(engine2.scheduler.num_running_computed_tokens).num_free_blocks == 64
+    assert engine2.kv_usage().num_free_blocks == 64
 
 
 @pytest.mark.parametrize(
@@ -118,7 +114,7 @@ def test_requests_admitted_in_one_step_share_what_that_step_computes():
     assert engine.output("a").num_cached_tokens == 0
     assert engine.output("b").num_cached_tokens == 96
     # a holds 7 blocks; b shares a's 6 full ones and owns a copy of the partial last block
-    assert engine.cache.usage(engine.scheduler.num_running_computed_tokens).num_used_blocks == 8
+    assert engine.kv_usage().num_used_blocks == 8
     run_checked(engine)
 
 
@@ -524,9 +520,7 @@ def test_parallel_samples_share_the_prompt_and_copy_the_partial_block_on_write()
     while engine.has_unfinished_requests():
         engine.step()
         engine.check_integrity()
-        used.append(
-            engine.cache.usage(engine.scheduler.num_running_computed_tokens).num_used_blocks
-        )
+        used.append(engine.kv_usage().num_used_blocks)
     # step 1: one prefill of 40 tokens (3 blocks, the last holding 8 tokens), shared by the
     # 4 samples; step 2: each writes token 40 into that shared block: 3 of them copy it
     # first, the last writes in place; then they grow one block each at token 48.

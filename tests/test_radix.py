@@ -453,7 +453,7 @@ def run_radix_engine(native: bool) -> list[tuple[int, int, int, int]]:
         while engine.has_unfinished_requests():
             engine.step()
             engine.check_integrity()
-            usage = engine.cache.usage(engine.scheduler.num_running_computed_tokens)
+            usage = engine.kv_usage()
             assert usage.num_used_blocks + usage.num_evictable_blocks + usage.num_free_blocks == (
                 usage.num_total_blocks
             ), usage

@@ -348,7 +348,7 @@ def test_abort_releases_a_running_a_waiting_and_an_unarrived_request(preemption)
     for request_id in (waiting, survivor):
         output = engine.output(request_id)
         assert (output.finish_reason, len(output.output_token_ids)) == ("length", 200)
-    usage = engine.cache.usage(engine.scheduler.num_running_computed_tokens)
+    usage = engine.kv_usage()
     assert usage.num_used_blocks == 0 and engine.cache.swap_space.num_used_blocks == 0
     assert engine.metrics.num_requests_aborted == 2  # the unarrived one never arrived
 

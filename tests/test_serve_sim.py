@@ -181,5 +181,5 @@ def test_the_engine_calls_the_server_relies_on_finish_and_release():
     summary = engine.summary()
     assert summary["num_requests_finished"] == 2  # the finished one counts, released or not
     assert summary["generation_tokens_total"] == 8 + 3
-    assert engine.cache.usage(engine.scheduler.num_running_computed_tokens).num_used_blocks == 0
+    assert engine.kv_usage().num_used_blocks == 0
     assert [o.request_id for o in engine.outputs()] == [other]

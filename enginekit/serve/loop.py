@@ -367,7 +367,7 @@ class EngineLoop:
         running = engine.scheduler.running
         num_running = len({id(r.parent or r) for r in running})
         num_waiting = len(self._live) - num_running
-        usage = engine.cache.usage(engine.scheduler.num_running_computed_tokens)
+        usage = engine.kv_usage()
         metrics = engine.metrics
         block_bytes = engine.kv_spec.bytes_per_block
         self.snapshot = Snapshot(
