@@ -202,7 +202,7 @@ def assert_finished_and_nothing_leaked(engine: Engine, accepted: dict[str, int])
     kv = engine.cache
     assert list(kv.tables.seq_ids()) == []
     assert kv.num_promised_blocks == 0
-    usage = kv.usage(engine.scheduler.num_running_computed_tokens)
+    usage = engine.kv_usage()
     assert usage.num_used_blocks == 0
     assert usage.num_free_blocks + usage.num_evictable_blocks == usage.num_total_blocks
     assert kv.swap_space.num_used_blocks == 0
