@@ -100,6 +100,7 @@ def step_us(root: Path, prefix: str, num_seqs: int, num_steps: int) -> float:
 def _measure_in_child(root: Path, args: argparse.Namespace) -> float:
     """One measurement of ``root`` in a fresh interpreter; SystemExit with its error if it
     fails."""
+    # The child measures ``--child`` alone (its positional base is only the parser's due).
     command = [sys.executable, __file__, str(root), "--child", str(root)]
     command += ["--workload", args.workload, "--requests", str(args.requests)]
     command += ["--pool", str(args.pool), "--prefix", args.prefix]
