@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 from train_stdlib_llama import ensure_model, held_out_windows, set_threads  # noqa: E402
 

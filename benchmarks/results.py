@@ -11,7 +11,7 @@ Runs, side by side where there is something to compare:
 - ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
 - ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
 - the claims (``enginekit.claims.job``): the main table, the rest folded;
-- ``kernel_proxies.py --ci``: the kernels compiled offline for sm_90a (registers, spills,
+- ``tools/kernel_proxies.py --ci``: the kernels compiled offline for sm_90a (registers, spills,
   main-loop instructions per key);
 - kernels: ``--kernels FILE`` puts the tables of a ``bench_kernels.py --json`` report in
   (measured on a CUDA machine, which the section names); without it, the README's kernel
@@ -38,11 +38,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import bench_bookkeeping
-import bench_simulator
-import kernel_proxies
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
-from enginekit.claims.job import markdown_table, render_markdown, run_claims
+import bench_bookkeeping  # noqa: E402
+import bench_simulator  # noqa: E402
+import kernel_proxies  # noqa: E402
+
+from enginekit.claims.job import markdown_table, render_markdown, run_claims  # noqa: E402
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +180,7 @@ QUALITY_CARRIED = "(Carried over from an earlier run: the trained model is not c
 
 def quality_section(readme: str = "") -> str:
     """The quality benchmark's tables when its trained model is cached (training it takes
-    about 12 minutes of one core: ``python3 benchmarks/train_stdlib_llama.py``); else the
+    about 12 minutes of one core: ``python3 tools/train_stdlib_llama.py``); else the
     section ``readme`` has, if it holds measured tables, marked as carried over; else how
     to get them."""
     from train_stdlib_llama import cache_dir
@@ -191,7 +193,7 @@ def quality_section(readme: str = "") -> str:
                 previous = previous.rstrip("\n") + "\n\n" + QUALITY_CARRIED + "\n"
             return previous
         return (
-            f"{head}Not run: the model is not cached. `python3 benchmarks/"
+            f"{head}Not run: the model is not cached. `python3 tools/"
             "train_stdlib_llama.py` trains it (about 12 minutes on one core), then "
             "`python3 benchmarks/bench_kv_quant_quality.py` measures.\n"
         )
@@ -328,7 +330,7 @@ def proxies_section(results: Sequence[kernel_proxies.KernelStats | str] | None =
     ]  # fmt: skip
     text = (
         f"{PROXIES_HEADING}\n\n"
-        "`python3 benchmarks/kernel_proxies.py --ci` (the full grid without `--ci`): each "
+        "`python3 tools/kernel_proxies.py --ci` (the full grid without `--ci`): each "
         "kernel launch recorded on CPU tensors and compiled for sm_90a with Triton's bundled "
         "ptxas on this machine, no GPU involved. Loop instructions are the SASS of the "
         "innermost loop, per warp and iteration; per key divides by the keys one iteration "

@@ -1,4 +1,4 @@
-"""benchmarks/compare_checkouts.py: it measures both sides in fresh processes, alternating,
+"""tools/compare_checkouts.py: it measures both sides in fresh processes, alternating,
 prints a row per pair and the ratios' summary, and refuses what is not a checkout or a
 checkout whose code it would not be measuring, exiting non-zero."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "benchmarks" / "compare_checkouts.py"
+SCRIPT = REPO_ROOT / "tools" / "compare_checkouts.py"
 ROW = re.compile(r"\| (\d+) \| (\d+\.\d{3}) \| (\d+\.\d{3}) \| (\d+\.\d{2})× \|")
 
 

@@ -1,11 +1,11 @@
 """The Triton kernels compile offline for sm_90a (H100/H200) with zero register spills.
 
-``benchmarks/kernel_proxies.py --ci`` records the launches of the public kernel functions
+``tools/kernel_proxies.py --ci`` records the launches of the public kernel functions
 on CPU tensors and compiles each with Triton's bundled ptxas; this runs it in a child
 process (two compile processes, so about a minute on two cores) over its CI subset
 (``ci_grid``: every head_dim, GQA ratio, block size, storage kind and model dtype at
 least once in decode and in prefill, the int4 cache write and a block copy; the full grid
-is the benchmark's). The SASS parsing and the signature rules are unit-tested on their
+is the tool's). The SASS parsing and the signature rules are unit-tested on their
 own. Skipped only where the offline toolchain is absent (Triton without its nvidia
 backend, which ships ptxas and cuobjdump).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
 
 triton = pytest.importorskip("triton", reason="triton is not installed: no ptxas to compile with")
 kp = pytest.importorskip("kernel_proxies")
@@ -107,7 +107,7 @@ def test_every_ci_configuration_compiles_for_sm90_without_spills(tmp_path: Path)
     out = tmp_path / "proxies.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "kernel_proxies.py"), "--ci", "--jobs", "2",
+        [sys.executable, str(ROOT / "tools" / "kernel_proxies.py"), "--ci", "--jobs", "2",
          "--json", str(out)],
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip

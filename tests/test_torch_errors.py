@@ -56,10 +56,10 @@ def test_the_command_line_prints_the_error_and_exits_2(cli):
 def test_checking_the_stdlib_model_before_training_it_says_what_to_run(tmp_path):
     env = {**os.environ, "ENGINEKIT_CACHE": str(tmp_path)}
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "train_stdlib_llama.py"), "--check"],
+        [sys.executable, str(REPO_ROOT / "tools" / "train_stdlib_llama.py"), "--check"],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
-    assert "python3 benchmarks/train_stdlib_llama.py" in result.stderr
+    assert "python3 tools/train_stdlib_llama.py" in result.stderr
     assert str(tmp_path) in result.stderr

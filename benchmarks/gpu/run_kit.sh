@@ -16,7 +16,7 @@
 #             kernels beside torch's SDPA;
 #   e2e       benchmarks/gpu/e2e.py (KIT_E2E_ARGS): a random-weight Llama-3-8B-shaped
 #             model through enginekit and transformers, the simulator's step times beside;
-#   proxies   only with KIT_PROXIES=1: benchmarks/kernel_proxies.py --ci on this machine's
+#   proxies   only with KIT_PROXIES=1: tools/kernel_proxies.py --ci on this machine's
 #             Triton.
 # Each step has a time limit (KIT_*_TIMEOUT seconds) that keeps the whole kit under 8
 # minutes; a failed step does not stop the next. Environment: KIT_WHEELS (default
@@ -109,7 +109,7 @@ step kernels "${KIT_KERNELS_TIMEOUT:-120}" "$PY" "$ROOT/benchmarks/bench_kernels
 step e2e "${KIT_E2E_TIMEOUT:-180}" "$PY" "$ROOT/benchmarks/gpu/e2e.py" ${KIT_E2E_ARGS:-} \
   --json "$RESULTS/e2e.json"
 if [ "${KIT_PROXIES:-0}" = 1 ]; then
-  step proxies "${KIT_PROXIES_TIMEOUT:-120}" "$PY" "$ROOT/benchmarks/kernel_proxies.py" --ci \
+  step proxies "${KIT_PROXIES_TIMEOUT:-120}" "$PY" "$ROOT/tools/kernel_proxies.py" --ci \
     --jobs 12 --json "$RESULTS/kernel_proxies.json"
 fi
 

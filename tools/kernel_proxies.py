@@ -32,7 +32,7 @@ about 9 minutes over two processes on two cores); ``ci_grid()`` is a representat
 subset of 14 (every value of every axis at least once) that
 ``tests/test_kernel_proxies.py`` compiles over two processes and checks for zero spills.
 
-    python benchmarks/kernel_proxies.py [--ci] [--jobs 2] [--json FILE] [--only SUBSTRING]
+    python tools/kernel_proxies.py [--ci] [--jobs 2] [--json FILE] [--only SUBSTRING]
 
 Needs only Triton's nvidia backend (it ships ``ptxas``, ``cuobjdump`` and ``nvdisasm``);
 ``tool_problem()`` says when they are missing. Never set ``TRITON_INTERPRET`` here.

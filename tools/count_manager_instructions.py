@@ -10,14 +10,14 @@ the batches are counted, plus a constant per batch (the toggle's own call, measu
 measures another checkout of the project (another commit, with its native module built):
 its package, its plugins and its own replay are imported instead of this one's.
 
-    cc -O2 -shared -fPIC -o toggle.so benchmarks/callgrind_toggle.c
+    cc -O2 -shared -fPIC -o toggle.so tools/callgrind_toggle.c
     valgrind --tool=callgrind --collect-atstart=no python3 \\
-        benchmarks/count_manager_instructions.py toggle.so [--workload multiturn] \\
+        tools/count_manager_instructions.py toggle.so [--workload multiturn] \\
         [--pool 4096] [--prefix block_hash] [--checkout DIR]
     valgrind --tool=callgrind --collect-atstart=no python3 \\
-        benchmarks/count_manager_instructions.py toggle.so --empty 100000
+        tools/count_manager_instructions.py toggle.so --empty 100000
     valgrind --tool=callgrind --collect-atstart=no python3 \\
-        benchmarks/count_manager_instructions.py toggle.so --scheduler-step block_hash
+        tools/count_manager_instructions.py toggle.so --scheduler-step block_hash
 
 ``--scheduler-step PREFIX`` counts ``bench_bookkeeping.py``'s ``schedule()`` + ``update()``
 at 256 decodes instead, ``--engine-step PREFIX`` its whole engine step there (schedule, the
@@ -76,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.checkout is not None:
         root = args.checkout.resolve()
         sys.path[:0] = [str(root / "benchmarks"), str(root), str(root / "plugins")]
+    else:  # this checkout's benchmarks: the replay and the step harness
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
     if args.scheduler_step is not None or args.engine_step is not None:
         import bench_bookkeeping

@@ -10,9 +10,9 @@ two sides of a pair are not always slowed alike; so besides each pair's ratio (b
 how many times less time the new checkout takes) this prints the ratios' median, geometric
 mean and range, and the ratio of each side's fastest run.
 
-    python3 benchmarks/compare_checkouts.py BASE [--checkout DIR] [--pairs 12] \\
+    python3 tools/compare_checkouts.py BASE [--checkout DIR] [--pairs 12] \\
         [--workload multiturn] [--pool 4096] [--prefix block_hash] [--requests 2000]
-    python3 benchmarks/compare_checkouts.py BASE --step block_hash [--pairs 12]
+    python3 tools/compare_checkouts.py BASE --step block_hash [--pairs 12]
 
 BASE and DIR (default: this checkout) are checkouts of the project (another commit: ``git
 worktree add DIR COMMIT``), each with its native module built in place as it ships: ``cargo

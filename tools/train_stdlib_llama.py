@@ -15,8 +15,8 @@ file counts). It lives in ``$ENGINEKIT_CACHE/stdlib-llama-v1``, or in
 ``~/.cache/enginekit/stdlib-llama-v1`` when that variable is unset; it is written to a
 temporary folder beside it and renamed when complete.
 
-    python benchmarks/train_stdlib_llama.py [--minutes 12] [--threads 1] [--force]
-    python benchmarks/train_stdlib_llama.py --check   # the cached folder, in enginekit
+    python tools/train_stdlib_llama.py [--minutes 12] [--threads 1] [--force]
+    python tools/train_stdlib_llama.py --check   # the cached folder, in enginekit
 
 A benchmark imports ``ensure_model()`` (the folder, trained first if missing),
 ``held_out_texts()``, ``held_out_token_ids(tokenizer)`` and
@@ -408,7 +408,7 @@ def main() -> None:
     if args.check and not (folder / "training.json").is_file():
         raise SystemExit(
             f"error: no trained model in {folder} to check; train it first with\n"
-            f"  python3 benchmarks/train_stdlib_llama.py   (about {args.minutes:g} min)\n"
+            f"  python3 tools/train_stdlib_llama.py   (about {args.minutes:g} min)\n"
             "(ENGINEKIT_CACHE chooses the cache folder)"
         )
     set_threads(args.threads)
