@@ -1,7 +1,7 @@
 """The architecture as code: the import contracts of pyproject.toml's ``[tool.importlinter]``
-(DESIGN.md, "Layers") hold, they catch the imports they exist to refuse, enginekit's modules
-import each other without cycles, the metric-key registry is the summary's, and the Hydra
-config files travel inside the package.
+(docs/architecture.md, "The layers") hold, they catch the imports they exist to refuse,
+enginekit's modules import each other without cycles, the metric-key registry is the
+summary's, and the Hydra config files travel inside the package.
 
 Everything runs in-process on grimp's import graph (lazy, function-level and TYPE_CHECKING
 imports included, as ``lint-imports`` counts them).
