@@ -108,17 +108,27 @@ def test_lazy_and_type_checking_imports_count(
 
 REFUSED = [
     # (contract, importer, imported): an import each contract exists to refuse
-    ("layers", "enginekit.kv", "enginekit.executor"),
-    ("layers", "enginekit.scheduler", "enginekit.executor"),
-    ("layers", "enginekit.kv", "enginekit.scheduler"),
+    ("layers", "enginekit.kv", "enginekit.engine"),
+    ("layers", "enginekit.executor", "enginekit.app"),
     ("layers", "enginekit.interfaces", "enginekit.kv"),
     ("layers", "enginekit.metrics", "enginekit.interfaces"),
     ("layers", "enginekit.config", "enginekit.request"),
     ("layers", "enginekit.errors", "enginekit.config"),
     ("layers", "enginekit.metric_keys", "enginekit.errors"),
     ("layers", "enginekit.engine", "enginekit.driver"),
-    ("kernels-no-policy", "enginekit.kernels", "enginekit.kv"),
-    ("kernels-no-policy", "enginekit.models", "enginekit.scheduler"),
+    ("layers", "enginekit.reuse", "enginekit.kv"),
+    ("layers", "enginekit.report", "enginekit.metrics"),
+    ("layers", "enginekit.report", "enginekit.interfaces"),
+    ("compute-column", "enginekit.kernels", "enginekit.models"),
+    ("compute-column", "enginekit.models", "enginekit.executor"),
+    ("policy-column", "enginekit.kv", "enginekit.scheduler"),
+    ("policy-column", "enginekit.plugins", "enginekit.kv"),
+    ("compute-not-policy", "enginekit.executor", "enginekit.kv"),
+    ("compute-not-policy", "enginekit.kernels", "enginekit.kv"),
+    ("compute-not-policy", "enginekit.models", "enginekit.scheduler"),
+    ("policy-not-compute", "enginekit.kv", "enginekit.executor"),
+    ("policy-not-compute", "enginekit.scheduler", "enginekit.executor"),
+    ("policy-not-compute", "enginekit.scheduler", "enginekit.kernels"),
     ("plugins-public-api", "enginekit_plugins.prefix", "enginekit.kv"),
     ("plugins-public-api", "enginekit_plugins", "enginekit.spec"),
     ("plugins-not-root", "enginekit_plugins.prefix", "enginekit"),
@@ -144,6 +154,12 @@ ALLOWED = [
     ("plugins-public-api", "enginekit_plugins.prefix", "enginekit.request"),
     ("layers", "enginekit.kv", "enginekit.interfaces"),
     ("layers", "enginekit.spec", "enginekit.config"),
+    ("layers", "enginekit.driver", "enginekit.report"),
+    ("layers", "enginekit.engine", "enginekit.reuse"),
+    ("compute-column", "enginekit.executor", "enginekit.kernels"),
+    ("policy-column", "enginekit.scheduler", "enginekit.plugins"),
+    ("compute-not-policy", "enginekit.executor", "enginekit.spec"),
+    ("policy-not-compute", "enginekit.kv", "enginekit.interfaces"),
 ]
 
 
@@ -155,6 +171,69 @@ def test_a_contract_lets_an_allowed_import_through(
         _with_import(graph, importer, imported), verbose=False
     )
     assert (importer, imported) not in set(_links(check.metadata))
+
+
+COLUMNS = {
+    "compute": ("enginekit.executor", "enginekit.models", "enginekit.kernels"),
+    "policy": ("enginekit.scheduler", "enginekit.kv", "enginekit.plugins"),
+}
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("enginekit.executor", "enginekit.kv"),
+        ("enginekit.kv", "enginekit.executor"),
+        ("enginekit.executor.torch.executor", "enginekit.kv.manager"),
+        ("enginekit.kv.pyref.pool", "enginekit.kernels.ops"),
+    ],
+)
+def test_the_columns_refuse_to_import_each_other(
+    config: dict[str, Any], graph: grimp.ImportGraph, importer: str, imported: str
+) -> None:
+    """An import from one column into the other (a module of the compute column importing
+    one of the policy column, or the reverse) breaks the contracts, and the contract that
+    reports it names that import; the trunk ``layers`` contract alone, which keeps both
+    columns in one layer, would let it through."""
+    mutated = _with_import(graph, importer, imported)
+    refused_by: dict[str, set[tuple[str, str]]] = {}
+    for options in config["contracts_options"]:
+        check = _contract(config, options["id"]).check(copy.deepcopy(mutated), verbose=False)
+        if not check.kept:
+            refused_by[options["id"]] = set(_links(check.metadata))
+    from_compute = importer.startswith(COLUMNS["compute"])
+    expected = "compute-not-policy" if from_compute else "policy-not-compute"
+    assert set(refused_by) == {expected}, refused_by
+    assert (importer, imported) in refused_by[expected]
+
+
+def test_the_column_contracts_name_the_same_columns(config: dict[str, Any]) -> None:
+    """The trunk's column layer holds exactly the two columns' packages; each column's
+    layers contract orders its own packages, and the two forbidden contracts name them."""
+    options = {o["id"]: o for o in config["contracts_options"]}
+
+    def names(layers: list[str]) -> list[str]:
+        return [n.strip() for layer in layers for n in layer.replace("|", ":").split(":")]
+
+    trunk = {f"enginekit.{n}" for n in names(options["layers"]["layers"])}
+    columns = [
+        ("compute", "compute-column", "compute-not-policy"),
+        ("policy", "policy-column", "policy-not-compute"),
+    ]
+    for column, order_id, apart_id in columns:
+        packages = set(COLUMNS[column])
+        assert packages <= trunk, column
+        assert set(names(options[order_id]["layers"])) == packages, order_id
+        assert set(options[apart_id]["source_modules"]) == packages, apart_id
+        other = set(COLUMNS["policy" if column == "compute" else "compute"])
+        assert set(options[apart_id]["forbidden_modules"]) == other, apart_id
+    column_layer = next(
+        layer for layer in options["layers"]["layers"] if "executor" in layer.split(" : ")
+    )
+    assert {f"enginekit.{n}" for n in names([column_layer])} == {
+        *COLUMNS["compute"],
+        *COLUMNS["policy"],
+    }
 
 
 def test_the_third_party_plugins_meet_the_plugin_rules(
