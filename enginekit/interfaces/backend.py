@@ -11,6 +11,7 @@ if TYPE_CHECKING:
         BlockPool,
         BlockTables,
         FreeBlockReserve,
+        LruRoom,
         RadixTree,
     )
 
@@ -39,4 +40,4 @@ class Backend(NamedTuple):
     hash_block: Callable[[int, list[int], bytes | None], int]
     hash_blocks: Callable[[list[int], int, bytes | None], list[int]]
     # (a pool of this backend, its reserve) -> a make-room call back
-    new_lru_room: Callable[[Any, FreeBlockReserve], Callable[[int], bool]]
+    new_lru_room: Callable[[Any, FreeBlockReserve], LruRoom]

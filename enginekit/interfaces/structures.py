@@ -1,5 +1,6 @@
-"""The cache structures as the engine and the plugins use them: the block pool, the block
-tables and the radix tree, and the values the radix tree returns.
+"""The cache structures as the engine and the plugins use them: the block pool, its LRU
+make-room call back, the block tables and the radix tree, and the values the radix tree
+returns.
 
 Two implementations satisfy these Protocols: the Rust classes of ``enginekit._native`` and
 their pure-Python twins in ``enginekit.kv.pyref`` (the executable specification); mypy
@@ -42,6 +43,7 @@ __all__ = [
     "HashBatch",
     "IntBatch",
     "IntList",
+    "LruRoom",
     "RadixMatch",
     "RadixNode",
     "RadixTree",
@@ -120,6 +122,11 @@ class BlockPool(Protocol):
         free" if num_blocks > num_free_blocks, else "no run of N consecutive free blocks
         (longest: K)" when fragmentation prevents it.
         """
+        ...
+
+    def longest_free_run(self) -> int:
+        """Length of the longest run of consecutive free block ids (0 if none is free): the
+        largest allocate_run that succeeds. Pure."""
         ...
 
     def incref(self, block_id: int) -> None:
@@ -203,6 +210,20 @@ class BlockPool(Protocol):
         ...
 
 
+class LruRoom(Protocol):
+    """The make-room call back of a pool whose room is made by evicting in its own LRU
+    order (``Backend.new_lru_room(pool, reserve)``), for ``BlockTables.grow_with``:
+    ``room(num_blocks)`` is ``pool.make_room_lru(num_blocks, reserve.total)``, with
+    ``reserve.total`` read at each call. The Rust tables run the Rust room without calling
+    into Python."""
+
+    def __call__(self, num_blocks: int) -> bool:
+        """Whether num_blocks blocks are free beyond the reserve's total, after evicting
+        what the free ones lack (nothing evicted when that falls short): as
+        ``BlockPool.make_room_lru``."""
+        ...
+
+
 PoolT = TypeVar("PoolT", bound=BlockPool, contravariant=True)
 """The pool a BlockTables works with: one of its own implementation (the Rust tables take
 the Rust pool, the twin tables the twin pool)."""
@@ -238,6 +259,11 @@ class BlockTables(Protocol[PoolT]):
     def block_size(self) -> int:
         """Tokens per block: logical block i of a sequence holds its tokens
         [i * block_size, (i + 1) * block_size)."""
+        ...
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences that have a table."""
         ...
 
     def add_sequence(self, seq_id: int, block_ids: IntList = ()) -> None:
@@ -481,6 +507,11 @@ class RadixTree(Protocol):
     reused. Token ids are in [0, 2**32), block ids in [0, 2**31) (ValueError otherwise); a node id
     that does not exist raises KVCacheError.
     """
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block, as given to the constructor."""
+        ...
 
     def num_evictable_blocks(self) -> int:
         """Distinct blocks that nodes with lock_count 0 reference and no locked node does: the

@@ -45,13 +45,16 @@ __all__ = [
 if TYPE_CHECKING:
     # Both implementations against the structure Protocols the engine and the plugins use:
     # a signature that drifts from its Protocol fails `mypy enginekit` here. Each
-    # constructor takes one int (num_blocks or block_size) and builds a conforming object.
+    # constructor takes one int (num_blocks or block_size) and builds a conforming object,
+    # but a room's, which takes its pool and the pool owner's reserve.
     from collections.abc import Callable
 
-    from enginekit._native import BlockPool, BlockTables, HashChains, RadixTree
+    from enginekit._native import BlockPool, BlockTables, HashChains, LruRoom, RadixTree
     from enginekit.interfaces import hash_chains, structures
 
     _pool: Callable[[int], structures.BlockPool] = PyBlockPool
+    _room: Callable[[PyBlockPool, structures.FreeBlockReserve], structures.LruRoom] = PyLruRoom
+    _native_room: Callable[[BlockPool, structures.FreeBlockReserve], structures.LruRoom] = LruRoom
     _tables: Callable[[int], structures.BlockTables[PyBlockPool]] = PyBlockTables
     _tree: Callable[[int], structures.RadixTree] = PyRadixTree
     _native_pool: Callable[[int], structures.BlockPool] = BlockPool
