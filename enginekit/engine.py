@@ -130,6 +130,7 @@ class Engine:
             eos_token_id=executor_eos_token_id(self.executor),
             export_block_tables=self.executor.needs_block_tables,
             new_seq_id=lambda: next(self._seq_ids),
+            native=cfg.cache.native,
         )
         self.limits = ServingLimits(
             self.max_model_len,

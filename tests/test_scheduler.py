@@ -79,7 +79,13 @@ def make_scheduler(
         eos_token_id=eos_token_id,
         export_block_tables=export_block_tables,
         new_seq_id=itertools.count(FIRST_FORK_ID).__next__,
+        native=manager.context.backend.name == "native",
     )
+
+
+def is_swapped(manager: KVCacheManager, request: Request) -> bool:
+    """Whether ``request``'s blocks wait in the manager's swap space."""
+    return request.seq_id in manager.swap_space.swapped
 
 
 def request(seq_id: int, prompt: Sequence[int], **sampling: object) -> Request:
@@ -190,8 +196,8 @@ def test_the_blocked_head_of_the_queue_is_matched_once_until_room_frees(native, 
     manager = make_manager(native, num_blocks=8, prefix=prefix)
     scheduler = make_scheduler(manager, budget=32)
     matched: list[int] = []
-    match = manager.match
-    manager.match = lambda r: matched.append(r.seq_id) or match(r)  # type: ignore[method-assign]
+    match = manager.prefix.match
+    manager.prefix.match = lambda r: matched.append(r.seq_id) or match(r)  # type: ignore[method-assign]
     running = request(0, tokens(20), max_tokens=6)  # 5 blocks, then a sixth
     blocked = request(1, tokens(16, 100), max_tokens=1)  # 4 blocks
     scheduler.add_request(running)
@@ -301,7 +307,7 @@ def test_swap_preemption_keeps_the_victims_tokens_and_restores_it_first(native):
     assert update.stats.preemptions == [PreemptionEvent("swap", 0)]
     assert update.stats.num_blocks_swapped_out == 3
     assert (b.status, b.num_computed_tokens) == (RequestStatus.WAITING, 12)
-    assert manager.is_swapped(b)
+    assert is_swapped(manager, b)
     assert manager.swap_space.num_used_blocks == 3
     assert update.finished == [a]
     # Back in 3 fresh blocks and a fourth for its token 13: it decodes at once.
@@ -311,7 +317,7 @@ def test_swap_preemption_keeps_the_victims_tokens_and_restores_it_first(native):
     assert update.stats.num_blocks_swapped_in == 3
     assert scheduled.prefill_seq_ids == []
     assert (scheduled.decode_seq_ids, scheduled.decode_context_lens) == ([1], [13])
-    assert not manager.is_swapped(b)
+    assert not is_swapped(manager, b)
     assert manager.num_held_blocks(1) == 4
     assert update.stats.prefix_queries == []  # a restore looks nothing up
 
@@ -322,7 +328,7 @@ def test_the_swap_plugin_recomputes_when_that_is_cheaper_or_the_swap_space_is_fu
     _, b = _two_decoders(manager, scheduler)
     _, update = step(scheduler)
     assert update.stats.preemptions == [PreemptionEvent("recompute", 12)]
-    assert (b.num_computed_tokens, manager.is_swapped(b)) == (0, False)
+    assert (b.num_computed_tokens, is_swapped(manager, b)) == (0, False)
     # Swapping preferred, but no host block to swap into.
     manager = make_manager(native, num_blocks=6, num_swap_blocks=0)
     scheduler = make_scheduler(manager, preemption="swap", costs=SWAP_CHEAPER)
@@ -392,12 +398,12 @@ def test_abort_of_a_running_a_waiting_and_a_swapped_request_returns_their_blocks
     scheduler.add_request(b)
     for _ in range(6):  # as in _two_decoders, and b is swapped out in step 6
         step(scheduler)
-    assert manager.is_swapped(b)
+    assert is_swapped(manager, b)
     waiting = request(2, tokens(4, 200))
     scheduler.add_request(waiting)
     assert list(scheduler.waiting) == [b, waiting]
     assert scheduler.abort(b) == [b]
-    assert not manager.is_swapped(b)
+    assert not is_swapped(manager, b)
     assert manager.swap_space.num_used_blocks == 0
     assert scheduler.abort(waiting) == [waiting]
     assert list(scheduler.waiting) == []
@@ -486,19 +492,21 @@ def request_mixes(draw: st.DrawFn) -> list[tuple[int, int, int, int, bool]]:
 
 
 def check_refusals(manager: KVCacheManager) -> None:
-    """Makes every ``still_refused`` answer of ``manager`` that skips a request check that
-    matching and checking it again would have refused it too (its memo left as it was)."""
-    still_refused = manager.still_refused
+    """Makes every refusal that ``manager`` remembers, and that lets its admission skip a
+    request unmatched, check that matching and checking it again would have refused it too
+    (its memo left as it was). The memo is private to the manager: the door does not show
+    it, so the check reaches in."""
+    still_refused = manager._still_refused
 
     def checked(request: Request) -> bool:
         refused = still_refused(request)
         if refused:
             memo = manager._refusal
-            assert manager.admissible(request, manager.match(request)) is None
+            assert manager._admissible(request, manager._match(request)) is None
             manager._refusal = memo
         return refused
 
-    manager.still_refused = checked  # type: ignore[method-assign]
+    manager._still_refused = checked  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])

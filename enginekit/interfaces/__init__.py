@@ -1,5 +1,6 @@
 """The plugin contract: one abstract base class per plugin group, the KV context they work
-on, the capability protocols other plugins ask for, and the plain values they exchange.
+on, the capability protocols other plugins ask for, and the plain values they exchange;
+and the door between the scheduler and the cache (``SchedulerCache``).
 
 A plugin package imports this package, ``enginekit.config``, ``enginekit.errors`` and
 ``enginekit.request``, and nothing else of enginekit. A plugin subclasses one group's base
@@ -18,6 +19,7 @@ from enginekit.interfaces.hash_chains import HashChains
 from enginekit.interfaces.preemption import Preemption, PreemptionMode
 from enginekit.interfaces.prefix import NO_MATCH, PrefixCache, PrefixMatch
 from enginekit.interfaces.quantizer import Quantizer
+from enginekit.interfaces.scheduler_cache import Admission, SchedulerCache, StepBlocks
 from enginekit.interfaces.structures import (
     BlockPool,
     BlockTables,
@@ -44,6 +46,7 @@ GROUP_INTERFACES: dict[str, type[Plugin]] = {
 }
 
 __all__ = [
+    "Admission",
     "FP8_SCALE_SOURCES",
     "GROUP_INTERFACES",
     "NO_MATCH",
@@ -76,6 +79,8 @@ __all__ = [
     "RadixNode",
     "RadixTree",
     "RestoreCost",
+    "SchedulerCache",
+    "StepBlocks",
     "WindowedEviction",
     "plugin_name",
 ]

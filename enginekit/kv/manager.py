@@ -7,11 +7,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
 from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.eviction import BlockRange, Eviction
 from enginekit.interfaces.prefix import NO_MATCH, PrefixCache, PrefixMatch
+from enginekit.interfaces.scheduler_cache import Admission, StepBlocks
 from enginekit.interfaces.structures import IntBatch
 from enginekit.kv.block_ops import BlockOps
 from enginekit.kv.forks import SharedTails
@@ -19,7 +22,7 @@ from enginekit.kv.promises import PrefillPromises
 from enginekit.kv.swap_space import SwapSpace
 from enginekit.request import Request
 from enginekit.spec.kv import KVSpec
-from enginekit.step import BlockCopy, BlockSwap, KVUsage
+from enginekit.step import KVUsage
 
 if TYPE_CHECKING:
     from enginekit.interfaces import Allocator
@@ -40,7 +43,7 @@ class _Admission(NamedTuple):
 
 
 class _Refusal(NamedTuple):
-    """The last waiting request ``admissible`` refused, and what that refusal rests on."""
+    """The last waiting request ``_admissible`` refused, and what that refusal rests on."""
 
     seq_id: int
     num_tokens: int
@@ -175,9 +178,86 @@ class KVCacheManager:
         """Free blocks set aside for the chunks that running prefills have left."""
         return self._promises.total
 
+    # -- the scheduler's door (``enginekit.interfaces.scheduler_cache.SchedulerCache``) ----
+
+    def admit(self, request: Request, step_has_work: bool) -> Admission | None:
+        """See ``SchedulerCache.admit``. A restore (the request is swapped out) is checked
+        against the room without a prefix hit, then brought back. An admission matches
+        the prefix and takes the hit if it fits, else no hit if that fits; one that falls
+        short of the room estimated (cached blocks it evicted trying stay evicted) is
+        matched and tried once more against what is left. A request refused before, with
+        nothing since that can have let it in, is refused without a match."""
+        if self._is_swapped(request):
+            if not self._can_admit(request, NO_MATCH):
+                return None
+            try:
+                return Admission(True, 0, self._swap_in(request))
+            except OutOfBlocksError:
+                return None  # the room _can_admit estimated was not all reclaimable
+        for _ in range(2):
+            if self._still_refused(request):
+                return None
+            match = self._match(request)
+            if match.num_deferred_tokens and step_has_work:
+                return None  # its prefix is being computed by this step: admit it next
+            admissible = self._admissible(request, match)
+            if admissible is None:
+                return None
+            try:
+                self._admit_match(request, admissible)
+            except OutOfBlocksError:
+                continue  # the room _admissible estimated was not all reclaimable
+            return Admission(False, admissible.num_tokens, 0)
+        return None
+
+    def can_admit_together(self, requests: Sequence[Request]) -> bool:
+        """See ``SchedulerCache.can_admit_together``. Pure."""
+        needed = sum(self._num_blocks_to_admit_alone(r) for r in requests)
+        return needed + self._admission_watermark() <= self.num_reclaimable_blocks()
+
+    def grow(self, seq_ids: IntBatch, num_tokens: IntBatch, decodes: Sequence[Request]) -> bool:
+        """See ``SchedulerCache.grow``: the tables grow (all or nothing), then the copies
+        of shared tails are made (all or nothing)."""
+        return self._try_grow(seq_ids, num_tokens) and self._try_copy_on_write(decodes)
+
+    def take_step_blocks(
+        self,
+        filled: Sequence[Request],
+        num_computed_tokens: Sequence[int],
+        table_seq_ids: list[int] | None,
+    ) -> StepBlocks:
+        """See ``SchedulerCache.take_step_blocks``."""
+        if filled:
+            self.prefix.on_decodes_computed(filled, num_computed_tokens)
+        copies, swap_outs, swap_ins = self._block_ops.take()
+        tables = None if table_seq_ids is None else self._export_tables(table_seq_ids)
+        return StepBlocks(copies, swap_outs, swap_ins, tables)
+
+    def release(self, request: Request, swap_out: bool = False) -> int | None:
+        """See ``SchedulerCache.release``."""
+        if self._is_swapped(request):
+            self.swap_space.take(request.seq_id)  # its host blocks are free again
+            return None
+        if request.seq_id not in self.tables.seq_ids():  # waiting: it holds no table
+            self._forget(request)
+            return None
+        if swap_out:
+            num_swapped = self._swap_out(request)
+            if num_swapped is not None:
+                return num_swapped
+        self._release_blocks(request)
+        return None
+
+    def finish_step(self, finished: Sequence[Request], running: Sequence[Request]) -> None:
+        """See ``SchedulerCache.finish_step``."""
+        self._on_step_executed()
+        for request in finished:
+            self._release_blocks(request)
+        self._release_out_of_window(running)
+
     # -- admission -----------------------------------------------------------------------
 
-    def match(self, request: Request) -> PrefixMatch:
+    def _match(self, request: Request) -> PrefixMatch:
         """The request's cached prefix. Pure."""
         return self.prefix.match(request)
 
@@ -214,33 +294,33 @@ class KVCacheManager:
             num_blocks = min(num_blocks, self._window.max_blocks_per_sequence)
         return num_blocks
 
-    def num_blocks_to_admit_alone(self, request: Request) -> int:
+    def _num_blocks_to_admit_alone(self, request: Request) -> int:
         """Free blocks admitting ``request`` without any prefix hit takes or promises (a
         windowed sequence: at most its bound). Pure."""
         return self._plan(request, NO_MATCH).num_new
 
-    def can_admit(self, request: Request, match: PrefixMatch) -> bool:
+    def _can_admit(self, request: Request, match: PrefixMatch) -> bool:
         """True if admitting ``request`` with ``match`` (or restoring it, if it is swapped
         out: ``match`` is then NO_MATCH) leaves at least the watermark of blocks
-        (``admission_watermark``) reclaimable beyond the prefill promises, its own included,
+        (``_admission_watermark``) reclaimable beyond the prefill promises, its own included,
         and beyond what short promises still need. Matched blocks that are
         evictable stop being reclaimable while the request holds them, so they count against
         the room: all of them, those a window releases right after admission included
         (they are held while admission makes room), those only a prefix cache that holds
         its own references keeps (radix) too. Pure."""
-        if self.is_swapped(request):
+        if self._is_swapped(request):
             num_needed, pinned = self._num_blocks_to_restore(request), []
         else:
             num_needed, pinned = self._plan(request, match).num_new, match.block_ids
         num_pinned_evictable = self._num_pinned_evictable(pinned)
         room = self.num_reclaimable_blocks() - num_pinned_evictable - self._num_short_promised()
-        return num_needed + self.admission_watermark() <= room
+        return num_needed + self._admission_watermark() <= room
 
-    def admissible(self, request: Request, match: PrefixMatch) -> PrefixMatch | None:
+    def _admissible(self, request: Request, match: PrefixMatch) -> PrefixMatch | None:
         """How the waiting ``request`` (not swapped out) can be admitted now: with
-        ``match`` if ``can_admit(request, match)``, else with NO_MATCH if that fits (a hit
+        ``match`` if ``_can_admit(request, match)``, else with NO_MATCH if that fits (a hit
         pins evictable blocks that no hit leaves reclaimable), else None: the two checks,
-        sharing their room. Pure, but for remembering a refusal (``still_refused``)."""
+        sharing their room. Pure, but for remembering a refusal (``_still_refused``)."""
         room = self._admission_room()
         num_needed = self._num_new_blocks(request, match)
         if not match.block_ids:
@@ -256,11 +336,11 @@ class KVCacheManager:
         self._refusal = _Refusal(request.seq_id, request.num_tokens, match, num_needed)
         return None
 
-    def still_refused(self, request: Request) -> bool:
-        """True if the waiting ``request`` was the last one ``admissible`` refused and
+    def _still_refused(self, request: Request) -> bool:
+        """True if the waiting ``request`` was the last one ``_admissible`` refused and
         nothing since can have made it admissible: its prefix cache says no match of it
         can be longer than the match it was refused with, and the room is still short of
-        the blocks that match needed. Then ``admissible(request, match(request))`` is None
+        the blocks that match needed. Then ``_admissible(request, match(request))`` is None
         (a shorter match needs no fewer blocks, pinning only takes room), and a scheduler
         retrying the head of its queue every step skips the match. False says nothing.
         Pure."""
@@ -279,7 +359,7 @@ class KVCacheManager:
         """Blocks an admission may take now: the reclaimable ones less what short
         promises still need and the watermark."""
         room = self.num_reclaimable_blocks() - self._num_short_promised()
-        return room - self.admission_watermark()
+        return room - self._admission_watermark()
 
     def _num_pinned_evictable(self, block_ids: list[int]) -> int:
         """Of a match's blocks, those that stop being reclaimable while a request holds
@@ -292,7 +372,7 @@ class KVCacheManager:
             num_unreferenced += self.prefix.num_evictable_among(block_ids)
         return num_unreferenced
 
-    def admission_watermark(self) -> int:
+    def _admission_watermark(self) -> int:
         """Blocks admission keeps reclaimable for the running sequences to grow into: the
         watermark, or 0 while no sequence holds a block (then it protects nothing, and a
         request that fits the whole pool must still be admitted). Pure."""
@@ -312,14 +392,14 @@ class KVCacheManager:
             num_short += max(0, promises.peak(s) - self.num_held_blocks(s) - promises.promised(s))
         return num_short
 
-    def admit(self, request: Request, match: PrefixMatch) -> None:
+    def _admit_match(self, request: Request, match: PrefixMatch) -> None:
         """Gives ``request`` a block table: the fully matched blocks (pinned first, so
         eviction cannot take them), evicting cached blocks until the free list also holds
         the blocks it is promised for its prefill (``reserve_prefill`` takes them chunk by
         chunk; an allocator that reserves at admission takes them now). A match ending
         inside a block (token-granular prefix caches) is copy-on-write: the request's first
         fresh block, allocated now, receives a copy of that block, whose pin is held until
-        the copy has run (``on_step_executed``). With a sliding window, the matched blocks
+        the copy has run (``_on_step_executed``). With a sliding window, the matched blocks
         outside it are released at once. Sets ``num_computed_tokens`` to the match. Raises
         OutOfBlocksError, changing nothing, if the room is not there (call can_admit
         first)."""
@@ -327,7 +407,7 @@ class KVCacheManager:
         plan = self._plan(request, match)
         pool.incref_all(match.block_ids)
         try:
-            if not self.make_room(plan.num_new):
+            if not self._make_room(plan.num_new):
                 raise OutOfBlocksError(
                     f"admitting request {request.request_id!r} needs {plan.num_new} free "
                     f"blocks; only {pool.num_free_blocks - self._promises.total} could be "
@@ -364,10 +444,12 @@ class KVCacheManager:
         most the blocks promised to the request plus, unless the policy's bound is strict,
         the free blocks no one is promised (these come back after the step, when the window
         moves on). A promise that fell short (blocks a window released were shared: see
-        ``release_out_of_window``) is topped up first, evicting cached blocks if need be;
+        ``_release_out_of_window``) is topped up first, evicting cached blocks if need be;
         0 only if it is still short of a block: the chunk then waits (the scheduler
         preempts if nothing else can run). The promise ends with the prefill's last chunk
-        (a request with outputs computes its last token as a decode). Never fails."""
+        (a request with outputs computes its last token as a decode). The prefix cache
+        hears of the chunk's tokens (``PrefixCache.on_computed``): it may publish the full
+        blocks. The caller advances ``num_computed_tokens``. Never fails."""
         seq_id = request.seq_id
         start = request.num_computed_tokens
         end = start + num_tokens
@@ -393,19 +475,21 @@ class KVCacheManager:
                 self._promises.set(
                     seq_id, self._promises.peak(seq_id), max(0, promised - num_taken)
                 )
+        if end > start:
+            self.prefix.on_computed(request, end)
         return end - start
 
-    def try_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> bool:
+    def _try_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> bool:
         """Makes each sequence's table hold num_tokens[i] tokens, evicting if needed.
         Returns False, changing nothing, if the blocks are not there."""
         return self.allocator.try_grow(seq_ids, num_tokens, self._make_room_to_grow)
 
     def _try_make_room(self, num_blocks: int) -> bool:
-        """``make_room(num_blocks)`` if the reclaimable blocks cover them (``num_blocks <=
+        """``_make_room(num_blocks)`` if the reclaimable blocks cover them (``num_blocks <=
         num_reclaimable_blocks()``); else False, evicting nothing."""
         return self._reclaim(num_blocks + self._promises.total, all_or_nothing=True)
 
-    def make_room(self, num_blocks: int) -> bool:
+    def _make_room(self, num_blocks: int) -> bool:
         """Reclaims cached blocks until ``num_blocks`` are free beyond the prefill promises:
         first the pool's evictable blocks (the eviction plugin picks them), then those the
         prefix cache holds itself. Returns whether that many are free now (blocks reclaimed
@@ -440,20 +524,7 @@ class KVCacheManager:
 
     # -- computed tokens and release -----------------------------------------------------
 
-    def on_computed(self, request: Request, num_computed_tokens: int) -> None:
-        """The request's first ``num_computed_tokens`` tokens are scheduled into its
-        blocks: the prefix cache may publish the full ones."""
-        self.prefix.on_computed(request, num_computed_tokens)
-
-    def on_decodes_computed(
-        self, requests: Sequence[Request], num_computed_tokens: Sequence[int]
-    ) -> None:
-        """``on_computed`` for decoding requests whose last block the step fills, in one
-        call to the prefix cache."""
-        if requests:
-            self.prefix.on_decodes_computed(requests, num_computed_tokens)
-
-    def release(self, request: Request) -> int:
+    def _release_blocks(self, request: Request) -> int:
         """Drops every block reference of the request, and its prefill promise; returns how
         many blocks its table spans. Published blocks stay resident as evictable cache."""
         num_blocks: int = self.tables.num_blocks(request.seq_id)
@@ -463,7 +534,7 @@ class KVCacheManager:
         self.allocator.release(request.seq_id)
         return num_blocks
 
-    def release_out_of_window(self, running: Sequence[Request]) -> int:
+    def _release_out_of_window(self, running: Sequence[Request]) -> int:
         """Lets the eviction policy give back blocks no future query of ``running`` can
         attend to; returns how many. With such a policy, the prefills are then promised
         again what they gave back (up to their peak), as far as the free blocks, after
@@ -498,6 +569,14 @@ class KVCacheManager:
             promises.set(seq_id, promises.peak(seq_id), promises.promised(seq_id) + num_more)
             room -= num_more
 
+    def _export_tables(self, seq_ids: list[int]) -> np.ndarray:
+        """int32 [len(seq_ids), widest table]: the sequences' block tables, padded (holes
+        and padding are -1). Pure."""
+        width = self.tables.max_num_blocks(seq_ids)
+        out = np.empty((len(seq_ids), width), dtype=np.int32)
+        self.tables.export_into(seq_ids, out, width)
+        return out
+
     def _hole_allocator(self) -> HoleAllocator:
         if self._holes is None:
             raise KVCacheError(
@@ -505,11 +584,7 @@ class KVCacheManager:
             )
         return self._holes
 
-    def take_block_ops(self) -> tuple[list[BlockCopy], list[BlockSwap], list[BlockSwap]]:
-        """(copies, swap-outs, swap-ins) queued since the last call; clears them."""
-        return self._block_ops.take()
-
-    def on_step_executed(self) -> None:
+    def _on_step_executed(self) -> None:
         """The executor has run the step last scheduled: copy-on-write sources are
         unpinned (a source that nothing else holds becomes evictable or free), host blocks
         swapped in are free for new swap-outs, and the prefix cache may index what the step
@@ -532,10 +607,10 @@ class KVCacheManager:
     def fork(self, parent: Request, child: Request) -> None:
         """Gives ``child`` the parent's blocks, shared, and its computed tokens. If the
         parent's last block is only partly filled, each writer but the last gets a copy
-        (``try_copy_on_write``) before its write. Mutates pool and tables."""
+        (``_try_copy_on_write``) before its write. Mutates pool and tables."""
         self._shared_tails.fork(parent, child)
 
-    def try_copy_on_write(self, decodes: Sequence[Request]) -> bool:
+    def _try_copy_on_write(self, decodes: Sequence[Request]) -> bool:
         """Before ``decodes`` write their next token: each that would write into a block
         another sequence still writes into gets a copy of it (queued for the executor).
         Returns False, copying nothing, if the blocks for the copies are not there
@@ -551,11 +626,11 @@ class KVCacheManager:
 
     # -- swapping ------------------------------------------------------------------------
 
-    def is_swapped(self, request: Request) -> bool:
-        """True if the request's KV waits in the swap space for ``swap_in``. Pure."""
+    def _is_swapped(self, request: Request) -> bool:
+        """True if the request's KV waits in the swap space for ``_swap_in``. Pure."""
         return request.seq_id in self.swap_space.swapped
 
-    def swap_out(self, request: Request) -> int | None:
+    def _swap_out(self, request: Request) -> int | None:
         """Queues copies of the request's blocks (in logical order, holes skipped) to host
         blocks of the swap space, remembers where its table has holes, and releases the
         blocks; the request keeps its computed tokens. Returns the number of blocks, or
@@ -565,7 +640,7 @@ class KVCacheManager:
         if len(block_ids) > self.swap_space.num_free_blocks:
             return None
         self._block_ops.swap_out(block_ids, self.swap_space.put(request.seq_id, entries))
-        self.release(request)
+        self._release_blocks(request)
         return len(block_ids)
 
     def _num_blocks_to_restore(self, request: Request) -> int:
@@ -579,7 +654,7 @@ class KVCacheManager:
         peak = self.allocator.num_blocks_to_admit(request, 0)
         return peak if self._window is None else min(peak, self._window.max_blocks_per_sequence)
 
-    def swap_in(self, request: Request) -> int:
+    def _swap_in(self, request: Request) -> int:
         """Gives the swapped-out request a fresh block table with the layout it was swapped
         out with (through the allocator, making room): a block for each host block, in
         order, and its holes where they were; queues the copies back and returns their
@@ -589,7 +664,7 @@ class KVCacheManager:
         first)."""
         seq_id = request.seq_id
         num_needed = self._num_blocks_to_restore(request)
-        if not self.make_room(num_needed):
+        if not self._make_room(num_needed):
             raise OutOfBlocksError(
                 f"restoring sequence {seq_id} needs {num_needed} free blocks beyond the "
                 "prefill promises"
@@ -616,12 +691,7 @@ class KVCacheManager:
             self.allocator.grow([seq_id], [request.num_tokens])
         return swapped.num_blocks
 
-    def drop_swapped(self, request: Request) -> None:
-        """Forgets a swapped-out request that will never resume (aborted): its host blocks
-        are freed (the prefix cache let go of it when it was swapped out)."""
-        self.swap_space.take(request.seq_id)
-
-    def forget(self, request: Request) -> None:
+    def _forget(self, request: Request) -> None:
         """A waiting request that holds no blocks and has no computed tokens (never
         admitted, or preempted by recompute) will never be admitted (aborted): the prefix
         cache drops what it keeps for it (a match's memoized hashes), and a refusal of it is

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from enginekit.kv.manager import KVCacheManager
+from enginekit.interfaces.scheduler_cache import SchedulerCache
 from enginekit.request import Request, RequestStatus
 from enginekit.step import Fork
 
@@ -30,7 +30,7 @@ class Forker:
     (seq_id -> sequences, and their total), and the beam forks made after a step that the
     executor learns of at the next one."""
 
-    def __init__(self, cache: KVCacheManager, new_seq_id: Callable[[], int]) -> None:
+    def __init__(self, cache: SchedulerCache, new_seq_id: Callable[[], int]) -> None:
         self._cache = cache
         self._new_seq_id = new_seq_id
         self._owed: dict[int, int] = {}

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from enginekit.interfaces.structures import BlockTables
 from enginekit.request import Request
 from enginekit.step import Fork, SchedulerOutput
 
@@ -44,12 +41,3 @@ class StepPlan:
     @property
     def is_empty(self) -> bool:
         return not self.num_batched and not self.decodes and not self.prefill_seq_ids
-
-
-def export_block_tables(tables: BlockTables, seq_ids: list[int]) -> np.ndarray:
-    """int32 [len(seq_ids), widest table]: the sequences' block tables, padded (holes and
-    padding are -1). Pure."""
-    width = tables.max_num_blocks(seq_ids)
-    out = np.empty((len(seq_ids), width), dtype=np.int32)
-    tables.export_into(seq_ids, out, width)
-    return out

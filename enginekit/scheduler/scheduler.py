@@ -24,18 +24,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.config import SchedulerConfig
-from enginekit.errors import ConfigError, OutOfBlocksError
+from enginekit.errors import ConfigError
 from enginekit.interfaces.preemption import PreemptionMode
-from enginekit.interfaces.prefix import NO_MATCH
+from enginekit.interfaces.scheduler_cache import Admission, SchedulerCache
 from enginekit.interfaces.structures import IntBatch
-from enginekit.kv.manager import KVCacheManager
 from enginekit.metrics import PreemptionEvent, PrefixQuery, SchedulerStats
 from enginekit.request import Request, RequestStatus
 from enginekit.scheduler.beams import choose_continuations
 from enginekit.scheduler.decode_batch import DecodeBatch
 from enginekit.scheduler.decode_ops import decode_ops
 from enginekit.scheduler.forks import Forker, num_sequences_to_fork
-from enginekit.scheduler.plan import StepPlan, empty_output, export_block_tables
+from enginekit.scheduler.plan import StepPlan, empty_output
 from enginekit.step import Fork, ModelOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -70,11 +69,12 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        cache: KVCacheManager,
+        cache: SchedulerCache,
         preemption: Preemption,
         eos_token_id: int | None = None,
         export_block_tables: bool = False,
         new_seq_id: Callable[[], int] | None = None,
+        native: bool = True,
     ) -> None:
         if config.max_num_seqs < 1:
             raise ConfigError(f"scheduler.max_num_seqs must be >= 1, got {config.max_num_seqs}")
@@ -94,7 +94,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._num_running_computed = 0  # sum of num_computed_tokens over ``running``
-        native = cache.context.backend.name == "native"
+        # native: the decode batch's per-step passes in Rust, else their Python spec
         self._batch = DecodeBatch(eos_token_id, cache.block_size, decode_ops(native))
         self._unbatched: list[Request] = []  # running requests not in the batch, in order
         # (batch version, members) the last step scheduled, checked by update
@@ -137,11 +137,7 @@ class Scheduler:
             self._forker.settle(request)
             if request.status is RequestStatus.RUNNING:
                 self._num_running_computed -= request.num_computed_tokens
-                self.cache.release(request)
-            elif self.cache.is_swapped(request):
-                self.cache.drop_swapped(request)
-            else:
-                self.cache.forget(request)
+            self.cache.release(request)
             request.status = RequestStatus.ABORTED
             self._by_seq_id.pop(request.seq_id, None)
             self._finished_seq_ids.append(request.seq_id)
@@ -207,7 +203,6 @@ class Scheduler:
         plan.prefill_token_ids.append(request.token_ids[start : start + num_new])
         request.num_computed_tokens = start + num_new
         self._num_running_computed += num_new
-        self.cache.on_computed(request, start + num_new)
         if start + num_new == request.num_tokens:
             plan.final_prefill_seq_ids.append(request.seq_id)
             if request.needs_fork:
@@ -229,57 +224,36 @@ class Scheduler:
             owed = num_sequences_to_fork(request)
             if len(self.running) + self._forker.num_owed + owed + 1 > max_num_seqs:
                 break  # its samples or beams would not fit among the running sequences
-            is_restore = self.cache.is_swapped(request)
-            if not self._try_admit(request, is_restore, plan):
+            admission = self.cache.admit(request, not plan.is_empty)
+            if admission is None:
                 break
+            self._count_admission(request, admission)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._num_running_computed += request.num_computed_tokens  # hit or restored
             self._unbatched.append(request)
             self._forker.owe(request, owed)
-            if not is_restore or request.is_prefilling:
+            if not admission.restored or request.is_prefilling:
                 self._schedule_chunk(plan, request)
             elif request.num_tokens_to_compute:
                 plan.decodes.append(request)  # swapped out mid-decode: it decodes on
                 plan.budget -= 1
             # else: a beam restored with its step done, waiting for its siblings
 
-    def _try_admit(self, request: Request, is_restore: bool, plan: StepPlan) -> bool:
-        """Admits ``request`` into the cache (restores it, if it is swapped out) if it fits
-        now; returns whether. An admission that falls short of what ``can_admit`` estimated
-        has still evicted cached blocks, so it is matched and tried once more against what
-        is left. A hit that does not fit where no hit would (with a sliding window, the
-        matched blocks it releases at once are held while it makes room) is given up."""
-        if is_restore:
-            if not self.cache.can_admit(request, NO_MATCH):
-                return False
-            try:
-                self._stats.num_blocks_swapped_in += self.cache.swap_in(request)
-            except OutOfBlocksError:
-                return False  # the room can_admit estimated was not all reclaimable
-            return True
-        for _ in range(2):
-            if self.cache.still_refused(request):
-                return False  # refused before, and nothing since can have let it in
-            match = self.cache.match(request)
-            if match.num_deferred_tokens and not plan.is_empty:
-                return False  # its prefix is being computed by this step: admit it next
-            admissible = self.cache.admissible(request, match)
-            if admissible is None:
-                return False
-            match = admissible
-            try:
-                self.cache.admit(request, match)
-            except OutOfBlocksError:
-                continue  # the room can_admit estimated was not all reclaimable
-            if request.num_preemptions == 0:
-                request.num_cached_tokens = match.num_tokens
-            self._stats.prefix_queries.append(
-                PrefixQuery(request.num_tokens, match.num_tokens, request.num_preemptions > 0)
+    def _count_admission(self, request: Request, admission: Admission) -> None:
+        """Records what ``request``'s admission took from the cache: host blocks swapped
+        back in, or its prefix lookup (and, at a first admission, its cached tokens)."""
+        if admission.restored:
+            self._stats.num_blocks_swapped_in += admission.num_blocks_swapped_in
+            return
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = admission.num_matched_tokens
+        self._stats.prefix_queries.append(
+            PrefixQuery(
+                request.num_tokens, admission.num_matched_tokens, request.num_preemptions > 0
             )
-            return True
-        return False
+        )
 
     def _queue_siblings_behind(self, beam: Request) -> None:
         """Moves every other waiting beam of ``beam``'s request right behind it (``beam``
@@ -302,14 +276,17 @@ class Scheduler:
         decode_token_ids = batch.last_token_ids
         if len(batch) != plan.num_batched:
             raise RuntimeError("the decode batch changed while the step was planned")
+        # Decodes whose token fills a block, and their computed tokens: the cache may
+        # publish those blocks.
+        filled_requests: list[Request] = []
+        filled_lens: list[int] = []
         if plan.num_batched:
             decode_context_lens, filled = batch.mark_scheduled()
             self._num_running_computed += plan.num_batched  # one token each (DecodeBatch)
             if filled:
                 members = batch.requests
-                self.cache.on_decodes_computed(
-                    [members[i] for i in filled], [decode_context_lens[i] for i in filled]
-                )
+                filled_requests = [members[i] for i in filled]
+                filled_lens = [decode_context_lens[i] for i in filled]
             self._scheduled_batch = (batch.version, plan.num_batched)
         decodes = plan.decodes
         if decodes:
@@ -319,7 +296,8 @@ class Scheduler:
                 self._num_running_computed += num_computed - request.num_computed_tokens
                 request.num_computed_tokens = num_computed
                 if num_computed % block_size == 0:
-                    self.cache.on_computed(request, num_computed)
+                    filled_requests.append(request)
+                    filled_lens.append(num_computed)
             decode_seq_ids = decode_seq_ids + [r.seq_id for r in decodes]
             decode_context_lens = decode_context_lens + context_lens
             decode_token_ids = decode_token_ids + [r.token_ids[-1] for r in decodes]
@@ -327,13 +305,12 @@ class Scheduler:
         forks = self._forker.take_pending_forks() + plan.forks
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
-        copies, swap_outs, swap_ins = self.cache.take_block_ops()
         self._num_steps += 1
         prefill_seq_ids = plan.prefill_seq_ids
-        block_tables = (
-            export_block_tables(self.cache.tables, prefill_seq_ids + decode_seq_ids)
-            if self.export_block_tables
-            else None
+        copies, swap_outs, swap_ins, block_tables = self.cache.take_step_blocks(
+            filled_requests,
+            filled_lens,
+            prefill_seq_ids + decode_seq_ids if self.export_block_tables else None,
         )
         # Positional, in the fields' order: a call by keyword costs twice as much, every step.
         return SchedulerOutput(
@@ -407,8 +384,8 @@ class Scheduler:
                 num_tokens: IntBatch = batch.num_tokens() + [len(r.token_ids) for r in decodes]
             else:  # the common case: the batch's own arrays, read by Rust in one pass
                 seq_ids, num_tokens = batch.seq_id_array, batch.num_token_array
-            if self.cache.try_grow(seq_ids, num_tokens) and self.cache.try_copy_on_write(
-                batch.requests + decodes if decodes else batch.requests
+            if self.cache.grow(
+                seq_ids, num_tokens, batch.requests + decodes if decodes else batch.requests
             ):
                 break
             self._preempt(self.preemption.choose_victim(self.running))
@@ -449,13 +426,11 @@ class Scheduler:
         space has room (its computed tokens stay), else released (it computes everything
         again)."""
         mode = self.preemption.mode(request)
-        if mode is PreemptionMode.SWAP:
-            num_swapped = self.cache.swap_out(request)
-            if num_swapped is not None:
-                self._stats.num_blocks_swapped_out += num_swapped
-                return PreemptionEvent("swap", 0)
+        num_swapped = self.cache.release(request, swap_out=mode is PreemptionMode.SWAP)
+        if num_swapped is not None:
+            self._stats.num_blocks_swapped_out += num_swapped
+            return PreemptionEvent("swap", 0)
         num_dropped_tokens = request.num_computed_tokens
-        self.cache.release(request)
         request.num_computed_tokens = 0
         kind = "recompute_fallback" if mode is PreemptionMode.SWAP else "recompute"
         return PreemptionEvent(kind, num_dropped_tokens)
@@ -507,8 +482,7 @@ class Scheduler:
             return True
         if len(self.running) + len(group) > self._max_num_seqs:
             return False
-        needed = sum(self.cache.num_blocks_to_admit_alone(r) for r in group)
-        return needed + self.cache.admission_watermark() <= self.cache.num_reclaimable_blocks()
+        return self.cache.can_admit_together(group)
 
     # -- update ----------------------------------------------------------------------------
 
@@ -528,7 +502,6 @@ class Scheduler:
         """Appends each sampled token (beams: chooses the best continuations), finishes
         requests that stop and releases their blocks. Mutates requests, queues and the
         cache."""
-        self.cache.on_step_executed()
         by_seq_id = self._by_seq_id
         token_ids = output.next_token_ids
         sample_seq_ids = scheduled.sample_seq_ids
@@ -563,13 +536,12 @@ class Scheduler:
             for request in finished:
                 self._forker.settle(request)
                 self._num_running_computed -= request.num_computed_tokens
-                self.cache.release(request)
                 del by_seq_id[request.seq_id]
                 self._finished_seq_ids.append(request.seq_id)
             gone = set(map(id, finished))
             self.running = [r for r in self.running if id(r) not in gone]
             self._unbatched = [r for r in self._unbatched if id(r) not in gone]
-        self.cache.release_out_of_window(self.running)
+        self.cache.finish_step(finished, self.running)
         stats, self._stats = self._stats, SchedulerStats()
         return StepUpdate(finished, first_tokens, stats)
 
