@@ -3,26 +3,27 @@ way a serving loop calls it: the Rust structures against their pure-Python twins
 
 A ``KVCacheManager`` (paged allocator, ``block_hash`` or ``radix`` prefix cache, ``lru``
 eviction, the engine's watermark, Llama-3-8B's KV at block size 16) is driven without a
-scheduler or an executor, with the calls ``enginekit.scheduler.Scheduler`` and
+scheduler or an executor, through the calls ``enginekit.scheduler.Scheduler`` and
 ``enginekit.engine.Engine`` make in one step, in their order:
 
-1. decodes: ``try_grow`` of every running request by its one new token and
-   ``try_copy_on_write``, all running at once; when they do not fit, the most recently
-   admitted request is preempted by recompute (``release``, its computed tokens reset,
-   requeued at the front of the waiting queue) and the rest try again;
-2. admission, first come first served, at most ``MAX_NUM_SEQS`` = 64 running:
-   ``still_refused`` (a request refused before that still cannot fit is not matched),
-   ``match``, ``admissible`` (the match, or no match when only that fits), ``admit`` (matched
-   again once if it falls short), then the whole uncached rest of the prompt in one
-   chunk (``reserve_prefill``, ``on_computed``); no chunked prefill and no token budget;
-   admission stops at the first request that does not fit (or, with ``radix``, whose
-   match waits on what this step computes);
-3. the step's output: ``on_decodes_computed`` for the decodes whose block it fills,
-   ``take_block_ops``; then the update: ``on_step_executed``, each decode and each
-   request just prefilled appends its next scripted token, the finished ones (scripted
-   output exhausted) are ``release``d, ``release_out_of_window`` and the metrics'
-   ``usage`` (given the running requests' computed tokens, which the loop counts as they
-   change, as the scheduler does).
+1. decodes: ``grow`` of every running request by its one new token (with the copies of
+   shared tails), all running at once; when they do not fit, the most recently admitted
+   request is preempted by recompute (``release``, its computed tokens reset, requeued at
+   the front of the waiting queue) and the rest try again;
+2. admission, first come first served, at most ``MAX_NUM_SEQS`` = 64 running: ``admit``
+   (the manager matches the prefix, or skips a request refused before that still cannot
+   fit, and admits with the match or without one when only that fits), then the whole
+   uncached rest of the prompt in one chunk (``reserve_prefill``); no chunked prefill and
+   no token budget; admission stops at the first request that does not fit (or, with
+   ``radix``, whose match waits on what this step computes);
+3. the step's output: ``take_step_blocks`` with the decodes whose block it fills; then
+   the update: each decode and each request just prefilled appends its next scripted
+   token, ``finish_step`` with the finished ones (scripted output exhausted) and the
+   running ones, and the metrics' ``usage`` (given the running requests' computed tokens,
+   which the loop counts as they change, as the scheduler does).
+
+These are the calls of the scheduler's door (``enginekit.interfaces.SchedulerCache``),
+the only ones the scheduler makes.
 
 Arrivals: every first turn is in the waiting queue at step 0, in workload order (the
 workloads' arrival times are ignored). A later turn of a session (``follows``) joins the
@@ -81,8 +82,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from enginekit.config import CacheConfig, WorkloadConfig
-from enginekit.errors import ConfigError, OutOfBlocksError
-from enginekit.interfaces.prefix import PrefixMatch
+from enginekit.errors import ConfigError
+from enginekit.interfaces.scheduler_cache import Admission
 from enginekit.kv.backend import make_backend, make_context
 from enginekit.kv.manager import KVCacheManager
 from enginekit.plugins import load_plugin
@@ -300,30 +301,18 @@ def clock_cost_ns(clock: Callable[[], int] = time.process_time_ns, num: int = 20
     return int(statistics.median(samples))
 
 
-def _try_admit(cache: KVCacheManager, request: Request, is_plan_empty: bool) -> PrefixMatch | None:
-    """Admits ``request`` and reserves its whole uncached prompt as ``Scheduler._try_admit``
-    and ``_schedule_chunk`` do; returns the match it kept, or None if it does not fit now
-    (or, while the step already runs something, its match waits on this step)."""
-    for _ in range(2):
-        if cache.still_refused(request):
-            return None
-        match = cache.match(request)
-        if match.num_deferred_tokens and not is_plan_empty:
-            return None
-        admissible = cache.admissible(request, match)
-        if admissible is None:
-            return None
-        match = admissible
-        try:
-            cache.admit(request, match)
-        except OutOfBlocksError:
-            continue
+def _admit(cache: KVCacheManager, request: Request, step_has_work: bool) -> Admission | None:
+    """Admits ``request`` as the scheduler does, through the cache's door, and reserves
+    its whole uncached prompt in one chunk; returns how it was admitted, or None if it
+    does not fit now (or, while the step already runs something, its match waits on this
+    step)."""
+    admission = cache.admit(request, step_has_work)
+    if admission is not None:
         start = request.num_computed_tokens
-        num_new = cache.reserve_prefill(request, request.num_tokens - start)
-        request.num_computed_tokens = start + num_new
-        cache.on_computed(request, start + num_new)
-        return match
-    return None
+        request.num_computed_tokens = start + cache.reserve_prefill(
+            request, request.num_tokens - start
+        )
+    return admission
 
 
 def replay(
@@ -392,7 +381,7 @@ def replay(
             ids = [r.seq_id for r in decodes]
             lengths = [len(r.token_ids) for r in decodes]
             start = clock()
-            fits = cache.try_grow(ids, lengths) and cache.try_copy_on_write(decodes)
+            fits = cache.grow(ids, lengths, decodes)
             elapsed = clock() - start
             num_batches += 1
             if fits:
@@ -417,12 +406,12 @@ def replay(
         while waiting and len(running) < MAX_NUM_SEQS:
             request = waiting[0]
             num_prompt = request.num_tokens
-            is_plan_empty = not decodes and not prefilled
+            step_has_work = bool(decodes or prefilled)
             start = clock()
-            match = _try_admit(cache, request, is_plan_empty)
+            admission = _admit(cache, request, step_has_work)
             phase_ns["admit"] += clock() - start
             num_batches += 1
-            if match is None:
+            if admission is None:
                 break
             waiting.popleft()
             request.status = RequestStatus.RUNNING
@@ -432,9 +421,9 @@ def replay(
             counts = again if request.num_preemptions else first
             counts[0] += 1
             counts[1] += num_prompt
-            counts[2] += match.num_tokens
+            counts[2] += admission.num_matched_tokens
             if not request.num_preemptions:
-                request.num_cached_tokens = match.num_tokens
+                request.num_cached_tokens = admission.num_matched_tokens
 
         if not decodes and not prefilled:
             if waiting:
@@ -454,13 +443,9 @@ def replay(
             if num_computed % block_size == 0:
                 filled.append(request)
         start = clock()
-        cache.on_decodes_computed(filled, [r.num_computed_tokens for r in filled])
-        cache.take_block_ops()
+        cache.take_step_blocks(filled, [r.num_computed_tokens for r in filled], None)
         phase_ns["output"] += clock() - start
-        start = clock()
-        cache.on_step_executed()
-        phase_ns["update"] += clock() - start
-        num_batches += 2
+        num_batches += 1
 
         finished = []
         for request in (*decodes, *prefilled):
@@ -474,9 +459,7 @@ def replay(
             running = [r for r in running if not r.status.is_finished]
             num_running_computed -= sum(r.num_computed_tokens for r in finished)
         start = clock()
-        for request in finished:
-            cache.release(request)
-        cache.release_out_of_window(running)
+        cache.finish_step(finished, running)
         usage = cache.usage(num_running_computed)
         phase_ns["update"] += clock() - start
         num_batches += 1

@@ -138,9 +138,9 @@ def test_the_instruction_count_toggles_callgrind_at_both_ends_of_every_batch(tmp
     """Outside valgrind the toggle does nothing: the replay runs as it would under it, and
     the script checks that it toggled twice per timed batch."""
     lib = tmp_path / "toggle.so"
-    source = REPO_ROOT / "benchmarks" / "callgrind_toggle.c"
+    source = REPO_ROOT / "tools" / "callgrind_toggle.c"
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", lib, source], check=True)
-    script = REPO_ROOT / "benchmarks" / "count_manager_instructions.py"
+    script = REPO_ROOT / "tools" / "count_manager_instructions.py"
 
     def stderr_of(*args: str) -> str:
         run = [sys.executable, script, lib, *args]
