@@ -1,27 +1,36 @@
-"""The README's Results section, generated: runs the benchmarks that make sense on this
-machine and writes their tables between ``<!-- results:begin -->`` and
-``<!-- results:end -->`` in README.md (appended at the end when the markers are absent).
+"""docs/results.md, generated whole: runs the benchmarks that make sense on this machine
+and writes their tables into ``docs/results.md`` (every byte of it: edit this script, not
+the file), and the headline figures, each linking to its section there, between
+``<!-- results:begin -->`` and ``<!-- results:end -->`` in README.md.
 
 Runs, side by side where there is something to compare:
 
 - ``bench_bookkeeping.py``: Rust structures against their Python twins, per operation and
   per scheduler step with 256 running sequences, both prefix caches;
-- ``bench_simulator.py``: wall time per 1,000 requests at growing counts (up to 30,000
-  here, 3,000 with ``--quick``; the benchmark's own default reaches 100,000);
+- ``bench_simulator.py``: wall time per 1,000 requests at growing counts, of the default
+  job (up to 30,000 here, 3,000 with ``--quick``) and of ShareGPT (up to 100,000 here,
+  10,000 with ``--quick``; the benchmark's own default reaches 1,000,000);
+- ``bench_cache_manager.py --rust-only``: the cache manager replaying five workloads, its
+  hit rates and CPU time per token beside the recorded run of the manager before its
+  batched decode path (``benchmarks/results/cache_manager_baseline.json``);
+- the hit-rate curve against reruns: one run of multi-turn ShareGPT predicts the hit rate
+  at other pool sizes, which reruns at those sizes measure;
 - ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
 - ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
 - the claims (``enginekit.claims.job``): the main table, the rest folded;
-- ``tools/kernel_proxies.py --ci``: the kernels compiled offline for sm_90a (registers, spills,
-  main-loop instructions per key);
+- ``tools/kernel_proxies.py --ci``: the kernels compiled offline for sm_90a (registers,
+  spills, main-loop instructions per key);
 - kernels: ``--kernels FILE`` puts the tables of a ``bench_kernels.py --json`` report in
-  (measured on a CUDA machine, which the section names); without it, the README's kernel
-  figures are carried over, or the section says how to measure them and what checks them.
+  (measured on a CUDA machine, which the section names); without it, the kernel figures
+  of the previous docs/results.md are carried over, or the section says how to measure
+  them and what checks them. Nothing here needs a GPU.
 
-The section is headed with the machine (CPU, cores, memory, OS, Python and torch
-versions, GPU or "no GPU"), the date and the command. Absolute times are this machine's;
-the ratios are what carries over.
+The file is headed with the machine (CPU, cores, memory, OS, Python and torch versions,
+GPU or "no GPU"), the date, the command and how long it took. Absolute times are this
+machine's; the ratios are what carries over.
 
-    python benchmarks/results.py [--quick] [--readme README.md] [--print] [--kernels FILE]
+    python3 benchmarks/results.py [--quick] [--out docs/results.md] [--readme README.md]
+        [--print] [--kernels FILE]
 """
 
 from __future__ import annotations
@@ -32,11 +41,14 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
@@ -49,7 +61,30 @@ from enginekit.claims.job import markdown_table, render_markdown, run_claims  # 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = Path(__file__).resolve().parent
+RESULTS_MD = ROOT / "docs" / "results.md"
+RESULTS_LINK = "docs/results.md"  # as the README links it
 SIM_COUNTS, QUICK_SIM_COUNTS = [1000, 3000, 10000, 30000], [1000, 3000]
+SHAREGPT_COUNTS, QUICK_SHAREGPT_COUNTS = [1000, 10000, 100000], [1000, 10000]
+
+
+class Headline(NamedTuple):
+    """One row of the README's table: what, the figure, and the heading of the section of
+    docs/results.md it comes from."""
+
+    what: str
+    figure: str
+    heading: str
+
+
+def anchor(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading: its text lower-cased, punctuation
+    dropped, spaces as hyphens (``## KV bytes: one token`` -> ``kv-bytes-one-token``)."""
+    text = heading.lstrip("#").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def title(heading: str) -> str:
+    return heading.lstrip("#").strip()
 
 
 def _cpu_model() -> str:
@@ -94,7 +129,18 @@ def machine_line() -> str:
     )
 
 
-def bookkeeping_section(quick: bool) -> str:
+def _count(x: int | None) -> str:
+    return "—" if x is None else f"{x:,}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+BOOKKEEPING_HEADING = "## Host bookkeeping: Rust against the Python twins"
+
+
+def bookkeeping_section(quick: bool) -> tuple[str, list[Headline]]:
     steps, rounds = (500, 3) if quick else (2000, 5)
     rows = bench_bookkeeping.run(steps, rounds, echo=False)
     tables = []
@@ -106,8 +152,8 @@ def bookkeeping_section(quick: bool) -> str:
             if r.section == section
         ]
         tables.append(markdown_table(header, cells))
-    return (
-        "### Host bookkeeping: Rust against the Python twins\n\n"
+    text = (
+        f"{BOOKKEEPING_HEADING}\n\n"
         f"`python3 benchmarks/bench_bookkeeping.py --steps {steps} --rounds {rounds}`: median "
         f"of {rounds} interleaved rounds of CPU time; operations on 1,024-token prompts (64 "
         f"blocks of 16), steps with {bench_bookkeeping.NUM_SEQS} running sequences of ~1,000 "
@@ -117,25 +163,29 @@ def bookkeeping_section(quick: bool) -> str:
         + "\n\n".join(tables)
         + "\n"
     )
+    headlines = [
+        Headline(
+            f"Scheduler step ({r.name.split(',')[0]}) at {bench_bookkeeping.NUM_SEQS} running "
+            f"sequences, {r.name.split(', ')[-1]}",
+            f"{r.rust_s * 1e6:,.1f} µs (Python twins: {r.python_s * 1e6:,.1f} µs, {r.ratio:,.1f}×)",
+            BOOKKEEPING_HEADING,
+        )
+        for r in rows
+        if r.name.startswith("schedule + update")
+    ]
+    return text, headlines
 
 
-def simulator_section(quick: bool) -> str:
-    counts = QUICK_SIM_COUNTS if quick else SIM_COUNTS
-    rows = bench_simulator.run(counts, echo=False)
+SIMULATOR_HEADING = "## Simulator: wall time against request count"
+SHAREGPT_HEADING = "## Simulator at scale: ShareGPT requests"
+
+
+def _simulator_table(rows: Sequence[bench_simulator.Row]) -> str:
     first, cpu_first = rows[0].per_1k_s, rows[0].cpu_per_1k_s
-    header = (
-        "requests",
-        "setup s",
-        "run s",
-        "wall s per 1,000",
-        "× the first",
-        "CPU s per 1,000",
-        "× the first",
-        "simulated s",
-        "steps",
-        "peak memory GiB",
-    )
-    table = markdown_table(
+    header = ("requests", "setup s", "run s", "wall s per 1,000", "× the first",
+              "CPU s per 1,000", "× the first", "simulated s", "steps",
+              "peak memory GiB")  # fmt: skip
+    return markdown_table(
         header,
         [
             (
@@ -151,47 +201,262 @@ def simulator_section(quick: bool) -> str:
                 f"{r.peak_rss_gib:.2f}",
             )
             for r in rows
-        ],
-    )
-    return (
-        "### Simulator: wall time against request count\n\n"
-        f"`python3 benchmarks/bench_simulator.py --counts {','.join(map(str, counts))}`: the "
-        "default job (Llama-3-8B on a simulated H200, shared_prefix, all requests at once). "
-        "Linear growth shows as a flat per-1,000 column (× the first near 1). The "
-        "benchmark's default reaches 100,000 requests, which needs ~14 GiB for the prompt "
-        "token lists.\n\n"
-        f"{table}\n"
+        ],  # fmt: skip
     )
 
 
-def capacity_section() -> str:
+def simulator_section(quick: bool) -> tuple[str, list[Headline]]:
+    counts = QUICK_SIM_COUNTS if quick else SIM_COUNTS
+    rows = bench_simulator.run(counts, echo=False, workload="shared_prefix", isolate=True)
+    text = (
+        f"{SIMULATOR_HEADING}\n\n"
+        f"`python3 benchmarks/bench_simulator.py --workload shared_prefix --counts "
+        f"{','.join(map(str, counts))}`: the default job (Llama-3-8B on a simulated H200, "
+        "shared_prefix, all requests at once), each count in a fresh process. Linear growth "
+        "shows as a flat per-1,000 column (× the first near 1).\n\n"
+        f"{_simulator_table(rows)}\n"
+    )
+    last = rows[-1]
+    headline = Headline(
+        f"Simulator, default job, {last.num_requests:,} requests",
+        f"{last.per_1k_s:.2f} wall s per 1,000 requests ({last.per_1k_s / rows[0].per_1k_s:.2f}× "
+        f"the rate at {rows[0].num_requests:,}), {last.peak_rss_gib:.2f} GiB peak",
+        SIMULATOR_HEADING,
+    )
+    return text, [headline]
+
+
+def sharegpt_section(quick: bool) -> tuple[str, list[Headline]]:
+    counts = QUICK_SHAREGPT_COUNTS if quick else SHAREGPT_COUNTS
+    rows = bench_simulator.run(counts, echo=False, workload="sharegpt", isolate=True)
+    text = (
+        f"{SHAREGPT_HEADING}\n\n"
+        f"`python3 benchmarks/bench_simulator.py --counts {','.join(map(str, counts))}`: "
+        "ShareGPT V3 single-turn requests sampled as vLLM's benchmark samples them (Mistral "
+        "SentencePiece tokens; beyond the pairs the filter keeps, they are replayed in fresh "
+        "orders), Llama-3-8B on a simulated H200, all arriving at once; each count in a fresh "
+        "process, so the peak memory is its own. Above 10,000 requests the driver streams: "
+        "requests are drawn as the run needs them and released when they finish, and the "
+        "ideal, the miss causes and the hit-rate curve come from one pass (10,000 requests "
+        "do not stream: their setup tokenizes every pair up front). The benchmark's default "
+        "(`python3 benchmarks/bench_simulator.py`) goes on to 1,000,000 requests, whose goal "
+        "is under 20 minutes and 4 GiB on two cores; it is not rerun here.\n\n"
+        f"{_simulator_table(rows)}\n"
+    )
+    last = rows[-1]
+    headline = Headline(
+        f"Simulator, ShareGPT, {last.num_requests:,} requests",
+        f"{last.wall_s:,.1f} s wall ({last.per_1k_s:.2f} s per 1,000), "
+        f"{last.peak_rss_gib:.2f} GiB peak",
+        SHAREGPT_HEADING,
+    )
+    return text, [headline]
+
+
+MANAGER_HEADING = "## Host cache manager: replayed traffic"
+MANAGER_BASELINE = BENCHMARKS / "results" / "cache_manager_baseline.json"
+_WORKLOAD_NAMES = {"sharegpt_multi": "ShareGPT sessions"}
+
+
+def _served(row: dict) -> float | None:
+    """Prompt tokens served from the cache, first admissions and re-admissions together."""
+    prompt = row["num_first_prompt_tokens"] + row["num_readmit_prompt_tokens"]
+    hits = row["num_first_hit_tokens"] + row["num_readmit_hit_tokens"]
+    return hits / prompt if prompt else None
+
+
+def manager_section(
+    now: dict | None = None, before: dict | None = None
+) -> tuple[str, list[Headline]]:
+    """The manager's replay now (``bench_cache_manager.py --rust-only``, run here unless
+    ``now`` is given) beside the recorded run of the manager before its batched decode path
+    and radix's block-granular eviction (``before``: the baseline file)."""
+    if now is None:
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder) / "now.json"
+            command = [sys.executable, str(BENCHMARKS / "bench_cache_manager.py"),
+                       "--rust-only", "--json", str(out)]  # fmt: skip
+            subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
+            now = json.loads(out.read_text())
+    if before is None:
+        before = json.loads(MANAGER_BASELINE.read_text())
+
+    def rows_of(report: dict) -> dict[tuple[str, int, str], dict]:
+        return {
+            (r["workload"], r["num_blocks"], r["prefix"]): r
+            for r in report["rows"]
+            if r["backend"] == "rust"
+        }
+
+    new, old = rows_of(now), rows_of(before)
+    header = ("workload", "pool", "block_hash served", "radix served, before",
+              "radix served, now", "µs per token block_hash, before → now",
+              "µs per token radix, before → now", "preemptions (block_hash / radix)")  # fmt: skip
+    cells = []
+    for workload, pool in dict.fromkeys((w, p) for w, p, _ in new):
+        bh, rx = new[(workload, pool, "block_hash")], new[(workload, pool, "radix")]
+        old_bh, old_rx = old.get((workload, pool, "block_hash")), old.get((workload, pool, "radix"))
+
+        def us(then: dict | None, row: dict) -> str:
+            was = "—" if then is None else f"{then['us_per_token']:.2f}"
+            return f"{was} → {row['us_per_token']:.2f}"
+
+        cells.append((
+            _WORKLOAD_NAMES.get(workload, workload), f"{pool:,}", _pct(_served(bh)),
+            _pct(None if old_rx is None else _served(old_rx)), _pct(_served(rx)),
+            us(old_bh, bh), us(old_rx, rx),
+            f"{bh['num_preemptions']:,} / {rx['num_preemptions']:,}",
+        ))  # fmt: skip
+    meta_old = before["meta"]
+    text = (
+        f"{MANAGER_HEADING}\n\n"
+        "`python3 benchmarks/bench_cache_manager.py --rust-only --json FILE` replays each "
+        "workload through a `KVCacheManager` the way a serving step calls it (every running "
+        "request grows by a token, preempting the newest by recompute when the pool is short; "
+        "first-come-first-served admission of whole prompts; at most "
+        f"{now['meta']['max_num_seqs']} running; blocks of {now['meta']['block_size']}, "
+        "Llama-3-8B's KV) and reports the manager's CPU time per generated token and the "
+        "prompt tokens its prefix cache served, first admissions and re-admissions after "
+        'preemption together. "Before" is `benchmarks/results/cache_manager_baseline.json`, '
+        f"the same replay of the manager before its batched decode path and radix's "
+        f"block-granular eviction (commit `{meta_old['commit'][:7]}`), recorded once and not "
+        "rerun: its times were taken on another occasion, so their ratio to this run's carries "
+        "the difference in the machine's load too. `tools/compare_checkouts.py` measures two "
+        "checkouts side by side, and `tools/count_manager_instructions.py` counts the "
+        "manager's instructions under callgrind, which the load does not move.\n\n"
+        f"{markdown_table(header, cells)}\n"
+    )
+    headlines = []
+    for prefix in ("block_hash", "radix"):
+        key = ("multiturn", 4096, prefix)
+        if key in new:
+            was = old.get(key)
+            figure = f"{new[key]['us_per_token']:.2f} µs"
+            if was is not None:
+                figure += f" (before the batched path: {was['us_per_token']:.2f} µs)"
+            what = (
+                f"Cache manager CPU time per generated token, multiturn at 4,096 blocks, {prefix}"
+            )
+            headlines.append(Headline(what, figure, MANAGER_HEADING))
+    return text, headlines
+
+
+CURVE_HEADING = "## What more memory would buy: the hit-rate curve against reruns"
+CURVE_POOL, CURVE_MULTIPLES = 4096, (0.25, 0.5, 1.0, 2.0, 4.0)
+CURVE_WORKLOAD = ("workload=sharegpt", "workload.sharegpt_mode=multi",
+                  "workload.num_requests=1500", "workload.arrival_rate=2")  # fmt: skip
+
+
+def _simulate(*overrides: str) -> dict:
+    from enginekit import Engine
+    from enginekit.driver import WorkloadDriver
+
+    engine = Engine.from_overrides(["progress=false", *overrides])
+    driver = WorkloadDriver(engine)
+    driver.add_workload()
+    return driver.run().summary
+
+
+def curve_section() -> tuple[str, list[Headline]]:
+    """One run at ``CURVE_POOL`` blocks predicts the first-admission hit rate at every pool
+    size from its LRU stack distances; reruns of the same requests at each multiple
+    measure it."""
+    from enginekit import metric_keys as mk
+
+    header = ["pool (blocks)", "× the run's"]
+    columns: dict[int, list[str]] = {}
+    worst: dict[str, float] = {}
+    for prefix in ("block_hash", "radix"):
+        base = _simulate(*CURVE_WORKLOAD, f"cache.num_blocks={CURVE_POOL}", f"+prefix={prefix}")
+        curve = dict(map(tuple, base[mk.PREFIX_CACHE_HIT_RATE_CURVE.key]))
+        header += [f"{prefix} predicted", "measured", "error (points)", "preemptions"]
+        for multiple in CURVE_MULTIPLES:
+            pool = int(CURVE_POOL * multiple)
+            run = (
+                base
+                if pool == CURVE_POOL
+                else _simulate(*CURVE_WORKLOAD, f"cache.num_blocks={pool}", f"+prefix={prefix}")
+            )
+            measured = run[mk.PREFIX_CACHE_FIRST_HIT_RATE.key]
+            predicted = curve.get(pool)
+            error = None if predicted is None or measured is None else 100 * (predicted - measured)
+            if error is not None:
+                worst[prefix] = max(worst.get(prefix, 0.0), abs(error))
+            cells = columns.setdefault(pool, [f"{pool:,}", f"{multiple:g}×"])
+            cells += [
+                "not predicted" if predicted is None else _pct(predicted),
+                _pct(measured),
+                "—" if error is None else f"{error:+.1f}",
+                f"{run[mk.NUM_PREEMPTIONS_TOTAL.key]:,}",
+            ]
+    min_blocks = base.get(mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key)
+    overrides = " ".join(CURVE_WORKLOAD)
+    text = (
+        f"{CURVE_HEADING}\n\n"
+        f"One run of 1,500 ShareGPT turns (whole conversations, 2 starting per second; "
+        f"Llama-3-8B, simulated H200) at a {CURVE_POOL:,}-block pool predicts, from its LRU "
+        "stack distances, the first-admission hit rate at every pool size; the same requests "
+        "are then rerun at each size: `python3 -m enginekit "
+        f"{overrides} cache.num_blocks=<pool> [+prefix=radix]`. The prediction takes out of "
+        "each pool the blocks the run's running requests referenced or were promised at each "
+        "lookup, which no pool can use to cache. Sizes below the run's peak of pinned blocks "
+        f"with the admission watermark to spare ({_count(min_blocks)} "
+        "blocks for radix here) would have queued or preempted differently, and are not "
+        "predicted. For `radix` the curve counts whole blocks only.\n\n"
+        f"{markdown_table(header, list(columns.values()))}\n"
+    )
+    figure = ", ".join(f"{p} {w:.1f}" for p, w in worst.items())
+    return text, [Headline(
+        "Hit rate predicted from one run's stack distances, against reruns at ½× to 4× the pool",
+        f"largest error, points: {figure}",
+        CURVE_HEADING,
+    )]  # fmt: skip
+
+
+CAPACITY_HEADING = "## KV quantizers: capacity and throughput (simulated)"
+
+
+def capacity_section() -> tuple[str, list[Headline]]:
     command = [sys.executable, str(BENCHMARKS / "bench_kv_quant_capacity.py"), "--executor", "sim"]
     out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    return (
-        "### KV quantizers: capacity and throughput (simulated)\n\n"
+    text = (
+        f"{CAPACITY_HEADING}\n\n"
         "`python3 benchmarks/bench_kv_quant_capacity.py --executor sim`, as printed:\n\n"
         f"```text\n{out.strip()}\n```\n"
     )
+    figures = []
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) >= 4 and words[0] in ("fp8", "int4") and words[-1].startswith("x"):
+            figures.append(f"{words[0]} {words[3]}× the tokens, {words[-1][1:]}× the throughput")
+    headlines = [
+        Headline(
+            "KV quantizers in a 4 GiB pool, against 16-bit (simulated)",
+            "; ".join(figures),
+            CAPACITY_HEADING,
+        )
+    ] if figures else []  # fmt: skip
+    return text, headlines
 
 
-QUALITY_HEADING = "### KV quantizers: quality (torch, a small Llama trained on the stdlib)"
+QUALITY_HEADING = "## KV quantizers: quality (torch, a small Llama trained on the stdlib)"
 QUALITY_CARRIED = "(Carried over from an earlier run: the trained model is not cached here.)"
 
 
-def quality_section(readme: str = "") -> str:
+def quality_section(previous: str = "") -> str:
     """The quality benchmark's tables when its trained model is cached (training it takes
     about 12 minutes of one core: ``python3 tools/train_stdlib_llama.py``); else the
-    section ``readme`` has, if it holds measured tables, marked as carried over; else how
-    to get them."""
+    section ``previous`` (the last docs/results.md) has, if it holds measured tables, marked
+    as carried over; else how to get them."""
     from train_stdlib_llama import cache_dir
 
     head = QUALITY_HEADING + "\n\n"
     if not (cache_dir() / "training.json").is_file():
-        previous = carried_section(readme, QUALITY_HEADING)
-        if "```text" in previous:
-            if QUALITY_CARRIED not in previous:
-                previous = previous.rstrip("\n") + "\n\n" + QUALITY_CARRIED + "\n"
-            return previous
+        carried = carried_section(previous, QUALITY_HEADING)
+        if "```text" in carried:
+            if QUALITY_CARRIED not in carried:
+                carried = carried.rstrip("\n") + "\n\n" + QUALITY_CARRIED + "\n"
+            return carried
         return (
             f"{head}Not run: the model is not cached. `python3 tools/"
             "train_stdlib_llama.py` trains it (about 12 minutes on one core), then "
@@ -203,45 +468,79 @@ def quality_section(readme: str = "") -> str:
     return f"{head}`python3 benchmarks/bench_kv_quant_quality.py`, as printed:\n\n{printed}"
 
 
-def claims_section(quick: bool) -> str:
+def quality_headlines(section: str) -> list[Headline]:
+    """Δ perplexity of fp8 and int4 from the quality tables, when the section has them."""
+    figures = []
+    for line in section.splitlines():
+        words = line.split()
+        if len(words) >= 7 and words[0] in ("fp8", "int4") and words[-1].endswith("%"):
+            figures.append(f"{words[0]} {words[-1]}")
+    if not figures:
+        return []
+    return [Headline("Perplexity change with a quantized KV cache (small Llama, torch)",
+                     ", ".join(figures), QUALITY_HEADING)]  # fmt: skip
+
+
+CLAIMS_HEADING = "## Claims from the literature, measured"
+
+
+def claims_section(quick: bool) -> tuple[str, list[Headline]]:
     sections = run_claims(quick)
     text = render_markdown(sections, heading_level=4)
     main_table, _, details = text.partition("\n\n")
     flag = " --quick" if quick else ""
     full = " (without --quick)" if quick else ""
-    return (
-        "### Claims from the literature, measured\n\n"
+    verdicts = [row.verdict for section in sections for row in section.rows]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts))
+    text = (
+        f"{CLAIMS_HEADING}\n\n"
         f"`python3 -m enginekit.claims{flag}`; `python3 -m enginekit +experiment=claims` runs "
         f"the same{full} and writes claims.md and claims.json into its run folder.\n\n"
         f"{main_table}\n\n<details><summary>The tables and notes behind the verdicts"
         f"</summary>\n\n{details.strip()}\n\n</details>\n"
     )
+    return text, [Headline(
+        f"KV-cache claims from the literature, measured ({len(verdicts)})",
+        f"holds? {counts}", CLAIMS_HEADING,
+    )]  # fmt: skip
 
 
-KERNELS_HEADING = "### Kernels"
+KERNELS_HEADING = "## Kernels"
 KERNELS_MEASURED = "Measured on "  # how a section of measured kernel figures begins
 
 
-def kernels_section(path: Path | None = None, readme: str = "") -> str:
+def kernels_section(path: Path | None = None, previous: str = "") -> str:
     """The attention kernels' figures from ``bench_kernels.py --json`` output at ``path``
-    (a section naming the machine that measured them); without one, ``readme``'s kernel
+    (a section naming the machine that measured them); without one, ``previous``'s kernel
     section when it holds measured figures (carried over as it is); else what checks the
     kernels and how to measure them."""
     if path is not None:
         return kernels_figures(json.loads(path.read_text()))
-    previous = carried_section(readme, KERNELS_HEADING)
-    if KERNELS_MEASURED in previous:
-        return previous
+    carried = carried_section(previous, KERNELS_HEADING)
+    if KERNELS_MEASURED in carried:
+        return carried
     return (
         f"{KERNELS_HEADING}\n\n"
-        "No kernel figures yet: `benchmarks/bench_kernels.py` times the Triton kernels on a "
-        "CUDA machine only (`--json FILE`, then `python3 benchmarks/results.py --kernels "
-        "FILE` writes its tables here). Their correctness is tested: "
-        "`tests/test_torch_kernels.py` runs every kernel against its pure-torch reference "
-        "under the Triton interpreter, and the engine end to end with `kernels=triton` "
-        "against `kernels=reference`; `tests/test_kernel_proxies.py` compiles them for "
-        "sm_90a offline and checks for register spills.\n"
+        "No kernel figures yet: they need a CUDA GPU, which this file's machine does not "
+        "have. On one, `python3 benchmarks/bench_kernels.py --json FILE` times the Triton "
+        "kernels beside torch's SDPA (decode GB/s, prefill TFLOP/s), then `python3 "
+        "benchmarks/results.py --kernels FILE` writes its tables here; "
+        "`benchmarks/gpu/run_kit.sh` runs that benchmark and the kernels' native checks on a "
+        "bare GPU machine without network (`benchmarks/gpu/README.md`). Their correctness is "
+        "tested without one: `tests/test_torch_kernels.py` runs every kernel against its "
+        "pure-torch reference under the Triton interpreter, and the engine end to end with "
+        "`kernels=triton` against `kernels=reference`; `tests/test_kernel_proxies.py` "
+        "compiles them for sm_90a offline and checks for register spills.\n"
     )
+
+
+def kernels_headlines(section: str) -> list[Headline]:
+    if KERNELS_MEASURED in section:
+        machine = section.split(KERNELS_MEASURED, 1)[1].split(" (", 1)[0]
+        figure = f"measured on {machine}: decode GB/s and prefill TFLOP/s beside SDPA"
+    else:
+        figure = "not measured: needs a CUDA GPU (`python3 benchmarks/bench_kernels.py`)"
+    return [Headline("Triton attention kernels on a GPU", figure, KERNELS_HEADING)]
 
 
 def kernels_figures(report: dict) -> str:
@@ -292,16 +591,7 @@ def kernels_figures(report: dict) -> str:
     return "\n".join(parts)
 
 
-# Sections measured by long runs this generator does not repeat (30 minutes and more on two
-# cores): each is carried over from the README as it stands, and says its own commands.
-CARRIED_HEADINGS = (
-    "### Host cache manager: replayed traffic, before and after",
-    "### Simulator at scale: ShareGPT, 1,000 to 1,000,000 requests",
-    "### What more memory would buy: the hit-rate curve against reruns",
-)
-
-
-PROXIES_HEADING = "### Kernels compiled offline for sm_90a"
+PROXIES_HEADING = "## Kernels compiled offline for sm_90a"
 
 
 def proxies_section(results: Sequence[kernel_proxies.KernelStats | str] | None = None) -> str:
@@ -344,40 +634,104 @@ def proxies_section(results: Sequence[kernel_proxies.KernelStats | str] | None =
     return text + "".join(f"\nFailed: {f}\n" for f in failures)
 
 
-def carried_section(readme: str, heading: str) -> str:
-    """The README's section under ``heading`` (up to the next ``###`` heading, the end
-    marker or the end of the text), or "" when the README has none."""
-    start = readme.find(heading + "\n")
-    if start < 0:
-        return ""
-    ends = [i for i in (readme.find("\n### ", start + 1), readme.find(END, start)) if i >= 0]
-    return readme[start : min(ends, default=len(readme))].rstrip("\n") + "\n"
-
-
-def build_section(quick: bool, command: str, readme: str = "", kernels: Path | None = None) -> str:
-    """The whole Results section, markers included; ``readme``: the current README, whose
-    long-run sections (``CARRIED_HEADINGS``) are kept as they are; ``kernels``: a
-    ``bench_kernels.py --json`` report for the kernel section (see ``kernels_section``)."""
-    parts = [
-        bookkeeping_section(quick),
-        simulator_section(quick),
-        *filter(None, (carried_section(readme, h) for h in CARRIED_HEADINGS)),
-        capacity_section(),
-        quality_section(readme),
-        claims_section(quick),
-        kernels_section(kernels, readme),
-        proxies_section(),
-    ]
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-    head = (
-        "## Results\n\n"
-        f"Generated on {date} by `{command}` (rewrite it with that command; edits between "
-        "the markers are overwritten).\n\n"
-        f"Machine: {machine_line()}.\n\n"
-        "Absolute times are this machine's only; ratios were measured side by side in one "
-        "run; simulated figures (tok/s, TTFT) are the simulator's H200, not this machine.\n"
+def proxies_headlines(section: str) -> list[Headline]:
+    found = re.search(r"(\d+) kernels, (\d+) with spills, (\d+) failed to compile", section)
+    figure = (
+        f"{found[1]} kernels, {found[2]} with register spills, {found[3]} failed"
+        if found
+        else "not measured: no offline toolchain here"
     )
-    return "\n".join([BEGIN, head, *parts, END]) + "\n"
+    return [Headline("Triton kernels compiled offline for sm_90a (H100/H200)", figure,
+                     PROXIES_HEADING)]  # fmt: skip
+
+
+_HEADING_LINE = re.compile(r"^#{1,3} ", re.M)
+
+
+def carried_section(text: str, heading: str) -> str:
+    """The section of ``text`` under ``heading`` (at its level or one deeper: a README's
+    ``### X`` is carried as ``## X``) up to the next heading of level 1 to 3, an end marker
+    or the end of the text, with ``heading`` as its first line; "" when it has none."""
+    for form in (heading, "#" + heading):
+        start = text.find(form + "\n")
+        if start >= 0:
+            break
+    else:
+        return ""
+    body_start = start + len(form) + 1
+    following = _HEADING_LINE.search(text, body_start)
+    ends = [
+        i for i in (following.start() - 1 if following else -1, text.find(END, start)) if i >= 0
+    ]
+    body = text[body_start : min(ends, default=len(text))]
+    return (heading + "\n" + body).rstrip("\n") + "\n"
+
+
+def build(
+    quick: bool, previous: str = "", kernels: Path | None = None
+) -> tuple[list[str], list[Headline]]:
+    """Every section of docs/results.md, in order, and the README's headline rows;
+    ``previous``: the last docs/results.md, whose GPU and trained-model figures are kept
+    when they cannot be measured here; ``kernels``: a ``bench_kernels.py --json`` report."""
+    sections: list[str] = []
+    headlines: list[Headline] = []
+    for measure in (
+        lambda: bookkeeping_section(quick),
+        lambda: manager_section(),
+        lambda: simulator_section(quick),
+        lambda: sharegpt_section(quick),
+        curve_section,
+        capacity_section,
+    ):
+        text, rows = measure()
+        sections.append(text)
+        headlines += rows
+    quality = quality_section(previous)
+    claims, claim_rows = claims_section(quick)
+    kernel_text = kernels_section(kernels, previous)
+    proxies = proxies_section()
+    sections += [quality, claims, kernel_text, proxies]
+    headlines += [*quality_headlines(quality), *claim_rows, *kernels_headlines(kernel_text),
+                  *proxies_headlines(proxies)]  # fmt: skip
+    return sections, headlines
+
+
+def results_document(sections: Sequence[str], command: str, elapsed_s: float) -> str:
+    """docs/results.md: its head (command, date, time taken, machine) and ``sections``."""
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    contents = "\n".join(
+        f"- [{title(s.splitlines()[0])}](#{anchor(s.splitlines()[0])})" for s in sections
+    )
+    head = (
+        "# Results\n\n"
+        f"Generated on {date} by `{command}`, in {elapsed_s / 60:.0f} minutes, on: "
+        f"{machine_line()}.\n\n"
+        "This file is written whole by `benchmarks/results.py`: change the script, not the "
+        "file, and run it again to refresh every figure (`--quick`: fewer rounds and smaller "
+        "counts). Absolute times are this machine's only; "
+        "ratios were measured side by side in one run; simulated figures (tok/s, TTFT) are the "
+        "simulator's H200, not this machine. The README's Results table is written by the "
+        "same command.\n\n"
+        f"{contents}\n"
+    )
+    return "\n".join([head, *sections])
+
+
+def headline_block(headlines: Sequence[Headline], command: str) -> str:
+    """The README's Results table, markers included: one row per headline figure, each
+    linking to its section of docs/results.md."""
+    rows = [
+        (h.what, h.figure, f"[{title(h.heading)}]({RESULTS_LINK}#{anchor(h.heading)})")
+        for h in headlines
+    ]
+    table = markdown_table(("figure", "measured", "details"), rows)
+    return (
+        f"{BEGIN}\n"
+        f"{table}\n\n"
+        f"Written by `{command}` with [{RESULTS_LINK}]({RESULTS_LINK}), which holds every table "
+        "and the commands behind each.\n"
+        f"{END}\n"
+    )
 
 
 def apply_section(readme: str, section: str) -> str:
@@ -398,7 +752,8 @@ def apply_section(readme: str, section: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer calls, requests, counts")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, requests, counts")
+    parser.add_argument("--out", type=Path, default=RESULTS_MD, help="the results file")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--print", action="store_true", help="print only, write nothing")
     parser.add_argument(
@@ -409,12 +764,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kernels is not None:
         command += f" --kernels {args.kernels}"
     start = time.perf_counter()
-    section = build_section(args.quick, command, args.readme.read_text(), args.kernels)
+    # the last results file; before the first, the README, where the results used to be
+    previous = (args.out if args.out.is_file() else args.readme).read_text()
+    sections, headlines = build(args.quick, previous, args.kernels)
+    document = results_document(sections, command, time.perf_counter() - start)
+    block = headline_block(headlines, command)
     if args.print:
-        print(section, end="")
+        print(document, end="")
+        print(block, end="")
     else:
-        args.readme.write_text(apply_section(args.readme.read_text(), section))
-        print(f"wrote the Results section of {args.readme}")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(document)
+        args.readme.write_text(apply_section(args.readme.read_text(), block))
+        print(f"wrote {args.out} and the Results table of {args.readme}")
     print(f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
     return 0
 

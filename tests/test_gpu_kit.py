@@ -1,5 +1,5 @@
-"""The GPU kit (benchmarks/gpu/), the kernel benchmark and its README section, on a machine
-without CUDA: every GPU entry point refuses with one clear line and a non-zero status;
+"""The GPU kit (benchmarks/gpu/), the kernel benchmark and its section of docs/results.md,
+on a machine without CUDA: every GPU entry point refuses with one clear line and a non-zero status;
 the kit's wheel list covers every runtime dependency (enginekit's and each fetched
 package's) with versions inside their ranges, and prepare.sh builds exactly that list;
 the benchmark's byte and FLOP accounting is exact and its inputs, laid out contiguously,
@@ -247,7 +247,7 @@ def test_the_runner_runs_kernel_cases_through_its_plumbing() -> None:
     assert f"{len(cases)}/{len(cases)} passed" in proc.stdout
 
 
-# -- the README section -------------------------------------------------------------------
+# -- the results section ------------------------------------------------------------------
 
 
 def report() -> dict:
@@ -272,7 +272,7 @@ def report() -> dict:
     }  # fmt: skip
 
 
-def test_results_puts_the_kernel_report_in_the_readme(tmp_path, monkeypatch) -> None:
+def test_results_puts_the_kernel_report_in_the_results_file(tmp_path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     sys.modules.pop("results", None)
     import results
@@ -280,12 +280,13 @@ def test_results_puts_the_kernel_report_in_the_readme(tmp_path, monkeypatch) -> 
     path = tmp_path / "kernels.json"
     path.write_text(json.dumps(report()))
     section = results.kernels_section(path)
-    assert section.startswith("### Kernels\n\nMeasured on NVIDIA H200 (140 GiB, 132 ")
+    assert section.startswith("## Kernels\n\nMeasured on NVIDIA H200 (140 GiB, 132 ")
     assert "not on the machine above" in section and "Triton 3.6.0" in section
     assert "| fp8 | 64 | 4,096 | 0.500 | 2,150 | 44.8 | 1.000 | 4,300 | 2.00 | 4.0e-03 |" in section
     assert "| none | 64 | 4,096 | 0.500 | 400.0 | 40.4 | — | — | — | — |" in section
     assert "copy 4,300 GB/s, bf16 matmul 790 TFLOP/s" in section
-    # Without a report, measured figures already in the README are carried over as they are.
+    # Without a report, measured figures already in the last results file are carried over
+    # as they are.
     readme = "intro\n\n" + section + "\n### Next\n"
     assert results.kernels_section(None, readme) == section
     assert "No kernel figures yet" in results.kernels_section(None, "")

@@ -1,5 +1,6 @@
-"""The README is true: every repository path it names exists, the Results section's
-generator names only files that exist, and its code blocks run."""
+"""The README is true: every repository path it or docs/ names exists, the results
+generator names only files that exist and wrote docs/results.md and the README's Results
+table, and the README's code blocks run."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from enginekit.kv.backend import make_backend
 
 README = REPO_ROOT / "README.md"
 RESULTS = REPO_ROOT / "benchmarks" / "results.py"
+RESULTS_MD = REPO_ROOT / "docs" / "results.md"
+DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
 # Top-level entries of the repository a path in prose can start with.
-_PATH_ROOTS = ("rust", "enginekit", "plugins", "tests", "benchmarks", ".ci")
+_PATH_ROOTS = ("rust", "enginekit", "plugins", "tests", "benchmarks", "tools", "docs", ".ci")
 _ROOTS_ALTERNATIVES = "|".join(re.escape(root) for root in _PATH_ROOTS)
 _PATH = re.compile(rf"(?<![\w./-])(?:\./)?((?:{_ROOTS_ALTERNATIVES})/[\w./*-]*)")
 
@@ -58,10 +61,25 @@ def test_every_repository_path_the_readme_names_exists():
     """Paths git ignores are made by the commands that name them, so they need not exist."""
     paths = repository_paths(README.read_text(encoding="utf-8"))
     assert "enginekit/conf/ablation/" in paths and "benchmarks/results.py" in paths
+    assert "docs/architecture.md" in paths and "docs/results.md" in paths
     ignored = _ignored_paths()
     assert "tests/fuzz/artifacts/" in ignored
     missing = [p for p in paths if p not in ignored and not (REPO_ROOT / p).exists()]
     assert missing == []
+
+
+def test_every_repository_path_the_docs_name_exists():
+    assert {d.name for d in DOCS} >= {"architecture.md", "results.md"}
+    for doc in DOCS:
+        paths = repository_paths(doc.read_text(encoding="utf-8"))
+        missing = [p for p in paths if not (REPO_ROOT / p).exists()]
+        assert missing == [], doc.name
+
+
+def test_the_readme_stays_short():
+    """Tour and set-up in the README; measurements in docs/results.md, design in
+    docs/architecture.md."""
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 400
 
 
 def test_results_generator_names_only_files_that_exist():
@@ -72,21 +90,28 @@ def test_results_generator_names_only_files_that_exist():
     assert scripts and [s for s in scripts if not (RESULTS.parent / s).exists()] == []
 
 
-def test_readme_kernels_paragraph_is_what_the_generator_writes(monkeypatch):
+def _results(monkeypatch):
     monkeypatch.syspath_prepend(str(RESULTS.parent))
     sys.modules.pop("results", None)
     import results
 
-    section = results.kernels_section()
-    assert section in README.read_text(encoding="utf-8")
-    assert "GPU" not in section  # no kernel figures: no benchmark, whatever the machine
+    return results
+
+
+def test_the_results_kernels_section_is_what_the_generator_writes(monkeypatch):
+    """Without a GPU report the kernel section is the generator's note (or, once measured,
+    the figures it carried over), whatever the machine."""
+    results = _results(monkeypatch)
+    text = RESULTS_MD.read_text(encoding="utf-8")
+    section = results.kernels_section(None, text)
+    assert section in text
+    assert section == results.kernels_section() or results.KERNELS_MEASURED in section
+    assert results.kernels_section() == results.kernels_section(None, "no such section")
 
 
 def test_the_offline_compile_section_tabulates_every_kernel_and_counts_spills(monkeypatch):
-    monkeypatch.syspath_prepend(str(RESULTS.parent))
-    sys.modules.pop("results", None)
+    results = _results(monkeypatch)  # puts tools/ on the path
     import kernel_proxies
-    import results
 
     def stats(config, kernel, spilled, loop, tile):
         return kernel_proxies.KernelStats(
@@ -110,29 +135,63 @@ def test_the_offline_compile_section_tabulates_every_kernel_and_counts_spills(mo
     assert section.endswith("Failed: copy-c: the call failed: boom\n")
 
 
-def test_the_generator_keeps_the_long_run_sections_it_does_not_repeat(monkeypatch):
-    monkeypatch.syspath_prepend(str(RESULTS.parent))
-    sys.modules.pop("results", None)
-    import results
+def test_docs_results_is_the_generators_whole_document(monkeypatch):
+    """docs/results.md says which command wrote it, lists its sections with working
+    anchors, and holds only sections the generator writes (no hand-written ones)."""
+    results = _results(monkeypatch)
+    text = RESULTS_MD.read_text(encoding="utf-8")
+    head = re.match(r"# Results\n\nGenerated on \d{4}-\d\d-\d\d by `(?P<command>[^`]+)`", text)
+    assert head and head["command"].startswith("python3 benchmarks/results.py")
+    headings = re.findall(r"^## .+$", text, re.M)
+    generated = {
+        value for name, value in vars(results).items()
+        if name.endswith("_HEADING") and isinstance(value, str)
+    }  # fmt: skip
+    assert headings and set(headings) <= generated
+    anchors = {results.anchor(h) for h in headings}
+    for link in re.findall(r"^- \[[^\]]+\]\(#([\w-]+)\)$", text, re.M):
+        assert link in anchors
+    assert len(re.findall(r"^- \[", text, re.M)) == len(headings)
 
+
+def test_the_readme_results_table_links_to_sections_of_docs_results(monkeypatch):
+    """The README's Results are the generator's table: one row per headline figure, each
+    linking to a section of docs/results.md that exists."""
+    results = _results(monkeypatch)
     readme = README.read_text(encoding="utf-8")
-    for heading in results.CARRIED_HEADINGS:
-        section = results.carried_section(readme, heading)
-        assert section.startswith(heading + "\n") and "| --- |" in section
-        assert section in readme and "### " not in section[len(heading) :]
-    assert results.carried_section("no such section", results.CARRIED_HEADINGS[0]) == ""
+    block = readme[readme.index(results.BEGIN) : readme.index(results.END)]
+    assert block.count("\n| --- |") == 1  # one table
+    links = re.findall(r"\]\(docs/results\.md#([\w-]+)\)", block)
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line]
+    assert links and len(links) == len(rows) - 1  # every row but the header
+    headings = re.findall(r"^## .+$", RESULTS_MD.read_text(encoding="utf-8"), re.M)
+    assert set(links) <= {results.anchor(h) for h in headings}
+    assert "### " not in readme[readme.index("## Results") : readme.index(results.BEGIN)]
+
+
+def test_the_generator_finds_sections_at_either_level_and_makes_github_anchors(monkeypatch):
+    results = _results(monkeypatch)
+    text = "# R\n\n### A: b (c, d)\n\nbody\n\n| x |\n| --- |\n\n## Next\n"
+    assert results.carried_section(text, "## A: b (c, d)") == (
+        "## A: b (c, d)\n\nbody\n\n| x |\n| --- |\n"
+    )
+    assert results.carried_section(text, "## Missing") == ""
+    assert results.anchor("## KV quantizers: quality (torch, 1,000 ×)") == (
+        "kv-quantizers-quality-torch-1000-"
+    )
+    block = results.headline_block([results.Headline("what", "1 µs", "## A b")], "cmd")
+    assert "| what | 1 µs | [A b](docs/results.md#a-b) |" in block
+    assert block.startswith(results.BEGIN) and block.endswith(results.END + "\n")
 
 
 def test_the_generator_carries_measured_quality_tables_when_the_model_is_missing(
     monkeypatch, tmp_path
 ):
-    monkeypatch.syspath_prepend(str(RESULTS.parent))
-    sys.modules.pop("results", None)
-    import results
+    results = _results(monkeypatch)
     import train_stdlib_llama
 
     monkeypatch.setattr(train_stdlib_llama, "cache_dir", lambda: tmp_path)  # no model here
-    section = results.quality_section(README.read_text(encoding="utf-8"))
+    section = results.quality_section(RESULTS_MD.read_text(encoding="utf-8"))
     assert section.startswith(results.QUALITY_HEADING) and "```text" in section
     assert section.count(results.QUALITY_CARRIED) == 1
     assert results.quality_section(section) == section  # carried again, marked once
