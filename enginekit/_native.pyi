@@ -68,11 +68,11 @@ def hash_blocks(
     or ValueError if block_size < 1; arguments are checked left to right.
     """
 
-def mark_decodes_scheduled(
-    requests: list[Any], num_tokens: npt.NDArray[np.int64], block_size: int, ints: list[int]
+def decode_context_lens(
+    num_tokens: npt.NDArray[np.int64], block_size: int, ints: list[int]
 ) -> tuple[list[int], list[int]]:
     """The decode batch's pass when a step is scheduled; contract and twin:
-    ``enginekit.scheduler.decode_ops.mark_decodes_scheduled``."""
+    ``enginekit.scheduler.decode_ops.decode_context_lens``."""
 
 def append_decode_tokens(
     token_lists: list[list[int]],

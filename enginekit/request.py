@@ -187,7 +187,6 @@ class RequestStatus(enum.Enum):
         )
 
 
-# slots: the scheduler writes a field of every running request at every step
 @dataclass(eq=False, slots=True)
 class Request:
     """One request and its evolving state.
@@ -196,6 +195,14 @@ class Request:
     ``num_computed_tokens`` of them is in the cache (or is being written by the step that was
     just scheduled). A decoding request has exactly one token left to compute: the one
     sampled last. Owned by the scheduler; plugins read it and never resize ``token_ids``.
+
+    ``num_computed_tokens`` has one owner at a time. Outside the scheduler's decode batch
+    it is a stored count that the scheduler (and the cache, at admission and fork) sets.
+    While the request is a member of the batch, the batch owns it: every member is then
+    ``len(token_ids)`` less the tokens the batch has left to compute (one between steps,
+    none while a scheduled step runs), one count the batch flips for all its members at
+    once (``follow_decode_batch``), so that a step writes nothing per member. Setting the
+    count leaves the batch's ownership.
     """
 
     request_id: str
@@ -210,7 +217,10 @@ class Request:
 
     token_ids: list[int] = field(init=False)
     num_prompt_tokens: int = field(init=False)
-    num_computed_tokens: int = 0
+    # the stored count (see num_computed_tokens), and the decode batch's count of tokens
+    # left to compute while the batch owns it (a one-item list the batch shares), else None
+    _num_computed: int = field(default=0, init=False, repr=False)
+    _batch_left: list[int] | None = field(default=None, init=False, repr=False)
     num_cached_tokens: int = 0  # prefix-cache hit at first admission
     status: RequestStatus = RequestStatus.WAITING
     first_token_time: float | None = None
@@ -230,6 +240,30 @@ class Request:
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        left = self._batch_left
+        if left is None:
+            return self._num_computed
+        return len(self.token_ids) - left[0]
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        self._num_computed = value
+        self._batch_left = None
+
+    def follow_decode_batch(self, left: list[int] | None) -> None:
+        """Hands ``num_computed_tokens`` to a decode batch whose members have ``left[0]``
+        tokens each left to compute (the batch changes the item), or, with None, takes it
+        back as a stored count, as it is now."""
+        if left is None and self._batch_left is not None:
+            self._num_computed = len(self.token_ids) - self._batch_left[0]
+        self._batch_left = left
+
+    def follows_decode_batch(self, left: list[int]) -> bool:
+        """Whether the decode batch sharing ``left`` owns ``num_computed_tokens``. Pure."""
+        return self._batch_left is left
 
     @property
     def num_tokens(self) -> int:

@@ -57,6 +57,30 @@ def test_a_step_marks_fills_and_finishes_members(ops: DecodeOps) -> None:
 
 
 @BOTH
+def test_the_batch_owns_its_members_computed_counts_and_hands_them_back(ops: DecodeOps) -> None:
+    batch = DecodeBatch(EOS, BLOCK_SIZE, ops)
+    a = decoding_request(1, 3, SamplingParams(max_tokens=9, ignore_eos=True))  # 4 tokens
+    b = decoding_request(2, 6, SamplingParams(max_tokens=9, ignore_eos=True))  # 7
+    batch.add([a, b])
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (3, 6)  # one left each
+    batch.mark_scheduled()
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (4, 7)  # the step computes it
+    batch.append([5, 6])
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (4, 7)  # the new token is left
+    batch.check()
+    batch.mark_scheduled()
+    batch.remove([a])  # e.g. aborted while the step runs: its count is stored as it is
+    batch.append([5])
+    assert (a.num_tokens, a.num_computed_tokens) == (5, 5)
+    assert (b.num_tokens, b.num_computed_tokens) == (9, 8)
+    a.token_ids.append(1)  # no longer the batch's: growing it computes nothing
+    assert a.num_computed_tokens == 5
+    b.num_computed_tokens = 0  # set: stored from now on, and the batch's check sees it
+    with pytest.raises(RuntimeError, match="cannot be in the decode batch"):
+        batch.check()
+
+
+@BOTH
 def test_tokens_for_another_batch_are_refused(ops: DecodeOps) -> None:
     batch = DecodeBatch(EOS, BLOCK_SIZE, ops)
     batch.add([decoding_request(1, 3, SamplingParams(max_tokens=5))])

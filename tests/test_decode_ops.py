@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enginekit.request import Request, SamplingParams
 from enginekit.scheduler.decode_ops import PYTHON_DECODE_OPS, DecodeOps, decode_ops
 
 RUST = decode_ops(True)
-INTS = list(range(64))  # the table of int objects the marks share
+INTS = list(range(64))  # the table of int objects the context lengths share
 BOTH = pytest.mark.parametrize("ops", [RUST, PYTHON_DECODE_OPS], ids=["rust", "py"])
 
 MEMBERS = st.lists(
@@ -26,26 +25,19 @@ MEMBERS = st.lists(
 )
 
 
-def _requests(lengths: list[int]) -> list[Request]:
-    return [Request(str(i), i, list(range(n)), SamplingParams()) for i, n in enumerate(lengths)]
-
-
 @settings(max_examples=200, deadline=None)
 @given(members=MEMBERS, block_size=st.integers(1, 8))
-def test_mark_scheduled_agrees_with_the_spec(members, block_size: int) -> None:
+def test_context_lens_agree_with_the_spec(members, block_size: int) -> None:
     lengths = [m[0] for m in members]
-    results, states = [], []
+    results = []
     for ops in (RUST, PYTHON_DECODE_OPS):
-        requests = _requests(lengths)
         counts = np.array(lengths, dtype=np.int64)
-        results.append(ops.mark_scheduled(requests, counts, block_size, INTS))
-        states.append([r.num_computed_tokens for r in requests])
+        results.append(ops.context_lens(counts, block_size, INTS))
+        assert counts.tolist() == lengths  # read only
     assert results[0] == results[1]
     assert results[1] == (lengths, [i for i, n in enumerate(lengths) if n % block_size == 0])
-    assert states[0] == states[1] == lengths
     # the table's own objects, no new ints
     assert all(a is INTS[n] for a, n in zip(results[0][0], lengths, strict=True))
-    assert all(a is INTS[n] for a, n in zip(states[0], lengths, strict=True))
 
 
 @settings(max_examples=200, deadline=None)
@@ -81,14 +73,12 @@ def _append_args() -> tuple[list[list[int]], list[int], np.ndarray, np.ndarray, 
 
 @BOTH
 def test_bad_arguments_change_nothing(ops: DecodeOps) -> None:
-    requests = _requests([3, 4])
-    with pytest.raises(ValueError, match="num_tokens has 1 entries for a batch of 2"):
-        ops.mark_scheduled(requests, np.array([3], dtype=np.int64), 4, INTS)
     with pytest.raises(ValueError, match="block_size must be >= 1"):
-        ops.mark_scheduled(requests, np.array([3, 4], dtype=np.int64), 0, INTS)
+        ops.context_lens(np.array([3, 4], dtype=np.int64), 0, INTS)
     with pytest.raises(ValueError, match="num_tokens holds 64, outside the 64 ints of the table"):
-        ops.mark_scheduled(requests, np.array([3, 64], dtype=np.int64), 4, INTS)
-    assert [r.num_computed_tokens for r in requests] == [0, 0]
+        ops.context_lens(np.array([3, 64], dtype=np.int64), 4, INTS)
+    with pytest.raises(ValueError, match="num_tokens holds -1, outside the 64 ints of the table"):
+        ops.context_lens(np.array([-1], dtype=np.int64), 4, INTS)
 
     lists, tokens, num_tokens, limits, stops = _append_args()
     with pytest.raises(ValueError, match="token_ids has 1 entries for a batch of 2"):
@@ -109,40 +99,10 @@ def test_arrays_that_cannot_be_read_or_written_are_refused(ops: DecodeOps) -> No
     with pytest.raises(ValueError, match="stops_at_eos must be a 1-D C-contiguous buffer of uint8"):
         ops.append_tokens(lists, tokens, num_tokens, limits, stops.astype(bool), 2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_tokens must be a 1-D C-contiguous buffer of int64"):
-        ops.mark_scheduled(_requests([3]), [3], 4, INTS)  # type: ignore[arg-type]
+        ops.context_lens([3], 4, INTS)  # type: ignore[arg-type]
     num_tokens.flags.writeable = False
     with pytest.raises(ValueError, match="num_tokens must be writable"):
         ops.append_tokens(lists, tokens, num_tokens, limits, stops, 2)
     with pytest.raises(ValueError, match="must be 1-D and C-contiguous"):
-        ops.mark_scheduled(_requests([3, 4]), np.arange(4, dtype=np.int64)[::2], 4, INTS)
+        ops.context_lens(np.arange(4, dtype=np.int64)[::2], 4, INTS)
     assert lists == [[1, 2], [3]]
-
-
-class _Watched(Request):
-    """A request whose writes of ``num_computed_tokens`` are seen (a property; no slots)."""
-
-    @property  # type: ignore[override]
-    def num_computed_tokens(self) -> int:
-        return self.writes[-1]
-
-    @num_computed_tokens.setter
-    def num_computed_tokens(self, value: int) -> None:
-        self.__dict__.setdefault("writes", []).append(value)
-
-    @property
-    def writes(self) -> list[int]:
-        return self.__dict__["writes"]  # type: ignore[no-any-return]
-
-
-@BOTH
-@pytest.mark.parametrize("first_watched", [False, True])
-def test_marks_every_kind_of_request_as_setattr_does(ops: DecodeOps, first_watched: bool) -> None:
-    plain = _requests([4, 5])
-    watched = _Watched("w", 9, [1, 2, 3], SamplingParams())
-    requests = [watched, *plain] if first_watched else [*plain, watched]
-    num_tokens = np.array([r.num_tokens for r in requests], dtype=np.int64)
-    assert ops.mark_scheduled(requests, num_tokens, 2, INTS)[0] == num_tokens.tolist()
-    assert [r.num_computed_tokens for r in requests] == num_tokens.tolist()
-    assert watched.writes == [0, 3]  # its constructor's, then the pass's
-    with pytest.raises(AttributeError):
-        ops.mark_scheduled([*plain, object()], np.array([4, 5, 1], dtype=np.int64), 2, INTS)  # type: ignore[list-item]

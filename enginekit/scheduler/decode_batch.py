@@ -44,6 +44,9 @@ class DecodeBatch:
         self._eos_token_id = eos_token_id
         self._block_size = block_size
         self._ops = ops
+        # Tokens each member has left to compute: 1 between steps, 0 while a scheduled
+        # step runs. Shared with the members, whose num_computed_tokens it gives.
+        self._left = [1]
         self.requests: list[Request] = []
         self.seq_ids: list[int] = []
         self.last_token_ids: list[int] = []
@@ -78,6 +81,8 @@ class DecodeBatch:
             first + k for k, r in enumerate(requests) if r.sampling.stop_token_ids
         ]
         self.requests = self.requests + list(requests)
+        for request in requests:
+            request.follow_decode_batch(self._left)
         self.seq_ids = self.seq_ids + [r.seq_id for r in requests]
         self.last_token_ids = self.last_token_ids + [r.token_ids[-1] for r in requests]
         self._token_lists = self._token_lists + [r.token_ids for r in requests]
@@ -113,6 +118,10 @@ class DecodeBatch:
         """Keeps the members at ``indices`` (ascending), in order."""
         requests, token_lists = self.requests, self._token_lists
         seq_ids, last = self.seq_ids, self.last_token_ids
+        kept = set(indices)
+        for i, request in enumerate(requests):
+            if i not in kept:
+                request.follow_decode_batch(None)  # its count is stored again
         self.requests = [requests[i] for i in indices]
         self._token_lists = [token_lists[i] for i in indices]
         self.seq_ids = [seq_ids[i] for i in indices]
@@ -145,14 +154,16 @@ class DecodeBatch:
         return self._num_tokens.tolist()  # type: ignore[no-any-return]
 
     def mark_scheduled(self) -> tuple[list[int], list[int]]:
-        """Every member's tokens are computed by the step being scheduled: sets its
-        ``num_computed_tokens`` to its number of tokens. Returns (those numbers as a new
-        list: the step's context lengths; the indices of the members whose last block the
-        step fills, ascending)."""
+        """Every member's tokens are computed by the step being scheduled: each member's
+        ``num_computed_tokens`` becomes its number of tokens (one flip for all). Returns
+        (those numbers as a new list: the step's context lengths; the indices of the
+        members whose last block the step fills, ascending)."""
         ints = self._ints
         if self._most_tokens >= len(ints):  # grown past the table: extend it, amortized
             ints.extend(range(len(ints), self._most_tokens + _INT_TABLE_STEP))
-        return self._ops.mark_scheduled(self.requests, self._num_tokens, self._block_size, ints)
+        lens = self._ops.context_lens(self._num_tokens, self._block_size, ints)
+        self._left[0] = 0
+        return lens
 
     def append(self, token_ids: list[int]) -> list[Request]:
         """Appends ``token_ids[i]`` to member i (``token_ids``: one per member, owned by
@@ -170,6 +181,7 @@ class DecodeBatch:
             self._stops_at_eos,
             self._eos_token_id,
         )
+        self._left[0] = 1  # each member's new token is left to compute
         self.last_token_ids = token_ids
         self._most_tokens += 1
         if not at_eos and not at_length and not self._stop_indices:
@@ -233,6 +245,8 @@ class DecodeBatch:
                 raise RuntimeError(f"decode batch entry {i} {held} disagrees with {r}")
             if r.status is not RequestStatus.RUNNING or r.is_beam or r.num_tokens_to_compute != 1:
                 raise RuntimeError(f"{r.request_id!r} cannot be in the decode batch: {r.status}")
+            if not r.follows_decode_batch(self._left):
+                raise RuntimeError(f"{r.request_id!r} keeps a computed count of its own")
         if any(len(r.token_ids) > self._most_tokens for r in self.requests):
             raise RuntimeError("a decode batch member has more tokens than the batch's bound")
         if self._ints != list(range(len(self._ints))):

@@ -1,10 +1,11 @@
 """The decode batch's two per-step passes over its members, in Python (the executable
 spec) and in Rust (``enginekit._native``, the same contract in one call each).
 
-Every step, each decoding request has its computed tokens advanced when the step is
-scheduled, and its sampled token appended when the step's tokens come back. ``DecodeBatch``
-holds the members' fields side by side; these passes take those fields whole. Each checks
-its arguments (lengths, types) before it changes anything.
+Every step, the decodes' context lengths (and which of them fill a block) are read when
+the step is scheduled, and each decode's sampled token is appended, its stop conditions
+checked, when the step's tokens come back. ``DecodeBatch`` holds the members' fields side
+by side; these passes take those fields whole and touch no request. Each checks its
+arguments (lengths, types) before it changes anything.
 """
 
 from __future__ import annotations
@@ -16,12 +17,9 @@ from typing import NamedTuple, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from enginekit.request import Request
-
-# (requests, num_tokens, block_size, ints) -> (context lengths, filled): see
-# mark_decodes_scheduled
-MarkScheduled: TypeAlias = Callable[
-    [list[Request], npt.NDArray[np.int64], int, list[int]], tuple[list[int], list[int]]
+# (num_tokens, block_size, ints) -> (context lengths, filled): see decode_context_lens
+ContextLens: TypeAlias = Callable[
+    [npt.NDArray[np.int64], int, list[int]], tuple[list[int], list[int]]
 ]
 # (token_lists, token_ids, num_tokens, max_num_tokens, stops_at_eos, eos) -> (stopped by
 # EOS, at max_tokens): see append_decode_tokens
@@ -41,7 +39,7 @@ AppendTokens: TypeAlias = Callable[
 class DecodeOps(NamedTuple):
     """One implementation of the two passes."""
 
-    mark_scheduled: MarkScheduled
+    context_lens: ContextLens
     append_tokens: AppendTokens
 
 
@@ -64,19 +62,19 @@ def _check_lengths(expected: int, **fields: Sequence[object] | npt.NDArray[np.ge
             raise ValueError(f"{name} has {len(values)} entries for a batch of {expected}")
 
 
-def mark_decodes_scheduled(
-    requests: list[Request], num_tokens: npt.NDArray[np.int64], block_size: int, ints: list[int]
+def decode_context_lens(
+    num_tokens: npt.NDArray[np.int64], block_size: int, ints: list[int]
 ) -> tuple[list[int], list[int]]:
-    """Sets ``requests[i].num_computed_tokens = ints[num_tokens[i]]`` for every i; returns
-    (those ints as a new list, the indices i whose ``num_tokens[i]`` is a multiple of
-    ``block_size``, ascending). ``ints`` is the caller's table of int objects: item n is n
-    for every count in ``num_tokens``, so that no int is made per request. Raises
-    ValueError for a ``block_size`` below 1, a ``num_tokens`` that is no 1-D C-contiguous
-    int64 array as long as ``requests`` or a count outside ``ints``, changing nothing."""
+    """(``ints[num_tokens[i]]`` for every i as a new list: the decodes' context lengths
+    once the step is scheduled, the indices i whose ``num_tokens[i]`` is a multiple of
+    ``block_size``, ascending: the decodes whose token fills a block). ``ints`` is the
+    caller's table of int objects: item n is n for every count in ``num_tokens``, so that
+    no int is made per decode. Raises ValueError for a ``block_size`` below 1, a
+    ``num_tokens`` that is no 1-D C-contiguous int64 array, or a count outside ``ints``.
+    Pure."""
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
     _check_array("num_tokens", num_tokens, np.int64)
-    _check_lengths(len(requests), num_tokens=num_tokens)
     counts: list[int] = num_tokens.tolist()
     outside = [n for n in counts if not 0 <= n < len(ints)]
     if outside:
@@ -84,8 +82,6 @@ def mark_decodes_scheduled(
             f"num_tokens holds {outside[0]}, outside the {len(ints)} ints of the table"
         )
     context_lens = [ints[n] for n in counts]
-    for request, n in zip(requests, context_lens, strict=True):
-        request.num_computed_tokens = n
     filled: list[int] = np.flatnonzero(num_tokens % block_size == 0).tolist()
     return context_lens, filled
 
@@ -131,7 +127,7 @@ def append_decode_tokens(
     return stopped, at_length
 
 
-PYTHON_DECODE_OPS = DecodeOps(mark_decodes_scheduled, append_decode_tokens)
+PYTHON_DECODE_OPS = DecodeOps(decode_context_lens, append_decode_tokens)
 
 
 def decode_ops(native: bool) -> DecodeOps:
@@ -139,6 +135,6 @@ def decode_ops(native: bool) -> DecodeOps:
     if not native:
         return PYTHON_DECODE_OPS
     from enginekit._native import append_decode_tokens as native_append
-    from enginekit._native import mark_decodes_scheduled as native_mark
+    from enginekit._native import decode_context_lens as native_context_lens
 
-    return DecodeOps(native_mark, native_append)
+    return DecodeOps(native_context_lens, native_append)

@@ -2,19 +2,17 @@
 //! `enginekit/scheduler/decode_ops.py`): one call each for what every decoding request
 //! does at every step, instead of Python work per request.
 //!
-//! These act on Python objects themselves (the requests, their token lists), so there is
-//! no core below them. Each function checks its arguments first (lengths, types, buffers,
-//! counts), so a bad argument raises having changed nothing; an object that refuses a write
-//! (no such attribute) raises with the members before it written, as the twins do.
+//! These act on Python objects themselves (the members' token lists, a table of ints), so
+//! there is no core below them; they read and write no request's attributes. Each
+//! function checks its arguments first (lengths, types, buffers, counts), so a bad
+//! argument raises having changed nothing.
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use super::attrs::AttrWriter;
 use super::convert::{guard, value_err};
 
 /// The 1-D C-contiguous buffer of `T` (numpy's `dtype`) that argument `what` must be.
@@ -43,15 +41,13 @@ fn same_length(what: &str, n: usize, expected: usize) -> PyResult<()> {
     Ok(())
 }
 
-/// Sets `requests[i].num_computed_tokens = ints[num_tokens[i]]` for every i and returns
-/// (those ints as a new list, the indices i whose `num_tokens[i]` is a multiple of
-/// `block_size`, ascending). `num_tokens`: an int64 array as long as `requests`; `ints`: a
-/// list whose item n is the int n for every count in `num_tokens` (the caller's table of
-/// int objects, so that no int is made per request), ValueError for a count outside it.
+/// (`ints[num_tokens[i]]` for every i as a new list, the indices i whose `num_tokens[i]` is
+/// a multiple of `block_size`, ascending). `num_tokens`: an int64 array; `ints`: a list
+/// whose item n is the int n for every count in `num_tokens` (the caller's table of int
+/// objects, so that no int is made per decode), ValueError for a count outside it. Pure.
 #[pyfunction]
-fn mark_decodes_scheduled<'py>(
+fn decode_context_lens<'py>(
     py: Python<'py>,
-    requests: &Bound<'py, PyList>,
     num_tokens: &Bound<'py, PyAny>,
     block_size: i64,
     ints: &Bound<'py, PyList>,
@@ -61,39 +57,27 @@ fn mark_decodes_scheduled<'py>(
             return Err(value_err("block_size must be >= 1".into()));
         }
         let counts = buffer_of::<i64>(num_tokens, "num_tokens", "int64")?.to_vec(py)?;
-        same_length("num_tokens", counts.len(), requests.len())?;
         let num_ints = ints.len() as i64;
         if let Some(n) = counts.iter().find(|&&n| !(0..num_ints).contains(&n)) {
             return Err(value_err(format!(
                 "num_tokens holds {n}, outside the {num_ints} ints of the table"
             )));
         }
-        let name = intern!(py, "num_computed_tokens").clone();
-        let writer = AttrWriter::new(name, requests.get_item(0).ok().as_ref())?;
         let mut filled = Vec::new();
         // SAFETY: the GIL is held. The new list is owned (a Bound) as soon as it is made;
-        // each of its items is set once, to a reference it takes over. Each request and its
-        // int are read from their lists right before the write and held during it (a
-        // setattr can run Python code that changes either list).
+        // each of its items is set once, to a reference it takes over. Nothing here runs
+        // Python code, so the table cannot change while it is read.
         unsafe {
             let made = ffi::PyList_New(counts.len() as ffi::Py_ssize_t);
             let context_lens = Bound::from_owned_ptr_or_err(py, made)?.downcast_into_unchecked();
-            let (list, table) = (requests.as_ptr(), ints.as_ptr());
+            let table = ints.as_ptr();
             for (i, &n) in counts.iter().enumerate() {
-                let at = i as ffi::Py_ssize_t;
-                let request = ffi::PyList_GetItem(list, at);
                 let count = ffi::PyList_GetItem(table, n as ffi::Py_ssize_t);
-                if request.is_null() || count.is_null() {
-                    return Err(PyErr::fetch(py)); // a list shrank meanwhile
-                }
-                ffi::Py_IncRef(request);
-                ffi::Py_IncRef(count); // the context list's reference
-                let written = writer.write(request, count);
-                ffi::Py_DecRef(request);
-                ffi::PyList_SetItem(made, at, count);
-                if written < 0 {
+                if count.is_null() {
                     return Err(PyErr::fetch(py));
                 }
+                ffi::Py_IncRef(count); // the context list's reference
+                ffi::PyList_SetItem(made, i as ffi::Py_ssize_t, count);
                 if n % block_size == 0 {
                     filled.push(i);
                 }
@@ -180,6 +164,6 @@ fn append_decode_tokens(
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(mark_decodes_scheduled, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_context_lens, m)?)?;
     m.add_function(wrap_pyfunction!(append_decode_tokens, m)?)
 }

@@ -11,7 +11,6 @@ use pyo3::prelude::*;
 use crate::error::{MAX_BLOCKS, MAX_TABLE_LEN};
 use crate::hash::ROOT_HASH;
 
-mod attrs;
 mod convert;
 mod decode;
 mod functions;
