@@ -1,5 +1,7 @@
 """KVCacheManager: coordinates the allocator, prefix-cache and eviction plugins over one
-block pool and one set of block tables. The scheduler talks only to this class."""
+block pool and one set of block tables. The scheduler reaches it only through its door,
+``enginekit.interfaces.scheduler_cache.SchedulerCache``; the engine reads its usage and
+checks it, the preemption plugin reads it as a ``CacheView``."""
 
 from __future__ import annotations
 
@@ -401,7 +403,7 @@ class KVCacheManager:
         fresh block, allocated now, receives a copy of that block, whose pin is held until
         the copy has run (``_on_step_executed``). With a sliding window, the matched blocks
         outside it are released at once. Sets ``num_computed_tokens`` to the match. Raises
-        OutOfBlocksError, changing nothing, if the room is not there (call can_admit
+        OutOfBlocksError, changing nothing, if the room is not there (call _can_admit
         first)."""
         pool = self.pool
         plan = self._plan(request, match)
@@ -660,7 +662,7 @@ class KVCacheManager:
         order, and its holes where they were; queues the copies back and returns their
         number. A request past its prompt gets room for its next token too, one still
         prefilling its promise. Keeps ``num_computed_tokens``. Raises OutOfBlocksError,
-        changing nothing, if the room is not there (call can_admit(request, NO_MATCH)
+        changing nothing, if the room is not there (call _can_admit(request, NO_MATCH)
         first)."""
         seq_id = request.seq_id
         num_needed = self._num_blocks_to_restore(request)
