@@ -35,6 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from enginekit import Engine, SamplingParams, _native
+from enginekit.kv.backend import make_backend
 from enginekit.kv.pyref import PyBlockPool, PyBlockTables, PyRadixTree
 from enginekit.kv.pyref import hashing as pyhash
 from enginekit.step import ModelOutput
@@ -221,15 +222,17 @@ def structure_step(impl: Impl, num_calls: int) -> Callable[[], None]:
 
 def _decoding_engine(prefix: str, impl: Impl, num_seqs: int = NUM_SEQS) -> Engine:
     """An engine whose ``num_seqs`` requests have all been prefilled and decode from now on."""
-    engine = Engine.from_overrides(
-        [
-            "progress=false",
-            f"+prefix={prefix}",
-            f"cache.native={impl is RUST}",
-            f"scheduler.max_num_seqs={num_seqs}",
-            "cache.num_blocks=200000",
-        ]
-    )
+    overrides = [
+        "progress=false",
+        f"+prefix={prefix}",
+        f"scheduler.max_num_seqs={num_seqs}",
+        "cache.num_blocks=200000",
+    ]
+    # The twins' engine takes them as its backend; the Rust one is the default engine.
+    if impl is RUST:
+        engine = Engine.from_overrides(overrides)
+    else:
+        engine = Engine.from_overrides(overrides, make_backend(native=False))
     for i in range(num_seqs):
         prompt = [(i * 7919 + j) % 32000 + 1 for j in range(CONTEXT + i % BLOCK_SIZE)]
         engine.add_request(prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))

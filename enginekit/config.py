@@ -95,7 +95,6 @@ class CacheConfig:
     block_size: int = 16
     num_blocks: int | None = None  # None: sized from device memory after weights and reserve
     watermark: float = 0.01  # share of blocks admission keeps free for running sequences
-    native: bool = True  # Rust structures; false runs their pure-Python reference twins
     # When num_blocks is None: KV pool budget in GiB (both executors). None: the simulated
     # device's memory after weights and reserve; torch on CUDA: free memory after the
     # weights × hardware.memory_utilization - reserve_gib; torch on a CPU: what the run

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
 from enginekit.errors import ConfigError, InvalidRequestError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
+from enginekit.interfaces.backend import Backend
 from enginekit.interfaces.eviction import AttentionSpan
 from enginekit.kv.backend import make_backend, make_context
 from enginekit.kv.manager import KVCacheManager
@@ -71,10 +72,17 @@ class Engine:
 
     Time is the executor's: simulated seconds for ``sim``. A request arrives at its
     ``arrival_time`` (default: now) and is scheduled only from then on.
+
+    ``backend``: the cache structures, the Rust ones by default. The tests and benchmarks
+    pass their pure-Python reference twins (``make_backend(native=False)``) to run a whole
+    engine on them; no configuration selects them.
     """
 
-    def __init__(self, config: EngineConfig | DictConfig | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig | DictConfig | None = None, backend: Backend | None = None
+    ) -> None:
         cfg = _as_engine_config(config)
+        backend = make_backend(native=True) if backend is None else backend
         self.config = cfg
         plugins = {group: complete_plugin_config(group, cfg[group]) for group in PLUGIN_GROUPS}
         selected = {group: plugin_cls for group, (plugin_cls, _) in plugins.items()}
@@ -109,9 +117,7 @@ class Engine:
             cfg, self.shape, self.kv_spec, model_bits, swap_space_gib
         )
         attention = AttentionSpan(self.shape.sliding_window, self.shape.attention_sinks)
-        context = make_context(
-            make_backend(cfg.cache.native), num_blocks, self.kv_spec, self.max_model_len, attention
-        )
+        context = make_context(backend, num_blocks, self.kv_spec, self.max_model_len, attention)
         self.cache = KVCacheManager(
             context,
             allocator_cls(allocator_cfg, context),
@@ -130,7 +136,7 @@ class Engine:
             eos_token_id=executor_eos_token_id(self.executor),
             export_block_tables=self.executor.needs_block_tables,
             new_seq_id=lambda: next(self._seq_ids),
-            native=cfg.cache.native,
+            native=backend.name == "native",
         )
         self.limits = ServingLimits(
             self.max_model_len,
@@ -147,11 +153,14 @@ class Engine:
         self._seq_ids = itertools.count()
 
     @classmethod
-    def from_overrides(cls, overrides: Sequence[str] = ()) -> Engine:
-        """An engine built from the same override strings the command line takes."""
+    def from_overrides(
+        cls, overrides: Sequence[str] = (), backend: Backend | None = None
+    ) -> Engine:
+        """An engine built from the same override strings the command line takes (and
+        ``backend``, as for the constructor)."""
         from enginekit.app import compose_config
 
-        return cls(compose_config(list(overrides)))
+        return cls(compose_config(list(overrides)), backend)
 
     # -- requests --------------------------------------------------------------------------
 

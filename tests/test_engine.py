@@ -17,6 +17,7 @@ from enginekit import Engine, SamplingParams
 from enginekit.app import compose_config
 from enginekit.driver import WorkloadDriver
 from enginekit.errors import ConfigError, PluginError, RequestRejectedError
+from enginekit.kv.backend import make_backend
 
 
 @functools.lru_cache(maxsize=256)
@@ -25,8 +26,10 @@ def _composed(overrides: tuple[str, ...]) -> DictConfig:
     return compose_config(list(overrides))
 
 
-def make_engine(*overrides: str) -> Engine:
-    return Engine(_composed(("progress=false", *overrides)))
+def make_engine(*overrides: str, native: bool = True) -> Engine:
+    """An engine of ``overrides``, on the Rust structures or (``native`` false) their
+    Python twins."""
+    return Engine(_composed(("progress=false", *overrides)), make_backend(native))
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -271,7 +274,7 @@ def test_random_workloads_finish_with_unconstrained_outputs_and_no_leak(
     common = [*_plugin_overrides(combination), f"cache.block_size={block_size}",
               f"model.max_model_len={max_model_len}", "cache.watermark=0",
               "scheduler.max_num_batched_tokens=64", "scheduler.max_num_seqs=8"]  # fmt: skip
-    tight = make_engine(*common, f"cache.num_blocks={num_blocks}", f"cache.native={native}")
+    tight = make_engine(*common, f"cache.num_blocks={num_blocks}", native=native)
     roomy = make_engine(*common, "cache.num_blocks=100000")
     max_n = 3 if combination["allocator"] == "paged" else 1  # contiguous cannot fork
     for engine in (tight, roomy):
@@ -300,8 +303,7 @@ def test_tight_pool_preempts_by_recompute_and_hits_its_own_blocks_again():
 def test_native_and_reference_structures_give_identical_runs():
     runs = []
     for native in (True, False):
-        engine = make_engine("workload.num_requests=30", "cache.num_blocks=600",
-                             f"cache.native={native}")  # fmt: skip
+        engine = make_engine("workload.num_requests=30", "cache.num_blocks=600", native=native)
         driver = WorkloadDriver(engine)
         driver.add_workload()
         runs.append(driver.run())

@@ -14,9 +14,9 @@ if TYPE_CHECKING:
 class KVContext(NamedTuple):
     """What the cache manager hands each memory plugin at construction.
 
-    ``pool`` and ``tables`` are the Rust structures or their pure-Python twins, chosen once
-    by the engine (``cache.native``); ``backend`` makes more of the same kind (a radix
-    tree, block hashes), so a plugin never asks which it has. The manager owns the
+    ``pool`` and ``tables`` are the Rust structures, or in tests their pure-Python twins;
+    ``backend`` makes more of the same kind (a radix tree, block hashes), so a plugin never
+    asks which it has. The manager owns the
     structures; plugins mutate them only as their group's contract says.
 
     ``attention_window`` and ``attention_sinks`` are what the executors attend with: the

@@ -1,4 +1,6 @@
-"""The backend of the cache structures, chosen once per engine: Rust or Python twins."""
+"""The backend of the cache structures: the Rust ones an engine runs on, or their
+pure-Python twins (``enginekit.kv.pyref``), the reference the tests, the fuzzer and the
+benchmarks compare them with."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from enginekit.spec.kv import KVSpec
 
 def make_backend(native: bool) -> Backend:
     """The Rust extension's structures (``native``) or the pure-Python twins
-    (``enginekit.kv.pyref``, the executable spec), which behave the same."""
+    (``enginekit.kv.pyref``, the executable spec, for tests and benchmarks), which behave
+    the same."""
     if native:
         from enginekit._native import (
             ROOT_HASH,
