@@ -1,8 +1,9 @@
 """KVCacheManager built by hand, without an Engine: a backend (Rust or the Python twins), a
 KV context over a small pool of the tiny model's blocks, and the built-in allocator,
-prefix-cache and eviction plugins. Each test drives the manager the way the scheduler does
-(admission, prefill chunks, decodes, forks, swaps, releases) and asserts exact block counts
-after each operation, with every cache invariant checked after every one.
+prefix-cache and eviction plugins. Each test drives the manager through the scheduler's door
+(``SchedulerCache``: admission, prefill chunks, decodes, forks, the step's block operations,
+swaps, releases) the way the scheduler does, and asserts exact block counts after each
+operation, with every cache invariant checked after every one.
 
 Block ids follow from the pool's documented order: a new pool hands out 0, 1, 2, ...; a
 freed block is the next one handed out (LIFO); a released table is freed last block first,
@@ -11,7 +12,8 @@ so of a released sequence's published blocks the tail is the least recently used
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import pytest
 from enginekit_plugins.allocator.paged import PagedAllocator, PagedConfig
@@ -23,9 +25,9 @@ from enginekit_plugins.prefix.radix import RadixConfig, RadixPrefixCache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enginekit.errors import OutOfBlocksError
 from enginekit.interfaces.eviction import AttentionSpan
 from enginekit.interfaces.prefix import NO_MATCH, PrefixMatch
+from enginekit.interfaces.scheduler_cache import Admission, StepBlocks
 from enginekit.kv.backend import make_backend, make_context
 from enginekit.kv.manager import KVCacheManager
 from enginekit.request import Request, SamplingParams
@@ -84,48 +86,117 @@ def request(seq_id: int, prompt: Sequence[int], extra_key: bytes | None = None) 
     return Request(str(seq_id), seq_id, list(prompt), SamplingParams(max_tokens=32), 0.0, extra_key)
 
 
-def admit(manager: KVCacheManager, r: Request) -> PrefixMatch:
-    """Matches and admits ``r`` as the scheduler does (can_admit first); returns the match."""
-    match = manager.match(r)
-    assert manager.can_admit(r, match)
-    manager.admit(r, match)
+def match(manager: KVCacheManager, r: Request) -> PrefixMatch:
+    """What the prefix cache serves ``r`` now (a probe: ``r`` is not admitted)."""
+    return manager.prefix.match(r)
+
+
+def admit(manager: KVCacheManager, r: Request) -> Admission:
+    """Admits (or restores) ``r`` as the scheduler does when the step schedules nothing
+    else; it must fit. Returns how."""
+    admission = manager.admit(r, step_has_work=False)
+    assert admission is not None
+    if not admission.restored:
+        assert r.num_computed_tokens == admission.num_matched_tokens
     manager.check_integrity()
-    return match
+    return admission
 
 
 def prefill(manager: KVCacheManager, r: Request, num_tokens: int | None = None) -> int:
     """Schedules a chunk of ``r``'s prefill (the rest by default) as the scheduler does:
-    reserve, advance its computed tokens, publish. Returns the chunk's length."""
+    reserve (the prefix cache hears of the chunk), advance its computed tokens. Returns the
+    chunk's length."""
     if num_tokens is None:
         num_tokens = r.num_tokens - r.num_computed_tokens
     num_new = manager.reserve_prefill(r, num_tokens)
     r.num_computed_tokens += num_new
-    manager.on_computed(r, r.num_computed_tokens)
     manager.check_integrity()
     return num_new
 
 
-def step_done(manager: KVCacheManager) -> None:
-    """The executor ran the step: block operations taken, pins dropped."""
-    manager.take_block_ops()
-    manager.on_step_executed()
+def take_ops(manager: KVCacheManager) -> tuple[list[BlockCopy], list[BlockSwap], list[BlockSwap]]:
+    """The block operations queued since the last step: (copies, swap-outs, swap-ins)."""
+    copies, swap_outs, swap_ins, tables = manager.take_step_blocks([], [], None)
+    assert tables is None
+    return copies, swap_outs, swap_ins
+
+
+def step_done(manager: KVCacheManager, running: Sequence[Request] = ()) -> int:
+    """The step is scheduled (its block operations taken) and the executor ran it: pins
+    dropped, swapped-in host blocks freed, and the blocks out of ``running``'s windows
+    released. Returns how many blocks ``running`` held before less after: those the window
+    released."""
+    take_ops(manager)
+    num_held = sum(manager.num_held_blocks(r.seq_id) for r in running)
+    manager.finish_step([], running)
     manager.check_integrity()
+    return num_held - sum(manager.num_held_blocks(r.seq_id) for r in running)
 
 
-def decode(manager: KVCacheManager, requests: Sequence[Request]) -> None:
-    """One decode of each request (one token left to compute), as the scheduler does."""
-    seq_ids = [r.seq_id for r in requests]
-    assert manager.try_grow(seq_ids, [r.num_tokens for r in requests])
-    assert manager.try_copy_on_write(requests)
+def decode(manager: KVCacheManager, requests: Sequence[Request]) -> StepBlocks:
+    """One decode of each request (one token left to compute), as the scheduler does: grow
+    (with the copies of shared tails), then the step closes, publishing the blocks the
+    decodes fill. Returns what the step hands the executor."""
+    assert manager.grow([r.seq_id for r in requests], [r.num_tokens for r in requests], requests)
     for r in requests:
         r.num_computed_tokens = r.num_tokens
-        if r.num_computed_tokens % BLOCK == 0:
-            manager.on_computed(r, r.num_computed_tokens)
+    filled = [r for r in requests if r.num_computed_tokens % BLOCK == 0]
+    blocks = manager.take_step_blocks(filled, [r.num_computed_tokens for r in filled], None)
     manager.check_integrity()
+    return blocks
+
+
+def release(manager: KVCacheManager, r: Request) -> int:
+    """Releases the running ``r`` (finished or aborted); returns how many blocks its table
+    spanned."""
+    num_blocks = manager.tables.num_blocks(r.seq_id)
+    assert manager.release(r) is None
+    assert r.seq_id not in manager.tables.seq_ids()
+    manager.check_integrity()
+    return num_blocks
+
+
+def is_swapped(manager: KVCacheManager, r: Request) -> bool:
+    return r.seq_id in manager.swap_space.swapped
 
 
 def free_and_evictable(manager: KVCacheManager) -> tuple[int, int]:
     return manager.pool.num_free_blocks, manager.pool.num_evictable_blocks
+
+
+def count_matches(manager: KVCacheManager) -> Callable[[Request], tuple[Admission | None, int]]:
+    """Counts the prefix cache's matches (a refused request that nothing since can have let
+    in is refused without one): returns a function that admits a request through the door
+    and says how, and how many matches that took."""
+    matches: list[int] = []
+    prefix_match = manager.prefix.match
+
+    def counted(r: Request) -> PrefixMatch:
+        matches.append(r.seq_id)
+        return prefix_match(r)
+
+    manager.prefix.match = counted  # type: ignore[method-assign, assignment]
+
+    def try_admit(r: Request) -> tuple[Admission | None, int]:
+        num_before = len(matches)
+        admission = manager.admit(r, step_has_work=False)
+        manager.check_integrity()
+        return admission, len(matches) - num_before
+
+    return try_admit
+
+
+@contextmanager
+def room_estimated_from_above(manager: KVCacheManager, num_blocks: int) -> Iterator[None]:
+    """Admission's estimate of the room (``num_reclaimable_blocks``) counts ``num_blocks``
+    more than can be reclaimed, as a prefix cache holding blocks of its own (radix) may
+    estimate: an admission it allows can then fall short while it makes room."""
+    actual = manager.num_reclaimable_blocks
+    manager.num_reclaimable_blocks = lambda: actual() + num_blocks  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del manager.num_reclaimable_blocks
 
 
 @pytest.fixture(params=[True, False], ids=["native", "python"])
@@ -139,10 +210,8 @@ def native(request: pytest.FixtureRequest) -> bool:
 def test_admission_without_a_hit_promises_the_prompt_and_each_chunk_takes_its_blocks(native):
     manager = make_manager(native)
     r = request(0, tokens(10))
-    match = manager.match(r)
-    assert match == PrefixMatch([], 0)
-    assert manager.can_admit(r, match)
-    manager.admit(r, match)
+    assert match(manager, r) == PrefixMatch([], 0)
+    assert manager.admit(r, step_has_work=False) == Admission(False, 0, 0)
     manager.check_integrity()
     # Paged admission allocates nothing: it promises ceil(10 / 4) = 3 blocks.
     assert manager.tables.block_ids(0) == []
@@ -166,15 +235,20 @@ def test_promised_blocks_are_kept_from_other_admissions(native):
     admit(manager, first)
     assert manager.num_promised_blocks == 5
     assert manager.num_reclaimable_blocks() == 3
-    assert not manager.can_admit(request(1, tokens(13, 100)), NO_MATCH)  # 4 blocks
-    assert manager.can_admit(request(1, tokens(12, 100)), NO_MATCH)  # 3 blocks
+    assert not manager.can_admit_together([request(1, tokens(13, 100))])  # 4 blocks
+    assert manager.can_admit_together([request(1, tokens(12, 100))])  # 3 blocks
     assert prefill(manager, first, 8) == 8  # 2 blocks out of the promise: 3 still promised
     assert manager.num_promised_blocks == 3
     assert manager.num_reclaimable_blocks() == 8 - 2 - 3
-    # make_room counts the promise: 3 free blocks beyond it exist, 4 do not.
-    assert manager.make_room(3)
-    assert not manager.make_room(4)
+    # Admission makes room beyond the promise: 3 free blocks beyond it exist, 4 do not.
+    assert manager.admit(request(1, tokens(13, 100)), step_has_work=False) is None
     manager.check_integrity()
+    assert manager.tables.seq_ids() == [0]
+    assert manager.num_promised_blocks == 3
+    assert admit(manager, request(2, tokens(12, 100))) == Admission(False, 0, 0)
+    assert manager.num_promised_blocks == 6
+    assert manager.pool.num_free_blocks == 6
+    assert manager.num_reclaimable_blocks() == 0
 
 
 def test_a_prefix_hit_shares_the_cached_blocks_and_never_the_last_token(native):
@@ -184,8 +258,8 @@ def test_a_prefix_hit_shares_the_cached_blocks_and_never_the_last_token(native):
     prefill(manager, first)  # blocks 0, 1, 2; the full ones (0, 1) are published
     step_done(manager)
     second = request(1, tokens(8) + tokens(4, 100))
-    match = admit(manager, second)
-    assert match == PrefixMatch([0, 1], 8)
+    assert match(manager, second) == PrefixMatch([0, 1], 8)
+    assert admit(manager, second) == Admission(False, 8, 0)
     assert second.num_computed_tokens == 8
     assert manager.tables.block_ids(1) == [0, 1]
     assert [manager.pool.ref_count(b) for b in (0, 1, 2)] == [2, 2, 1]
@@ -193,22 +267,28 @@ def test_a_prefix_hit_shares_the_cached_blocks_and_never_the_last_token(native):
     assert prefill(manager, second) == 4
     assert manager.tables.block_ids(1) == [0, 1, 3]
     # A prompt that is all cached still computes its last token: (8 - 1) // 4 = 1 block.
-    assert manager.match(request(2, tokens(8))) == PrefixMatch([0], 4)
+    assert match(manager, request(2, tokens(8))) == PrefixMatch([0], 4)
     # Another extra key (tenant salt) shares nothing.
-    assert manager.match(request(3, tokens(10), extra_key=b"tenant")) == NO_MATCH
+    assert match(manager, request(3, tokens(10), extra_key=b"tenant")) == NO_MATCH
 
 
 def test_the_watermark_guards_admission_only_once_a_sequence_holds_blocks(native):
     manager = make_manager(native, prefix="none", watermark=0.25)
     assert manager.num_watermark_blocks == 4  # int(0.25 * 16)
-    assert manager.admission_watermark() == 0
-    assert manager.can_admit(request(9, tokens(63)), NO_MATCH)  # 16 blocks: the whole pool
+    # No sequence holds a block: the watermark protects nothing (it counts 0 blocks), and a
+    # request that takes the whole pool is admitted.
+    assert manager.can_admit_together([request(9, tokens(63))])  # 16 blocks: the whole pool
     first = request(0, tokens(20))
     admit(manager, first)
     prefill(manager, first)  # holds 5 blocks: 11 reclaimable
-    assert manager.admission_watermark() == 4
-    assert manager.can_admit(request(1, tokens(28, 100)), NO_MATCH)  # 7 + 4 <= 11
-    assert not manager.can_admit(request(1, tokens(29, 100)), NO_MATCH)  # 8 + 4 > 11
+    assert manager.num_reclaimable_blocks() == 11
+    # Now the watermark counts its 4 blocks.
+    assert manager.can_admit_together([request(1, tokens(28, 100))])  # 7 + 4 <= 11
+    assert not manager.can_admit_together([request(1, tokens(29, 100))])  # 8 + 4 > 11
+    assert manager.admit(request(1, tokens(29, 100)), step_has_work=False) is None
+    assert manager.tables.seq_ids() == [0]
+    assert admit(manager, request(2, tokens(28, 100))) == Admission(False, 0, 0)
+    assert manager.num_promised_blocks == 7
 
 
 def _evictable_prefix_and_a_holder(native: bool) -> KVCacheManager:
@@ -220,7 +300,7 @@ def _evictable_prefix_and_a_holder(native: bool) -> KVCacheManager:
     admit(manager, gone)
     prefill(manager, gone)
     step_done(manager)
-    assert manager.release(gone) == 5
+    assert release(manager, gone) == 5
     holder = request(1, tokens(8, 200))
     admit(manager, holder)
     prefill(manager, holder)
@@ -235,21 +315,19 @@ def test_matched_evictable_blocks_count_against_the_room(native):
     # 16 matched tokens (blocks 0..3, all evictable) + 24 more: 10 blocks, 6 new. Room:
     # 6 free + 4 evictable, less the 4 evictable ones it would pin = 6.
     fits = request(2, tokens(16) + tokens(24, 100))
-    match = manager.match(fits)
-    assert match == PrefixMatch([0, 1, 2, 3], 16)
-    assert manager.can_admit(fits, match)
+    assert match(manager, fits) == PrefixMatch([0, 1, 2, 3], 16)
     # One token more needs 7 new blocks: 10 would be free or evictable, but not once 4 of
-    # them are pinned by the match.
+    # them are pinned by the match (and without the hit it needs 11). Refused: nothing
+    # changes.
     too_long = request(2, tokens(16) + tokens(25, 100))
-    match = manager.match(too_long)
-    assert not manager.can_admit(too_long, match)
-    with pytest.raises(OutOfBlocksError):
-        manager.admit(too_long, match)
+    assert match(manager, too_long) == PrefixMatch([0, 1, 2, 3], 16)
+    assert manager.admit(too_long, step_has_work=False) is None
     manager.check_integrity()
     assert free_and_evictable(manager) == (6, 4)
     assert manager.tables.seq_ids() == [1]
-    manager.admit(fits, manager.match(fits))
-    manager.check_integrity()
+    assert too_long.num_computed_tokens == 0
+    # The one that fits is admitted with the hit.
+    assert admit(manager, fits) == Admission(False, 16, 0)
     assert manager.tables.block_ids(2) == [0, 1, 2, 3]
     assert manager.num_promised_blocks == 6
     assert free_and_evictable(manager) == (6, 0)
@@ -258,13 +336,19 @@ def test_matched_evictable_blocks_count_against_the_room(native):
 def test_a_failed_admission_leaves_the_eviction_order_as_it_was(native):
     manager = _evictable_prefix_and_a_holder(native)
     too_long = request(2, tokens(16) + tokens(25, 100))
-    with pytest.raises(OutOfBlocksError):
-        manager.admit(too_long, manager.match(too_long))
+    # With one block too many in the estimate, the hit is let in (7 new <= 11 - 4 pinned),
+    # and falls short once its 4 matched blocks are pinned: both tries give up.
+    with room_estimated_from_above(manager, 1):
+        assert manager.admit(too_long, step_has_work=False) is None
     manager.check_integrity()
     assert manager.pool.evictable_block_ids() == [3, 2, 1, 0]
-    # Evicting one block must cost the prefix one block, not all of it.
-    assert manager.make_room(7)
-    assert manager.match(request(3, tokens(17))) == PrefixMatch([0, 1, 2], 12)
+    assert free_and_evictable(manager) == (6, 4)
+    assert manager.tables.seq_ids() == [1]
+    # Evicting one block must cost the prefix one block, not all of it: 7 blocks promised
+    # with 6 free evict one.
+    assert admit(manager, request(3, tokens(28, 300))) == Admission(False, 0, 0)
+    assert free_and_evictable(manager) == (7, 3)
+    assert match(manager, request(4, tokens(17))) == PrefixMatch([0, 1, 2], 12)
 
 
 @pytest.mark.parametrize("prefix", ["block_hash", "radix"])
@@ -273,18 +357,20 @@ def test_a_refused_request_stays_refused_until_room_frees(native, prefix):
     holder = request(1, tokens(24, 500))  # 6 blocks, 2 left
     admit(manager, holder)
     prefill(manager, holder)
+    try_admit = count_matches(manager)
     waiting = request(2, tokens(16, 900))  # needs 4
-    assert not manager.still_refused(waiting)  # never refused: it must be matched
-    assert manager.admissible(waiting, manager.match(waiting)) is None
-    assert manager.still_refused(waiting)
-    assert not manager.still_refused(request(3, tokens(16, 900)))  # another request
-    assert not manager.still_refused(request(2, tokens(17, 900)))  # its tokens changed
-    manager.release(holder)
-    manager.check_integrity()
-    assert not manager.still_refused(waiting)
-    match = manager.match(waiting)
-    assert manager.admissible(waiting, match) == match
-    admit(manager, waiting)
+    assert try_admit(waiting) == (None, 1)  # never refused: it must be matched
+    assert try_admit(waiting) == (None, 0)  # still refused: not matched again
+    assert try_admit(request(2, tokens(17, 900))) == (None, 1)  # its tokens changed
+    assert try_admit(waiting) == (None, 1)  # the last refusal was of 17 tokens
+    assert try_admit(waiting) == (None, 0)
+    assert try_admit(request(3, tokens(16, 900))) == (None, 1)  # another request
+    assert try_admit(waiting) == (None, 1)  # the last refusal was of another request
+    assert try_admit(waiting) == (None, 0)
+    assert manager.tables.seq_ids() == [1]
+    release(manager, holder)
+    assert try_admit(waiting) == (Admission(False, 0, 0), 1)  # room freed: matched, admitted
+    assert manager.num_promised_blocks == 4
 
 
 @pytest.mark.parametrize("prefix", ["block_hash", "radix"])
@@ -300,48 +386,58 @@ def test_a_refused_request_is_matched_again_once_its_next_block_is_cached(native
     prefill(manager, other)
     step_done(manager)
     waiting = request(2, tokens(12) + tokens(12, 900))  # 6 blocks, 1 matched
-    match = manager.match(waiting)
-    assert match.num_tokens == 4
-    assert manager.admissible(waiting, match) is None  # 5 new blocks, room for 4
-    assert manager.still_refused(waiting)
+    assert match(manager, waiting).num_tokens == 4
+    try_admit = count_matches(manager)
+    assert try_admit(waiting) == (None, 1)  # 5 new blocks (6 without the hit), room for 4
+    assert try_admit(waiting) == (None, 0)  # still refused
     room = manager.num_reclaimable_blocks()
     prefill(manager, writer)  # computes the block after the match
     step_done(manager)
     assert manager.num_reclaimable_blocks() == room  # its promised block: no more room
-    assert not manager.still_refused(waiting)
-    assert manager.match(waiting).num_tokens == 8
-    manager.forget(waiting)
-    assert not manager.still_refused(waiting)
+    # Matched again: 8 tokens now, 4 new blocks, which fit.
+    assert try_admit(waiting) == (Admission(False, 8, 0), 1)
+    assert manager.tables.block_ids(2) == manager.tables.block_ids(1)  # the writer's
+    # A waiting request given up is forgotten, its refusal with it.
+    late = request(4, tokens(8, 700))  # 2 blocks, no room left
+    assert try_admit(late) == (None, 1)
+    assert try_admit(late) == (None, 0)
+    assert manager.release(late) is None
+    manager.check_integrity()
+    assert try_admit(late) == (None, 1)
 
 
 # -- growth and eviction ------------------------------------------------------------------
 
 
-def test_make_room_evicts_the_shortfall_oldest_first_and_the_cache_forgets_it(native):
+def test_admission_evicts_the_shortfall_oldest_first_and_the_cache_forgets_it(native):
     manager = make_manager(native, num_blocks=8)
     gone = request(0, tokens(17))
     admit(manager, gone)
     prefill(manager, gone)
     step_done(manager)
-    manager.release(gone)
+    release(manager, gone)
     assert free_and_evictable(manager) == (4, 4)  # blocks 4..7 free; 3, 2, 1, 0 evictable
-    assert manager.match(request(1, tokens(17))) == PrefixMatch([0, 1, 2, 3], 16)
-    assert manager.make_room(5)  # short of 1: evicts block 3, the tail released first
-    manager.check_integrity()
+    assert match(manager, request(9, tokens(17))) == PrefixMatch([0, 1, 2, 3], 16)
+    # Admission makes room for the 5 blocks it promises, with 4 free: short of 1, it evicts
+    # block 3, the tail released first.
+    assert admit(manager, request(1, tokens(20, 500))) == Admission(False, 0, 0)
+    assert manager.num_promised_blocks == 5
     assert free_and_evictable(manager) == (5, 3)
-    assert manager.match(request(1, tokens(17))) == PrefixMatch([0, 1, 2], 12)
-    # A promise of 2 blocks raises what make_room must leave free: 4 + 2 = 6, one more.
-    admit(manager, request(2, tokens(8, 100)))
-    assert manager.num_promised_blocks == 2
-    assert manager.make_room(4)
-    manager.check_integrity()
+    assert match(manager, request(9, tokens(17))) == PrefixMatch([0, 1, 2], 12)
+    # The promise of 5 blocks raises what the next admission must leave free: 1 + 5 = 6,
+    # one more.
+    assert admit(manager, request(2, tokens(4, 100))) == Admission(False, 0, 0)
+    assert manager.num_promised_blocks == 6
     assert free_and_evictable(manager) == (6, 2)
-    assert manager.match(request(1, tokens(17))) == PrefixMatch([0, 1], 8)
-    # Asking for more than exists evicts everything and says no.
-    assert not manager.make_room(7)
+    assert match(manager, request(9, tokens(17))) == PrefixMatch([0, 1], 8)
+    # Asking for more than exists (an estimate from above let it in) evicts everything and
+    # says no: 3 more blocks with 2 reclaimable.
+    with room_estimated_from_above(manager, 1):
+        assert manager.admit(request(3, tokens(12, 200)), step_has_work=False) is None
     manager.check_integrity()
     assert free_and_evictable(manager) == (8, 0)
-    assert manager.match(request(1, tokens(17))) == NO_MATCH
+    assert manager.tables.seq_ids() == [1, 2]
+    assert match(manager, request(9, tokens(17))) == NO_MATCH
 
 
 def test_decode_growth_takes_a_block_per_four_tokens_and_evicts_under_pressure(native):
@@ -354,24 +450,24 @@ def test_decode_growth_takes_a_block_per_four_tokens_and_evicts_under_pressure(n
     assert (manager.tables.block_ids(0), manager.tables.block_ids(1)) == ([0, 1], [2, 3])
     a.token_ids.append(50)
     b.token_ids.append(51)
-    assert not manager.try_grow([0, 1], [9, 9])  # 2 blocks needed, none free or evictable
+    assert not manager.grow([0, 1], [9, 9], [a, b])  # 2 blocks needed, none free or evictable
     manager.check_integrity()
     assert (manager.tables.block_ids(0), manager.tables.block_ids(1)) == ([0, 1], [2, 3])
-    assert manager.release(b) == 2  # its published blocks stay, evictable: 3 then 2
+    assert release(manager, b) == 2  # its published blocks stay, evictable: 3 then 2
     assert free_and_evictable(manager) == (0, 2)
-    assert not manager.try_grow([0], [17])  # 3 blocks needed, 2 evictable: none evicted
+    assert not manager.grow([0], [17], [a])  # 3 blocks needed, 2 evictable: none evicted
     assert free_and_evictable(manager) == (0, 2)
-    assert manager.try_grow([0], [9])  # evicts block 3 and takes it
+    assert manager.grow([0], [9], [a])  # evicts block 3 and takes it
     manager.check_integrity()
     assert manager.tables.block_ids(0) == [0, 1, 3]
-    assert manager.match(request(2, tokens(8, 100))) == PrefixMatch([2], 4)
-    assert manager.try_grow([0], [12])  # 3 blocks hold 12 tokens: nothing taken
+    assert match(manager, request(2, tokens(8, 100))) == PrefixMatch([2], 4)
+    assert manager.grow([0], [12], [a])  # 3 blocks hold 12 tokens: nothing taken
     assert free_and_evictable(manager) == (0, 1)
-    assert manager.try_grow([0], [13])
+    assert manager.grow([0], [13], [a])
     manager.check_integrity()
     assert manager.tables.block_ids(0) == [0, 1, 3, 2]
-    assert manager.match(request(2, tokens(8, 100))) == NO_MATCH
-    assert not manager.try_grow([0], [17])
+    assert match(manager, request(2, tokens(8, 100))) == NO_MATCH
+    assert not manager.grow([0], [17], [a])
     assert manager.tables.block_ids(0) == [0, 1, 3, 2]
 
 
@@ -399,11 +495,11 @@ def test_decode_growth_evicts_what_an_eviction_policy_of_its_own_chooses(native)
         admit(manager, r)
         prefill(manager, r)
     a.token_ids.append(50)
-    assert manager.release(b) == 2  # evictable: 3 then 2
-    assert manager.try_grow([0], [9])  # the policy's choice: block 2, not block 3
+    assert release(manager, b) == 2  # evictable: 3 then 2
+    assert manager.grow([0], [9], [a])  # the policy's choice: block 2, not block 3
     manager.check_integrity()
     assert manager.tables.block_ids(0) == [0, 1, 2]
-    assert manager.match(request(2, tokens(8, 100))) == NO_MATCH  # its first block is gone
+    assert match(manager, request(2, tokens(8, 100))) == NO_MATCH  # its first block is gone
     assert free_and_evictable(manager) == (0, 1)
 
 
@@ -420,13 +516,12 @@ def test_a_released_prompt_and_its_outputs_are_matched_again(native):
     first.token_ids.append(103)  # sampled by the last decode, not computed yet
     assert (first.num_tokens, first.num_computed_tokens) == (17, 16)
     assert manager.tables.block_ids(0) == [0, 1, 2, 3]
-    assert manager.release(first) == 4
-    manager.check_integrity()
+    assert release(manager, first) == 4
     assert free_and_evictable(manager) == (12, 4)
-    assert manager.match(request(1, tokens(13))) == PrefixMatch([0, 1, 2], 12)
+    assert match(manager, request(1, tokens(13))) == PrefixMatch([0, 1, 2], 12)
     again = request(1, first.token_ids)  # prompt and outputs, as a recomputed request
-    match = admit(manager, again)
-    assert match == PrefixMatch([0, 1, 2, 3], 16)
+    assert match(manager, again) == PrefixMatch([0, 1, 2, 3], 16)
+    assert admit(manager, again) == Admission(False, 16, 0)
     assert again.num_computed_tokens == 16
     assert manager.num_promised_blocks == 1  # 5 blocks at its peak, 4 matched
     assert free_and_evictable(manager) == (12, 0)
@@ -451,25 +546,27 @@ def test_a_fork_shares_every_block_and_copies_the_partly_filled_one_before_writi
     assert [manager.pool.ref_count(b) for b in (0, 1, 2)] == [2, 2, 2]
     parent.token_ids.append(50)
     child.token_ids.append(60)
-    assert manager.try_grow([0, 1], [11, 11])  # block 2 has room for token 10 of both
     assert manager.pool.num_free_blocks == 13
-    # Both write slot 2 of block 2: the first writer gets a copy, the last writes in place.
-    assert manager.try_copy_on_write([parent, child])
+    # Block 2 has room for token 10 of both: the tables grow by no block. Both write slot 2
+    # of block 2: the first writer gets a copy (the one block taken), the last writes in
+    # place.
+    assert manager.grow([0, 1], [11, 11], [parent, child])
     manager.check_integrity()
     assert manager.tables.block_ids(0) == [0, 1, 3]
     assert manager.tables.block_ids(1) == [0, 1, 2]
     assert manager.pool.num_free_blocks == 12
     assert manager.pool.ref_count(2) == 2  # the child's table and the copy's pin
-    assert manager.take_block_ops() == ([BlockCopy(2, 3)], [], [])
-    assert manager.take_block_ops() == ([], [], [])
-    manager.on_step_executed()  # the copy ran: its source is unpinned
+    assert manager.take_step_blocks([], [], None) == StepBlocks([BlockCopy(2, 3)], [], [], None)
+    assert take_ops(manager) == ([], [], [])
+    manager.finish_step([], [parent, child])  # the copy ran: its source is unpinned
     manager.check_integrity()
     assert [manager.pool.ref_count(b) for b in (0, 1, 2, 3)] == [2, 2, 1, 1]
     for r in (parent, child):
         r.num_computed_tokens = 11
         r.token_ids.append(70)
-    assert manager.try_copy_on_write([parent, child])  # each owns its tail now
-    assert manager.take_block_ops() == ([], [], [])
+    assert manager.grow([0, 1], [12, 12], [parent, child])  # each owns its tail now
+    assert manager.pool.num_free_blocks == 12
+    assert take_ops(manager) == ([], [], [])
 
 
 def test_forks_of_a_full_last_block_write_fresh_blocks_and_copy_nothing(native):
@@ -481,10 +578,9 @@ def test_forks_of_a_full_last_block_write_fresh_blocks_and_copy_nothing(native):
     manager.fork(parent, child)
     parent.token_ids.append(50)
     child.token_ids.append(60)
-    decode(manager, [parent, child])
+    assert decode(manager, [parent, child])[:3] == ([], [], [])
     assert manager.tables.block_ids(0) == [0, 1, 2]
     assert manager.tables.block_ids(1) == [0, 1, 3]
-    assert manager.take_block_ops() == ([], [], [])
 
 
 def test_copy_on_write_without_room_copies_nothing_and_the_last_writer_needs_none(native):
@@ -496,14 +592,13 @@ def test_copy_on_write_without_room_copies_nothing_and_the_last_writer_needs_non
     manager.fork(parent, child)
     parent.token_ids.append(50)
     child.token_ids.append(60)
-    assert not manager.try_copy_on_write([parent, child])
+    assert not manager.grow([0, 1], [11, 11], [parent, child])  # no block for the copy
     manager.check_integrity()
-    assert manager.take_block_ops() == ([], [], [])
+    assert take_ops(manager) == ([], [], [])
     assert manager.tables.block_ids(0) == manager.tables.block_ids(1) == [0, 1, 2]
-    assert manager.release(child) == 3
-    manager.check_integrity()
-    assert manager.try_copy_on_write([parent])  # the only writer left writes in place
-    assert manager.take_block_ops() == ([], [], [])
+    assert release(manager, child) == 3
+    assert manager.grow([0], [11], [parent])  # the only writer left writes in place
+    assert take_ops(manager) == ([], [], [])
     assert [manager.pool.ref_count(b) for b in (0, 1, 2)] == [1, 1, 1]
 
 
@@ -514,8 +609,8 @@ def test_a_fork_does_not_share_the_block_held_for_the_next_token(native):
     prefill(manager, parent)
     step_done(manager)
     parent.token_ids.append(50)  # decoding: 8 computed, its token 8 opens block index 2
-    assert manager.swap_out(parent) == 2
-    assert manager.swap_in(parent) == 2  # and a block for token 8
+    assert manager.release(parent, swap_out=True) == 2
+    assert admit(manager, parent) == Admission(True, 0, 2)  # and a block for token 8
     step_done(manager)
     assert manager.tables.block_ids(0) == [0, 1, 2]
     child = request(1, tokens(8))
@@ -536,35 +631,36 @@ def test_swap_out_and_in_move_the_blocks_through_the_swap_space(native):
     prefill(manager, r)
     step_done(manager)
     r.token_ids.append(50)  # decoding: 10 computed, 11 tokens
-    assert manager.swap_out(r) == 3
+    assert manager.release(r, swap_out=True) == 3
     manager.check_integrity()
-    assert manager.is_swapped(r)
+    assert is_swapped(manager, r)
     assert manager.tables.seq_ids() == []
     assert r.num_computed_tokens == 10
     assert free_and_evictable(manager) == (14, 2)  # its 2 published blocks stay cached
     assert manager.swap_space.num_free_blocks == 1
-    assert manager.take_block_ops() == ([], [BlockSwap(0, 0), BlockSwap(1, 1), BlockSwap(2, 2)], [])
-    # Another 3-block sequence finds 1 host block free: refused, nothing changes.
+    assert take_ops(manager) == ([], [BlockSwap(0, 0), BlockSwap(1, 1), BlockSwap(2, 2)], [])
     other = request(1, tokens(10, 100))
     admit(manager, other)
     prefill(manager, other)
     assert manager.tables.block_ids(1) == [2, 3, 4]  # block 2 was freed last
-    assert manager.swap_out(other) is None
-    manager.check_integrity()
-    assert manager.tables.block_ids(1) == [2, 3, 4]
-    assert not manager.is_swapped(other)
-    assert manager.take_block_ops() == ([], [], [])
     # Back in: fresh blocks, copies queued from host blocks 0..2 in order.
-    assert manager.can_admit(r, NO_MATCH)
-    assert manager.swap_in(r) == 3
+    assert manager.admit(r, step_has_work=False) == Admission(True, 0, 3)
     manager.check_integrity()
-    assert not manager.is_swapped(r)
+    assert not is_swapped(manager, r)
     assert manager.tables.block_ids(0) == [5, 6, 7]
     assert r.num_computed_tokens == 10
-    assert manager.take_block_ops() == ([], [], [BlockSwap(5, 0), BlockSwap(6, 1), BlockSwap(7, 2)])
+    assert take_ops(manager) == ([], [], [BlockSwap(5, 0), BlockSwap(6, 1), BlockSwap(7, 2)])
     # The host blocks stay quarantined until the step reading them has run.
     assert manager.swap_space.num_free_blocks == 1
-    manager.on_step_executed()
+    # Another 3-block sequence finds 1 host block free: its swap-out is refused (no host
+    # block taken, no copy queued), and it is released instead, to compute again.
+    assert manager.release(other, swap_out=True) is None
+    manager.check_integrity()
+    assert not is_swapped(manager, other)
+    assert manager.swap_space.num_free_blocks == 1
+    assert take_ops(manager) == ([], [], [])
+    assert manager.tables.seq_ids() == [0]
+    manager.finish_step([], [r])
     manager.check_integrity()
     assert manager.swap_space.num_free_blocks == 4
 
@@ -575,13 +671,11 @@ def test_a_prefill_swapped_in_gets_its_promise_back(native):
     admit(manager, r)
     prefill(manager, r, 8)
     assert manager.num_promised_blocks == 3
-    assert manager.swap_out(r) == 2
+    assert manager.release(r, swap_out=True) == 2
     manager.check_integrity()
     assert manager.num_promised_blocks == 0
     assert manager.pool.num_free_blocks == 16
-    assert manager.can_admit(r, NO_MATCH)
-    assert manager.swap_in(r) == 2
-    manager.check_integrity()
+    assert admit(manager, r) == Admission(True, 0, 2)
     assert manager.tables.block_ids(0) == [0, 1]  # freed last block first: 0 is on top
     assert manager.num_promised_blocks == 3  # peak 5, 2 held
     assert prefill(manager, r) == 12
@@ -593,11 +687,11 @@ def test_a_swapped_sequence_that_is_dropped_gives_its_host_blocks_back(native):
     r = request(0, tokens(10))
     admit(manager, r)
     prefill(manager, r)
-    assert manager.swap_out(r) == 3
+    assert manager.release(r, swap_out=True) == 3
     assert manager.swap_space.num_used_blocks == 3
-    manager.drop_swapped(r)
+    assert manager.release(r) is None  # swapped out: its host blocks go
     manager.check_integrity()
-    assert not manager.is_swapped(r)
+    assert not is_swapped(manager, r)
     assert manager.swap_space.num_used_blocks == 0
     assert manager.swap_space.num_free_blocks == 1  # quarantined until the step ran
     step_done(manager)
@@ -609,7 +703,8 @@ def test_a_swapped_sequence_that_is_dropped_gives_its_host_blocks_back(native):
 
 # window 8 tokens, 4 sink tokens, 4-token blocks: 1 sink block, and a sequence holds at most
 # 1 + ceil(8 / 4) + 1 = 4 blocks. The next query at position p reaches blocks from
-# (p - 8 + 1) // 4 on.
+# (p - 8 + 1) // 4 on. The blocks out of the window are released when a step has run
+# (``finish_step``, which ``step_done`` counts them by).
 
 
 def test_the_window_releases_the_blocks_it_no_longer_reaches(native):
@@ -622,24 +717,20 @@ def test_the_window_releases_the_blocks_it_no_longer_reaches(native):
     assert prefill(manager, r) == 24
     assert manager.tables.block_ids(0) == [0, 1, 2, 3, 4, 5]
     # Next query at 24 reaches from block (24 - 7) // 4 = 4: blocks 1..3 go.
-    assert manager.release_out_of_window([r]) == 3
-    manager.check_integrity()
+    assert step_done(manager, [r]) == 3
     assert manager.tables.block_ids(0) == [0, -1, -1, -1, 4, 5]
     assert manager.num_held_blocks(0) == 3
     assert free_and_evictable(manager) == (10, 3)  # published before release: cached
-    assert manager.release_out_of_window([r]) == 0
-    step_done(manager)
+    assert step_done(manager, [r]) == 0
     for token, released in ((50, 0), (51, 0), (52, 1), (53, 0)):
         r.token_ids.append(token)
         decode(manager, [r])
         # computed 25..28: the window starts at block 18 // 4 = 4, 19 // 4 = 4, then
         # 20 // 4 = 5 (block 4 goes) and 21 // 4 = 5
-        assert manager.release_out_of_window([r]) == released
-        manager.check_integrity()
-        step_done(manager)
+        assert step_done(manager, [r]) == released
     assert manager.tables.block_ids(0) == [0, -1, -1, -1, -1, 5, 6]
     assert manager.num_held_blocks(0) == 3
-    assert manager.release(r) == 7  # the table spans its holes too
+    assert release(manager, r) == 7  # the table spans its holes too
 
 
 def test_a_strict_window_grows_a_long_prefill_by_its_promise(native):
@@ -649,16 +740,15 @@ def test_a_strict_window_grows_a_long_prefill_by_its_promise(native):
     assert prefill(manager, r) == 16  # 4 promised blocks hold 16 tokens
     assert manager.num_promised_blocks == 0
     # The query at 16 reaches from block 9 // 4 = 2: block 1 goes, and is promised again.
-    assert manager.release_out_of_window([r]) == 1
-    manager.check_integrity()
+    assert step_done(manager, [r]) == 1
     assert manager.num_promised_blocks == 1
     assert prefill(manager, r) == 4  # one block per step past the window
-    assert manager.release_out_of_window([r]) == 1  # at 20: from block 13 // 4 = 3
+    assert step_done(manager, [r]) == 1  # at 20: from block 13 // 4 = 3
     assert prefill(manager, r) == 4
     assert manager.num_promised_blocks == 0  # the prefill is done
     # Without a prefix cache each released block is free, and the next one handed out.
     assert manager.tables.block_ids(0) == [0, -1, -1, 3, 1, 2]
-    assert manager.release_out_of_window([r]) == 1  # at 24: from block 4
+    assert step_done(manager, [r]) == 1  # at 24: from block 4
     assert manager.num_held_blocks(0) == 3
 
 
@@ -668,14 +758,11 @@ def test_a_windowed_hit_releases_the_matched_blocks_outside_the_window(native):
     admit(manager, first)
     prefill(manager, first)  # 6 full blocks, all published
     step_done(manager)
-    manager.release(first)
+    release(manager, first)
     assert free_and_evictable(manager) == (10, 6)
     second = request(1, tokens(28))
-    match = manager.match(second)
-    assert match == PrefixMatch([0, 1, 2, 3, 4, 5], 24)
-    assert manager.can_admit(second, match)
-    manager.admit(second, match)
-    manager.check_integrity()
+    assert match(manager, second) == PrefixMatch([0, 1, 2, 3, 4, 5], 24)
+    assert admit(manager, second) == Admission(False, 24, 0)
     # It keeps the sink block and those from block 4: peak 4, 3 kept, 1 promised.
     assert manager.tables.block_ids(1) == [0, -1, -1, -1, 4, 5]
     assert manager.num_promised_blocks == 1
@@ -685,24 +772,22 @@ def test_a_windowed_hit_releases_the_matched_blocks_outside_the_window(native):
 def test_a_windowed_hit_whose_held_blocks_leave_no_room_is_refused_and_no_hit_fits(native):
     # 4 blocks, the window's bound. A released 16-token prompt left blocks 0..3 evictable.
     # Its 17-token continuation matches all 4 and keeps 0, 2, 3 (the query at 16 reaches
-    # from block 9 // 4 = 2): peak 4, 1 new block, which only block 1 could give; but admit
-    # holds every matched block while it makes room (block 1 is released only after), so
-    # the hit has no room: can_admit refuses it rather than let admit fail. Without the
-    # hit, the request takes 4 fresh blocks by evicting all 4 cached ones.
+    # from block 9 // 4 = 2): peak 4, 1 new block, which only block 1 could give; but
+    # admission holds every matched block while it makes room (block 1 is released only
+    # after), so the hit has no room: admission refuses the hit rather than fail with it.
+    # Without the hit, the request takes 4 fresh blocks by evicting all 4 cached ones.
     manager = make_manager(native, num_blocks=4, window=8, sinks=4)
     first = request(0, tokens(16))
     admit(manager, first)
     prefill(manager, first)
     step_done(manager)
-    manager.release(first)
+    release(manager, first)
     assert free_and_evictable(manager) == (0, 4)
     second = request(1, tokens(17))
-    match = manager.match(second)
-    assert match == PrefixMatch([0, 1, 2, 3], 16)
-    assert not manager.can_admit(second, match)
-    assert manager.can_admit(second, NO_MATCH)
-    manager.admit(second, NO_MATCH)
-    manager.check_integrity()
+    assert match(manager, second) == PrefixMatch([0, 1, 2, 3], 16)
+    assert manager.can_admit_together([second])  # without a hit it fits
+    assert admit(manager, second) == Admission(False, 0, 0)  # the hit refused, none taken
+    assert second.num_computed_tokens == 0
     assert free_and_evictable(manager) == (4, 0)  # evicted; all 4 promised to the prefill
     assert manager.num_promised_blocks == 4
 
@@ -712,21 +797,18 @@ def test_a_table_with_holes_is_swapped_back_with_its_holes_where_they_were(nativ
     r = request(0, tokens(24))
     admit(manager, r)
     prefill(manager, r)
-    manager.release_out_of_window([r])
-    step_done(manager)
+    assert step_done(manager, [r]) == 3
     r.token_ids.append(50)  # decoding: 25 tokens, 24 computed
-    assert manager.swap_out(r) == 3  # holes are not moved
+    assert manager.release(r, swap_out=True) == 3  # holes are not moved
     manager.check_integrity()
     swapped = manager.swap_space.swapped[0]
     assert swapped.layout == [(False, 1), (True, 3), (False, 2)]
-    assert manager.take_block_ops()[1] == [BlockSwap(0, 0), BlockSwap(4, 1), BlockSwap(5, 2)]
+    assert take_ops(manager)[1] == [BlockSwap(0, 0), BlockSwap(4, 1), BlockSwap(5, 2)]
     # Blocks 0, 4, 5 are published, so cached, not free: fresh ones start at 6. Past its
     # prompt, it also gets the block for its next token (token 24 opens block 6).
-    assert manager.can_admit(r, NO_MATCH)
-    assert manager.swap_in(r) == 3
-    manager.check_integrity()
+    assert admit(manager, r) == Admission(True, 0, 3)
     assert manager.tables.block_ids(0) == [6, -1, -1, -1, 7, 8, 9]
-    assert manager.take_block_ops()[2] == [BlockSwap(6, 0), BlockSwap(7, 1), BlockSwap(8, 2)]
+    assert take_ops(manager)[2] == [BlockSwap(6, 0), BlockSwap(7, 1), BlockSwap(8, 2)]
     assert manager.num_held_blocks(0) == 4
 
 
@@ -739,18 +821,22 @@ def test_radix_copies_a_partially_matched_block_into_the_requests_own(native):
     admit(manager, first)
     prefill(manager, first)  # in the tree: 10 tokens over blocks 0, 1, 2 (2 slots of 2)
     second = request(1, tokens(10) + [90, 91, 92])
-    # Block 2's tokens are still being computed: the match stops at its edge.
-    assert manager.match(second) == PrefixMatch([0, 1], 8, 2)
+    # Block 2's tokens are still being computed: the match stops at its edge, and a step
+    # that already schedules something admits it next step.
+    assert match(manager, second) == PrefixMatch([0, 1], 8, 2)
+    assert manager.admit(second, step_has_work=True) is None
+    manager.check_integrity()
+    assert manager.tables.seq_ids() == [0]
     step_done(manager)
-    match = admit(manager, second)
-    assert match == PrefixMatch([0, 1, 2], 10)
+    assert match(manager, second) == PrefixMatch([0, 1, 2], 10)
+    assert admit(manager, second) == Admission(False, 10, 0)
     assert second.num_computed_tokens == 10
     assert manager.tables.block_ids(1) == [0, 1, 3]  # block 3 receives block 2's slots
     assert manager.num_promised_blocks == 1  # peak 4 blocks, 3 held
     # Block 2: the first request's table, the tree, and the copy's pin.
     assert manager.pool.ref_count(2) == 3
-    assert manager.take_block_ops() == ([BlockCopy(2, 3)], [], [])
-    manager.on_step_executed()
+    assert manager.take_step_blocks([], [], None) == StepBlocks([BlockCopy(2, 3)], [], [], None)
+    manager.finish_step([], [first, second])
     manager.check_integrity()
     assert manager.pool.ref_count(2) == 2
     assert prefill(manager, second) == 3
@@ -763,7 +849,7 @@ def test_radix_matched_blocks_only_the_tree_holds_count_against_the_room(native)
     admit(manager, gone)
     prefill(manager, gone)
     step_done(manager)
-    manager.release(gone)  # the tree alone holds its 5 blocks now
+    release(manager, gone)  # the tree alone holds its 5 blocks now
     holder = request(1, tokens(8, 200))
     admit(manager, holder)
     prefill(manager, holder)
@@ -771,16 +857,19 @@ def test_radix_matched_blocks_only_the_tree_holds_count_against_the_room(native)
     # 16 matched tokens (4 blocks the tree alone holds) + 24 more: 6 new blocks. Room: 5 free
     # + 5 the tree would give back, less the 4 the match would pin = 6.
     fits = request(2, tokens(16) + tokens(24, 100))
-    match = manager.match(fits)
-    assert match.num_tokens == 16
-    assert manager.prefix.num_evictable_among(match.block_ids) == 4
-    assert manager.can_admit(fits, match)
-    # One token more needs 7: refused up front, rather than admitted to evict the tree's
-    # blocks and fail (the tree would have lost the very prefix the request matched).
+    fit = match(manager, fits)
+    assert fit.num_tokens == 16
+    assert manager.prefix.num_evictable_among(fit.block_ids) == 4
+    # One token more needs 7 (11 without the hit): refused up front, rather than admitted
+    # to evict the tree's blocks and fail (the tree would have lost the very prefix the
+    # request matched).
     too_long = request(2, tokens(16) + tokens(25, 100))
-    assert not manager.can_admit(too_long, manager.match(too_long))
-    manager.admit(fits, manager.match(fits))
+    assert match(manager, too_long).num_tokens == 16
+    assert manager.admit(too_long, step_has_work=False) is None
     manager.check_integrity()
+    assert (manager.pool.num_free_blocks, manager.prefix.num_evictable_blocks()) == (5, 5)
+    assert match(manager, too_long).num_tokens == 16
+    assert admit(manager, fits) == Admission(False, 16, 0)
     assert manager.pool.num_free_blocks - manager.num_promised_blocks == 0
 
 
@@ -788,8 +877,8 @@ def test_radix_matched_blocks_only_the_tree_holds_count_against_the_room(native)
 
 # Prefill and decode steps are drawn more often than the rest, so that sequences grow
 # past their first blocks before they are forked, swapped or released.
-OPS = ("admit", "prefill", "prefill", "decode", "decode", "decode", "fork", "swap_out")
-OPS += ("swap_in", "release", "window")
+OPS: tuple[str, ...] = ("admit", "prefill", "prefill", "decode", "decode", "decode", "fork")
+OPS += ("swap_out", "swap_in", "release", "window")
 CONFIGS = [
     ("none", None),
     ("block_hash", None),
@@ -799,14 +888,18 @@ CONFIGS = [
 
 
 class _Driver:
-    """Applies random operations to a manager the way the scheduler would, only where
-    their preconditions hold (can_admit before admit and swap_in), and checks every
-    invariant after each one."""
+    """Applies random operations to a manager through the scheduler's door, the way the
+    scheduler would (a step closes with ``take_step_blocks`` and, once run, ``finish_step``),
+    and checks every invariant after each one."""
 
     def __init__(self, manager: KVCacheManager) -> None:
         self.manager = manager
         self.running: list[Request] = []
         self.swapped: list[Request] = []
+        self.waiting: list[Request] = []  # refused, or preempted to compute again
+        # The running sequences whose prefill is scheduled chunk by chunk (admitted, or
+        # restored while prefilling), as the scheduler's chunks run them; the others decode.
+        self.prefilling: set[int] = set()
         self.next_seq_id = 0
 
     def _new_request(self, length: int, shared: int) -> Request:
@@ -820,33 +913,37 @@ class _Driver:
         m = self.manager
         running = self.running
         if op == "admit":
-            r = self._new_request(size, pick * 3)
-            match = m.match(r)
-            if m.can_admit(r, match):
-                if self._try(lambda: m.admit(r, match)):
-                    running.append(r)
+            if self.waiting and pick % 2:
+                r = self.waiting.pop(pick % len(self.waiting))
+            else:
+                r = self._new_request(size, pick * 3)
+            admission = m.admit(r, step_has_work=False)
+            if admission is None:
+                assert r.num_computed_tokens == 0
+                self.waiting.append(r)
+            else:
+                assert admission == Admission(False, r.num_computed_tokens, 0)
+                running.append(r)
+                self.prefilling.add(r.seq_id)
         elif op == "prefill":
-            prefilling = [r for r in running if r.is_prefilling]
+            prefilling = [r for r in running if r.seq_id in self.prefilling]
             if prefilling:
                 r = prefilling[pick % len(prefilling)]
                 num_new = m.reserve_prefill(r, min(size, r.num_tokens_to_compute))
                 r.num_computed_tokens += num_new
-                m.on_computed(r, r.num_computed_tokens)
-                self._step()
                 if r.num_tokens_to_compute == 0:
-                    self._sample(r, pick)
+                    self.prefilling.remove(r.seq_id)
+                self._step([], [r] if r.num_tokens_to_compute == 0 else [], pick)
         elif op == "decode":
-            decodes = [r for r in running if not r.is_prefilling and r.num_tokens_to_compute]
+            decodes = [
+                r for r in running if r.seq_id not in self.prefilling and r.num_tokens_to_compute
+            ]
             batch = decodes[pick % max(1, len(decodes)) :][:size]
-            if batch and m.try_grow([r.seq_id for r in batch], [r.num_tokens for r in batch]):
-                if m.try_copy_on_write(batch):
-                    for r in batch:
-                        r.num_computed_tokens = r.num_tokens
-                        if r.num_computed_tokens % BLOCK == 0:
-                            m.on_computed(r, r.num_computed_tokens)
-                    self._step()
-                    for r in batch:
-                        self._sample(r, pick)
+            seq_ids = [r.seq_id for r in batch]
+            if batch and m.grow(seq_ids, [r.num_tokens for r in batch], batch):
+                for r in batch:
+                    r.num_computed_tokens = r.num_tokens
+                self._step([r for r in batch if r.num_computed_tokens % BLOCK == 0], batch, pick)
         elif op == "fork":
             # A beam's fork: the child copies the parent's computed tokens and shares its
             # blocks; each then has its own next token to compute. As the scheduler forks,
@@ -856,7 +953,7 @@ class _Driver:
             decodes = [
                 r
                 for r in running
-                if not r.is_prefilling
+                if r.seq_id not in self.prefilling
                 and r.num_tokens_to_compute
                 and m.tables.num_blocks(r.seq_id) == SPEC.num_blocks_for(r.num_computed_tokens)
             ]
@@ -869,47 +966,61 @@ class _Driver:
                 running.append(child)
         elif op == "swap_out":
             if running:
-                r = running[pick % len(running)]
-                if m.swap_out(r) is not None:
-                    running.remove(r)
+                r = running.pop(pick % len(running))
+                self.prefilling.discard(r.seq_id)
+                if m.release(r, swap_out=True) is None:  # no host room: released instead
+                    assert r.seq_id not in m.swap_space.swapped
+                    r.num_computed_tokens = 0
+                    self.waiting.append(r)
+                else:
                     self.swapped.append(r)
         elif op == "swap_in":
             if self.swapped:
                 r = self.swapped[pick % len(self.swapped)]
-                if m.can_admit(r, NO_MATCH) and self._try(lambda: m.swap_in(r)):
+                admission = m.admit(r, step_has_work=False)
+                if admission is not None:
+                    assert admission.restored and admission.num_matched_tokens == 0
                     self.swapped.remove(r)
                     running.append(r)
+                    if r.is_prefilling:  # it is promised its prefill's blocks again
+                        self.prefilling.add(r.seq_id)
         elif op == "release":
             if running and pick % 2:
-                m.release(running.pop(pick % len(running)))
+                r = running.pop(pick % len(running))
+                self.prefilling.discard(r.seq_id)
+                assert m.release(r) is None
             elif self.swapped:
-                m.drop_swapped(self.swapped.pop(pick % len(self.swapped)))
+                assert m.release(self.swapped.pop(pick % len(self.swapped))) is None
+            elif self.waiting:
+                assert m.release(self.waiting.pop(pick % len(self.waiting))) is None
         elif op == "window":
-            m.release_out_of_window(running)
+            self._step([], [], pick)  # a step that computes nothing: only windows move
         m.check_integrity()
 
-    def _try(self, admission: Callable[[], object]) -> bool:
-        """Runs an admission (or restore) can_admit allowed; False if it fell short, which
-        only the radix cache's estimate of what it can reclaim from above allows."""
-        estimated = self.manager.prefix.num_evictable_blocks() > 0
-        try:
-            admission()
-        except OutOfBlocksError:
-            assert estimated, "can_admit allowed an admission without an estimate"
-            return False
-        return True
-
-    def _step(self) -> None:
-        self.manager.take_block_ops()
-        self.manager.on_step_executed()
-
-    def _sample(self, r: Request, pick: int) -> None:
-        """Appends a token; a sequence at the context's end or past 8 outputs finishes."""
-        if r.num_tokens >= MAX_MODEL_LEN or r.num_output_tokens >= 8:
-            self.manager.release(r)
+    def _step(self, filled: list[Request], sampled: list[Request], pick: int) -> None:
+        """Closes the step (``filled``: decodes that fill a block), checks the block tables
+        it exports, runs it, samples a token for each of ``sampled`` and finishes it."""
+        m = self.manager
+        seq_ids = [r.seq_id for r in self.running]
+        blocks = m.take_step_blocks(filled, [r.num_computed_tokens for r in filled], seq_ids)
+        assert blocks.block_tables is not None
+        assert blocks.block_tables.shape[0] == len(seq_ids)
+        for row, seq_id in zip(blocks.block_tables.tolist(), seq_ids, strict=True):
+            num_blocks = m.tables.num_blocks(seq_id)
+            assert row[:num_blocks] == m.tables.block_ids(seq_id)
+            assert row[num_blocks:] == [-1] * (len(row) - num_blocks)
+        finished = [r for r in sampled if self._sample(r, pick)]
+        for r in finished:
             self.running.remove(r)
-        else:
-            r.token_ids.append(5000 + pick)
+        m.finish_step(finished, self.running)
+
+    def _sample(self, r: Request, pick: int) -> bool:
+        """Appends a token; a sequence at the context's end or past 8 outputs finishes
+        (True) instead."""
+        if r.num_tokens >= MAX_MODEL_LEN or r.num_output_tokens >= 8:
+            return True
+        r.token_ids.append(5000 + pick)
+        return False
 
 
 @pytest.mark.parametrize("prefix,window", CONFIGS, ids=[f"{p}-{w}" for p, w in CONFIGS])
@@ -937,12 +1048,10 @@ def test_random_operations_keep_every_invariant_and_release_every_block(
     driver = _Driver(manager)
     for op, pick, size in ops:
         driver.apply(op, pick, size)
-    for r in driver.running:
-        manager.release(r)
-    for r in driver.swapped:
-        manager.drop_swapped(r)
-    manager.take_block_ops()
-    manager.on_step_executed()
+    for r in driver.running + driver.swapped + driver.waiting:
+        assert manager.release(r) is None
+    manager.take_step_blocks([], [], None)
+    manager.finish_step([], [])
     manager.check_integrity()
     pool = manager.pool
     assert manager.tables.seq_ids() == []
@@ -953,6 +1062,16 @@ def test_random_operations_keep_every_invariant_and_release_every_block(
     # every one of them back.
     assert pool.num_used_blocks == len(set(manager.prefix.held_block_ids()))
     assert manager.usage(0).num_used_blocks == 0
-    assert manager.make_room(num_blocks)
-    manager.check_integrity()
+    # Admissions that share nothing (another extra key) and promise every block of the pool
+    # (at most 4 each, a window's bound) fit, and make room for it all.
+    fresh = []
+    for first in range(0, num_blocks, 4):
+        fresh.append(request(10_000 + first, tokens(4 * min(4, num_blocks - first)), b"fresh"))
+        assert manager.admit(fresh[-1], step_has_work=False) == Admission(False, 0, 0)
+        manager.check_integrity()
+    assert manager.num_promised_blocks == num_blocks
     assert pool.num_free_blocks == num_blocks
+    for r in fresh:
+        assert manager.release(r) is None
+    manager.check_integrity()
+    assert manager.num_promised_blocks == 0

@@ -363,7 +363,8 @@ def test_abort_of_a_swapped_out_request_frees_its_host_blocks():
     first = engine.add_request(PROMPT, sampling)
     second = engine.add_request(PROMPT, sampling)
     _steps_until(engine, lambda: engine.cache.swap_space.num_used_blocks > 0)
-    swapped = [r for r in (first, second) if engine.cache.is_swapped(engine._requests[r])]
+    swapped_seq_ids = engine.cache.swap_space.swapped
+    swapped = [r for r in (first, second) if engine._requests[r].seq_id in swapped_seq_ids]
     assert len(swapped) == 1
     assert engine.abort_request(swapped[0]) is True
     assert engine.cache.swap_space.num_used_blocks == 0
