@@ -40,6 +40,7 @@ from enginekit.config import (
     SchedulerConfig,
 )
 from enginekit.errors import RequestRejectedError
+from enginekit.kv.backend import make_backend
 from enginekit.plugins import load_plugin
 
 SIM_EXAMPLES = int(os.environ.get("ENGINEKIT_LIVENESS_EXAMPLES", "500"))
@@ -143,6 +144,7 @@ def workloads(draw: Any, executor: str) -> dict[str, Any]:
         num_longest = -(-(len(prompt) + max_tokens) // block_size)
         need = max(need, beam_width * min(num_longest, bound or num_longest))
     num_blocks = draw(st.integers(need, 2 * need))
+    native = draw(st.booleans())  # the Rust structures, or their Python twins
     config = EngineConfig(
         **{
             group: _plugin_config(group, name, **plugin_keys[group])
@@ -153,7 +155,6 @@ def workloads(draw: Any, executor: str) -> dict[str, Any]:
             block_size=block_size,
             num_blocks=num_blocks,
             watermark=0.0,
-            native=draw(st.booleans()),
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=max_num_seqs,
@@ -162,14 +163,19 @@ def workloads(draw: Any, executor: str) -> dict[str, Any]:
         executor=executor,
         progress=False,
     )
-    return {"config": config, "requests": requests, "cheap_swap": draw(st.booleans())}
+    return {
+        "config": config,
+        "native": native,
+        "requests": requests,
+        "cheap_swap": draw(st.booleans()),
+    }
 
 
 def run_to_the_end(workload: dict[str, Any]) -> tuple[Engine, dict[str, int]]:
     """Adds the workload's requests (those add_request rejects are left out), steps until
     every accepted one has finished, checking every invariant after every step; returns the
     engine and each accepted request's output length."""
-    engine = Engine(workload["config"])
+    engine = Engine(workload["config"], make_backend(workload["native"]))
     preemption = engine.scheduler.preemption
     if workload["cheap_swap"] and hasattr(preemption, "costs"):
         preemption.costs = dataclasses.replace(preemption.costs, swap_s_per_block=1e-12)

@@ -18,6 +18,7 @@ from native_args import NOT_A_LIST
 
 from enginekit import Engine, SamplingParams, _native
 from enginekit.errors import KVCacheError
+from enginekit.kv.backend import make_backend
 from enginekit.kv.pyref import PyRadixTree
 
 
@@ -444,8 +445,8 @@ def run_radix_engine(native: bool) -> list[tuple[int, int, int, int]]:
             "cache.block_size=4",
             "cache.num_blocks=16",
             "cache.watermark=0",
-            f"cache.native={str(native).lower()}",
-        ]
+        ],
+        make_backend(native),
     )
     usages = []
     for prompt in ([1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 9, 9, 9]):

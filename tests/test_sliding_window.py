@@ -12,16 +12,19 @@ import pytest
 
 from enginekit import Engine, SamplingParams
 from enginekit.errors import ConfigError, RequestRejectedError
+from enginekit.kv.backend import make_backend
 
 WINDOW, SINKS, BLOCK = 64, 4, 16
 BOUND = -(-SINKS // BLOCK) + -(-WINDOW // BLOCK) + 1  # 1 + 4 + 1 = 6
 
 
-def make_engine(*overrides: str) -> Engine:
-    return Engine.from_overrides(["progress=false", *overrides])
+def make_engine(*overrides: str, native: bool = True) -> Engine:
+    """An engine of ``overrides``, on the Rust structures or (``native`` false) their
+    Python twins."""
+    return Engine.from_overrides(["progress=false", *overrides], make_backend(native))
 
 
-def windowed(*overrides: str, prefix: str = "none") -> Engine:
+def windowed(*overrides: str, prefix: str = "none", native: bool = True) -> Engine:
     """Llama-3-8B made windowed: window 64, the default 4 sinks, 16-token blocks."""
     return make_engine(
         "+eviction=sliding_window",
@@ -29,6 +32,7 @@ def windowed(*overrides: str, prefix: str = "none") -> Engine:
         f"+prefix={prefix}",
         "cache.watermark=0",
         *overrides,
+        native=native,
     )
 
 
@@ -82,7 +86,7 @@ class Trace:
 
 @pytest.mark.parametrize("native", [True, False])
 def test_strict_bound_holds_one_sink_four_window_one_spare_block_at_every_step(native):
-    engine = windowed("eviction.strict_bound=true", f"cache.native={native}")
+    engine = windowed("eviction.strict_bound=true", native=native)
     engine.add_request(tokens(300, 1), SamplingParams(max_tokens=100, ignore_eos=True))
     trace = Trace(engine).run()
     assert engine.cache.eviction.max_blocks_per_sequence == BOUND == 6
@@ -105,7 +109,7 @@ def test_strict_bound_holds_one_sink_four_window_one_spare_block_at_every_step(n
 
 @pytest.mark.parametrize("native", [True, False])
 def test_prefill_chunks_take_free_blocks_for_their_step_and_give_them_back(native):
-    engine = windowed(f"cache.native={native}")
+    engine = windowed(native=native)
     engine.add_request(tokens(300, 1), SamplingParams(max_tokens=40, ignore_eos=True))
     trace = Trace(engine).run()
     # One chunk: all 19 blocks of the prompt while it runs, then the sink block and the
