@@ -527,9 +527,9 @@ def kernels_section(path: Path | None = None, previous: str = "") -> str:
         "benchmarks/results.py --kernels FILE` writes its tables here; "
         "`benchmarks/gpu/run_kit.sh` runs that benchmark and the kernels' native checks on a "
         "bare GPU machine without network (`benchmarks/gpu/README.md`). Their correctness is "
-        "tested without one: `tests/test_torch_kernels.py` runs every kernel against its "
-        "pure-torch reference under the Triton interpreter, and the engine end to end with "
-        "`kernels=triton` against `kernels=reference`; `tests/test_kernel_proxies.py` "
+        "tested without one: `tests/kernels/test_torch_kernels.py` runs every kernel against "
+        "its pure-torch reference under the Triton interpreter, and the engine end to end with "
+        "`kernels=triton` against `kernels=reference`; `tests/project/test_kernel_proxies.py` "
         "compiles them for sm_90a offline and checks for register spills.\n"
     )
 

@@ -2,7 +2,8 @@
 
 Run as a script (``python tests/kernel_cases.py [name ... | --shard K/N]``): it sets
 TRITON_INTERPRET=1 before Triton is imported, runs the cases on the CPU and prints one
-JSON object {case: "ok" | error}. ``test_torch_kernels.py`` runs it in two subprocesses.
+JSON object {case: "ok" | error}. ``tests/kernels/test_torch_kernels.py`` runs it in two
+subprocesses.
 
 Pools of every storage kind (none, fp8, int4 with several group sizes) are filled by the
 reference write in two chunks per sequence (so int4 key groups are re-quantized), then

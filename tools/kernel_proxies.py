@@ -30,7 +30,7 @@ in bfloat16, and float16 and float32 at the default shape. ``full_grid()`` is th
 grid (112 attention configurations, plus the cache writes and block copies: 119 kernels,
 about 9 minutes over two processes on two cores); ``ci_grid()`` is a representative
 subset of 14 (every value of every axis at least once) that
-``tests/test_kernel_proxies.py`` compiles over two processes and checks for zero spills.
+``tests/project/test_kernel_proxies.py`` compiles over two processes and checks for zero spills.
 
     python tools/kernel_proxies.py [--ci] [--jobs 2] [--json FILE] [--only SUBSTRING]
 

@@ -21,7 +21,7 @@ ignores, unless ``-artifact_prefix=`` says otherwise. Every size the harness pas
 structures accept at a few blocks, or one they refuse before allocating (past MAX_BLOCKS or
 MAX_TABLE_LEN), so a run stays within libFuzzer's default memory limit.
 
-Without atheris, ``run_one(data)`` is the entry point (tests/test_fuzz.py drives it with
+Without atheris, ``run_one(data)`` is the entry point (tests/project/test_fuzz.py drives it with
 hypothesis).
 """
 

@@ -30,7 +30,7 @@ import pytest
 import enginekit._native as native
 from enginekit.kv import pyref
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STUB = ROOT / "enginekit" / "_native.pyi"
 PROTOCOL_MODULES = [
     ROOT / "enginekit" / "interfaces" / "structures.py",

@@ -310,8 +310,8 @@ def _split_sweeps(args: list[str]) -> list[list[str]]:
 
 def test_shell_commands_outside_the_tutorial_name_what_exists_and_compose():
     """Outside the tutorial, the commands are sized for a user (seconds to minutes each;
-    tests/test_cli.py runs those of Overrides and Sweeps with a small workload, and
-    tests/test_sweep.py the ablations): here every ``python3 -m enginekit`` command is
+    tests/engine/test_cli.py runs those of Overrides and Sweeps with a small workload, and
+    tests/engine/test_sweep.py the ablations): here every ``python3 -m enginekit`` command is
     composed exactly as its command line would be, each sweep combination apart, and
     builds an engine where it runs the simulator; installs name extras and folders that
     exist."""

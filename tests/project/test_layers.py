@@ -26,7 +26,7 @@ from importlinter.contracts.layers import LayersContract
 from enginekit import metric_keys as mk
 from enginekit.metrics import RunMetrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 # The tests' third-party plugin packages: each a folder with a pyproject.toml and one module.
 THIRD_PARTY_PLUGINS = sorted(

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-FUZZER = Path(__file__).resolve().parent / "fuzz" / "fuzz_native.py"
+FUZZER = Path(__file__).resolve().parents[1] / "fuzz" / "fuzz_native.py"
 
 
 def load_fuzzer() -> ModuleType:

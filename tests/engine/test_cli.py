@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SMALL
+from omegaconf import OmegaConf
 
 
 def _report(run_dir: Path) -> dict:
@@ -164,7 +165,7 @@ def test_readme_main_job_runs_real_tokens_on_the_tiny_model(cli, tmp_path):
 
 # ---- in-process runs of main() ---------------------------------------------------------
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = ["workload.num_requests=8"]  # a workload of a few requests: a run takes well under 1 s
 
 
@@ -357,7 +358,7 @@ def _readme_commands(section: str) -> list[list[str]]:
 def test_readme_override_and_sweep_commands_run_as_written(run_main, tmp_path):
     """Every command of README's Overrides and Sweeps, as written plus a small workload
     (and a folder of its own): single runs complete, sweeps write every job's report."""
-    overrides, sweeps = _readme_commands("Overrides"), _readme_commands("Sweeps")
+    overrides, sweeps = _readme_commands("Overrides"), _readme_commands("Sweeps and ablations")
     assert len(overrides) >= 3 and len(sweeps) >= 2  # the blocks were found
     for i, args in enumerate(overrides):
         code, out, err = run_main(*args, *TINY, f"hydra.run.dir=run{i}")
@@ -371,4 +372,9 @@ def test_readme_override_and_sweep_commands_run_as_written(run_main, tmp_path):
         for arg in args:
             if "," in arg:
                 num_jobs *= len(arg.split("=", 1)[1].split(","))
+            elif arg.startswith("+ablation="):  # a ready-made sweep: its own choices
+                ablation = REPO / "enginekit" / "conf" / "ablation" / f"{arg.split('=')[1]}.yaml"
+                params = OmegaConf.load(ablation).hydra.sweeper.params
+                for choices in params.values():
+                    num_jobs *= len(str(choices).split(","))
         assert len(reports) == num_jobs and all(r["status"] == "completed" for r in reports)

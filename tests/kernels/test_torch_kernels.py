@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CASES = Path(__file__).with_name("kernel_cases.py")
+CASES = Path(__file__).resolve().parents[1] / "kernel_cases.py"
 NUM_CASES = 105
 
 NUM_PROCESSES = 2  # the interpreter is single-threaded: one process per core
