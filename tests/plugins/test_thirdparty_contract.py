@@ -26,6 +26,7 @@ from enginekit import Engine, SamplingParams
 from enginekit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from enginekit.errors import ConfigError
 from enginekit.interfaces import KVQuant, PreemptionMode
+from enginekit.kv.backend import make_backend
 from enginekit.plugins import config_keys, load_plugin
 from enginekit.request import Request
 
@@ -195,8 +196,9 @@ def test_each_runs_from_the_command_line_with_its_own_keys(cli, site, tmp_path, 
 
 
 def _engine(num_blocks: int, native: bool = True, **plugins: dict[str, Any]) -> Engine:
-    """The tiny model on the simulator, 4-token blocks, no watermark; ``plugins`` maps a
-    group to ``{"name": ..., key: value}``."""
+    """The tiny model on the simulator, 4-token blocks, no watermark, on the Rust
+    structures or (``native`` false) their Python twins; ``plugins`` maps a group to
+    ``{"name": ..., key: value}``."""
     configs = {}
     for group, keys in plugins.items():
         keys = dict(keys)
@@ -205,10 +207,11 @@ def _engine(num_blocks: int, native: bool = True, **plugins: dict[str, Any]) -> 
         EngineConfig(
             **configs,
             model=ModelConfig(name="tiny"),
-            cache=CacheConfig(block_size=4, num_blocks=num_blocks, watermark=0.0, native=native),
+            cache=CacheConfig(block_size=4, num_blocks=num_blocks, watermark=0.0),
             scheduler=SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=64),
             progress=False,
-        )
+        ),
+        make_backend(native),
     )
 
 
