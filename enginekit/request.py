@@ -269,6 +269,21 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    def stop_status(self, token_id: int, eos_token_id: int | None) -> RequestStatus | None:
+        """What the rules of its sampling make of ``token_id``, its newest token (already
+        appended): FINISHED_STOPPED on one of its stop token ids, or on EOS unless it
+        ignores EOS; else FINISHED_LENGTH once it has ``max_tokens`` output tokens; None:
+        it goes on. The one statement of when a request stops; the decode batch's passes
+        only find the members it may stop. Pure."""
+        sampling = self.sampling
+        if token_id in sampling.stop_token_ids or (
+            token_id == eos_token_id and not sampling.ignore_eos
+        ):
+            return RequestStatus.FINISHED_STOPPED
+        if len(self.token_ids) - self.num_prompt_tokens >= sampling.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens

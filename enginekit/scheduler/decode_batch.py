@@ -167,10 +167,11 @@ class DecodeBatch:
 
     def append(self, token_ids: list[int]) -> list[Request]:
         """Appends ``token_ids[i]`` to member i (``token_ids``: one per member, owned by
-        the batch from now on) and finishes the members it stops: on one of their stop
-        token ids or EOS (FINISHED_STOPPED), else on reaching max_tokens
-        (FINISHED_LENGTH). Returns the finished members, in batch order, with their
-        status set and removed from the batch."""
+        the batch from now on) and finishes the members it stops, as
+        ``Request.stop_status`` says: on one of their stop token ids or EOS
+        (FINISHED_STOPPED), else on reaching max_tokens (FINISHED_LENGTH). Returns the
+        finished members, in batch order, with their status set and removed from the
+        batch."""
         if len(token_ids) != len(self.requests):
             raise ValueError(f"{len(token_ids)} tokens for a batch of {len(self.requests)} decodes")
         at_eos, at_length = self._ops.append_tokens(
@@ -186,30 +187,32 @@ class DecodeBatch:
         self._most_tokens += 1
         if not at_eos and not at_length and not self._stop_indices:
             return []  # the common step: nobody stops
-        stopped = self._stopped(token_ids, at_eos)
-        if not stopped and not at_length:
+        candidates = self._may_stop(token_ids, at_eos, at_length)
+        if not candidates:
             return []
-        finished_indices = sorted(stopped.union(at_length))
         finished = []
-        for i in finished_indices:
+        finished_indices = set()
+        eos = self._eos_token_id
+        for i in sorted(candidates):
             request = self.requests[i]
-            is_stop = i in stopped
-            request.status = (
-                RequestStatus.FINISHED_STOPPED if is_stop else RequestStatus.FINISHED_LENGTH
-            )
-            finished.append(request)
-        finished_set = set(finished_indices)
-        self._keep([i for i in range(len(self.requests)) if i not in finished_set])
+            status = request.stop_status(token_ids[i], eos)
+            if status is not None:
+                request.status = status
+                finished.append(request)
+                finished_indices.add(i)
+        if finished:
+            self._keep([i for i in range(len(self.requests)) if i not in finished_indices])
         return finished
 
-    def _stopped(self, token_ids: list[int], at_eos: list[int]) -> set[int]:
-        """Indices of the members whose new token is EOS where EOS stops them
-        (``at_eos``) or one of their own stop token ids."""
-        stopped = set(at_eos)
+    def _may_stop(self, token_ids: list[int], at_eos: list[int], at_length: list[int]) -> set[int]:
+        """Indices of the members the step's tokens may stop: the pass's EOS and length
+        finds, and the members whose new token is one of their own stop token ids."""
+        candidates = set(at_eos)
+        candidates.update(at_length)
         for i in self._stop_indices:
             if token_ids[i] in self.requests[i].sampling.stop_token_ids:
-                stopped.add(i)
-        return stopped
+                candidates.add(i)
+        return candidates
 
     # -- checks ----------------------------------------------------------------------------
 

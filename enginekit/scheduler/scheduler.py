@@ -340,22 +340,15 @@ class Scheduler:
         finished: list[Request],
         first_tokens: list[Request],
     ) -> None:
-        """Appends ``token_id`` to ``request`` and finishes it on a stop token, EOS or
-        max_tokens (collected into ``finished``)."""
+        """Appends ``token_id`` to ``request`` and finishes it as ``Request.stop_status``
+        says: on a stop token, EOS or max_tokens (collected into ``finished``)."""
         request.token_ids.append(token_id)
-        num_output = len(request.token_ids) - request.num_prompt_tokens
-        if num_output == 1 and request.parent is None:
+        if request.parent is None and len(request.token_ids) - request.num_prompt_tokens == 1:
             first_tokens.append(request)
-        sampling = request.sampling
-        if token_id in sampling.stop_token_ids or (
-            token_id == self.eos_token_id and not sampling.ignore_eos
-        ):
-            request.status = RequestStatus.FINISHED_STOPPED
-        elif num_output >= sampling.max_tokens:
-            request.status = RequestStatus.FINISHED_LENGTH
-        else:
-            return
-        finished.append(request)
+        status = request.stop_status(token_id, self.eos_token_id)
+        if status is not None:
+            request.status = status
+            finished.append(request)
 
     def _reserve_decodes(self) -> tuple[list[Request], list[Request]]:
         """Reserves one more token slot (and a copy of a block shared with forked samples)
