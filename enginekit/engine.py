@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from enginekit.admission import ServingLimits, check_arguments, check_servable
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
 from enginekit.errors import ConfigError, InvalidRequestError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
@@ -35,7 +36,6 @@ from enginekit.request import (
     RequestStatus,
     SamplingParams,
 )
-from enginekit.scheduler.admission import ServingLimits, check_arguments, check_servable
 from enginekit.scheduler.scheduler import Scheduler, StepUpdate
 from enginekit.spec.hardware import hardware_preset
 from enginekit.spec.kv import KVSpec, swap_space_num_blocks

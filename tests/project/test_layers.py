@@ -123,6 +123,9 @@ REFUSED = [
     ("compute-column", "enginekit.models", "enginekit.executor"),
     ("policy-column", "enginekit.kv", "enginekit.scheduler"),
     ("policy-column", "enginekit.plugins", "enginekit.kv"),
+    ("scheduler-through-the-door", "enginekit.scheduler.scheduler", "enginekit.kv.manager"),
+    ("scheduler-through-the-door", "enginekit.scheduler.forks", "enginekit.kv.forks"),
+    ("layers", "enginekit.scheduler", "enginekit.admission"),
     ("compute-not-policy", "enginekit.executor", "enginekit.kv"),
     ("compute-not-policy", "enginekit.kernels", "enginekit.kv"),
     ("compute-not-policy", "enginekit.models", "enginekit.scheduler"),
@@ -158,6 +161,8 @@ ALLOWED = [
     ("layers", "enginekit.engine", "enginekit.reuse"),
     ("compute-column", "enginekit.executor", "enginekit.kernels"),
     ("policy-column", "enginekit.scheduler", "enginekit.plugins"),
+    ("scheduler-through-the-door", "enginekit.scheduler.scheduler", "enginekit.interfaces"),
+    ("layers", "enginekit.admission", "enginekit.kv"),
     ("compute-not-policy", "enginekit.executor", "enginekit.spec"),
     ("policy-not-compute", "enginekit.kv", "enginekit.interfaces"),
 ]

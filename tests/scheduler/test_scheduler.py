@@ -19,12 +19,12 @@ from enginekit_plugins.preemption.swap import SwapConfig, SwapPreemption
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from enginekit.admission import ServingLimits, check_servable
 from enginekit.config import SchedulerConfig
 from enginekit.errors import RequestRejectedError
 from enginekit.kv.manager import KVCacheManager
 from enginekit.metrics import PreemptionEvent, PrefixQuery
 from enginekit.request import Request, RequestStatus, SamplingParams
-from enginekit.scheduler.admission import ServingLimits, check_servable
 from enginekit.scheduler.scheduler import Scheduler, StepUpdate
 from enginekit.spec.restore_cost import RestoreCost
 from enginekit.step import BlockCopy, BlockSwap, Fork, ModelOutput, SchedulerOutput
