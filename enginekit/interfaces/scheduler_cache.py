@@ -92,8 +92,10 @@ class SchedulerCache(Protocol):
         """Makes each sequence's table hold ``num_tokens[i]`` tokens, and gives each of
         ``decodes`` (the same sequences, as requests) a copy of a partly filled block that
         another sequence still writes into; evicts cached blocks as needed. False if the
-        blocks are not there: the tables grew nothing (cached blocks evicted while trying
-        stay evicted), and the caller preempts."""
+        blocks are not there: no copy is made, and the tables either grew nothing or, when
+        only the copies fell short, grew all (asking again for the same counts takes
+        nothing more); cached blocks evicted while trying stay evicted. The caller then
+        preempts and asks again."""
         ...
 
     def fork(self, parent: Request, child: Request) -> None:
