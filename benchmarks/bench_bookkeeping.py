@@ -228,7 +228,9 @@ def _decoding_engine(prefix: str, impl: Impl, num_seqs: int = NUM_SEQS) -> Engin
         f"scheduler.max_num_seqs={num_seqs}",
         "cache.num_blocks=200000",
     ]
-    # The twins' engine takes them as its backend; the Rust one is the default engine.
+    # The twins' engine takes them as its backend. The Rust one is built without the
+    # argument: tools/compare_checkouts.py runs this harness on older checkouts' engines,
+    # which do not take it.
     if impl is RUST:
         engine = Engine.from_overrides(overrides)
     else:

@@ -261,7 +261,7 @@ class Request:
             self._num_computed = len(self.token_ids) - self._batch_left[0]
         self._batch_left = left
 
-    def follows_decode_batch(self, left: list[int]) -> bool:
+    def counted_by_decode_batch(self, left: list[int]) -> bool:
         """Whether the decode batch sharing ``left`` owns ``num_computed_tokens``. Pure."""
         return self._batch_left is left
 
@@ -280,7 +280,7 @@ class Request:
             token_id == eos_token_id and not sampling.ignore_eos
         ):
             return RequestStatus.FINISHED_STOPPED
-        if len(self.token_ids) - self.num_prompt_tokens >= sampling.max_tokens:
+        if self.num_output_tokens >= sampling.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -57,8 +57,9 @@ class StepBlocks(NamedTuple):
 
 class SchedulerCache(Protocol):
     """The cache as the scheduler sees it. Each call keeps the cache's invariants
-    (``KVCacheManager.check_integrity``); a call that cannot do what it is asked changes
-    nothing and says so in its result, it never raises for lack of blocks."""
+    (``KVCacheManager.check_integrity``); a call that cannot do what it is asked says so in
+    its result and changes nothing but the cached blocks it evicted trying; it never raises
+    for lack of blocks."""
 
     @property
     def block_size(self) -> int:
@@ -67,11 +68,11 @@ class SchedulerCache(Protocol):
 
     def admit(self, request: Request, step_has_work: bool) -> Admission | None:
         """Gives the waiting ``request`` a block table if it fits now with the admission
-        watermark to spare; returns how, or None, changing nothing that matters (cached
-        blocks evicted while trying stay evicted). A swapped-out request is restored (its
-        blocks copied back, holes where they were); any other is admitted with its cached
-        prefix, or with none if only that fits, and its ``num_computed_tokens`` is set to
-        the tokens matched. ``step_has_work``: the step already schedules something, so a
+        watermark to spare; returns how, or None, having changed nothing but the cached
+        blocks it evicted while trying (they stay evicted). A swapped-out request is
+        restored (its blocks copied back, holes where they were); any other is admitted
+        with its cached prefix, or with none if only that fits, and its
+        ``num_computed_tokens`` is set to the tokens matched. ``step_has_work``: the step already schedules something, so a
         match whose last tokens this very step computes waits for the next step (None)."""
         ...
 

@@ -112,16 +112,15 @@ class DecodeBatch:
         gone = set(map(id, requests))
         keep = [i for i, r in enumerate(self.requests) if id(r) not in gone]
         if len(keep) < len(self.requests):
-            self._keep(keep)
+            self._keep(keep, [r for r in self.requests if id(r) in gone])
 
-    def _keep(self, indices: list[int]) -> None:
-        """Keeps the members at ``indices`` (ascending), in order."""
+    def _keep(self, indices: list[int], leaving: list[Request]) -> None:
+        """Keeps the members at ``indices`` (ascending), in order; ``leaving`` are the
+        others, whose computed counts are stored again."""
+        for request in leaving:
+            request.follow_decode_batch(None)
         requests, token_lists = self.requests, self._token_lists
         seq_ids, last = self.seq_ids, self.last_token_ids
-        kept = set(indices)
-        for i, request in enumerate(requests):
-            if i not in kept:
-                request.follow_decode_batch(None)  # its count is stored again
         self.requests = [requests[i] for i in indices]
         self._token_lists = [token_lists[i] for i in indices]
         self.seq_ids = [seq_ids[i] for i in indices]
@@ -201,7 +200,9 @@ class DecodeBatch:
                 finished.append(request)
                 finished_indices.add(i)
         if finished:
-            self._keep([i for i in range(len(self.requests)) if i not in finished_indices])
+            self._keep(
+                [i for i in range(len(self.requests)) if i not in finished_indices], finished
+            )
         return finished
 
     def _may_stop(self, token_ids: list[int], at_eos: list[int], at_length: list[int]) -> set[int]:
@@ -248,7 +249,7 @@ class DecodeBatch:
                 raise RuntimeError(f"decode batch entry {i} {held} disagrees with {r}")
             if r.status is not RequestStatus.RUNNING or r.is_beam or r.num_tokens_to_compute != 1:
                 raise RuntimeError(f"{r.request_id!r} cannot be in the decode batch: {r.status}")
-            if not r.follows_decode_batch(self._left):
+            if not r.counted_by_decode_batch(self._left):
                 raise RuntimeError(f"{r.request_id!r} keeps a computed count of its own")
         if any(len(r.token_ids) > self._most_tokens for r in self.requests):
             raise RuntimeError("a decode batch member has more tokens than the batch's bound")

@@ -343,7 +343,7 @@ class Scheduler:
         """Appends ``token_id`` to ``request`` and finishes it as ``Request.stop_status``
         says: on a stop token, EOS or max_tokens (collected into ``finished``)."""
         request.token_ids.append(token_id)
-        if request.parent is None and len(request.token_ids) - request.num_prompt_tokens == 1:
+        if request.parent is None and request.num_output_tokens == 1:
             first_tokens.append(request)
         status = request.stop_status(token_id, self.eos_token_id)
         if status is not None:
