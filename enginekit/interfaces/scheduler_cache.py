@@ -72,8 +72,9 @@ class SchedulerCache(Protocol):
         blocks it evicted while trying (they stay evicted). A swapped-out request is
         restored (its blocks copied back, holes where they were); any other is admitted
         with its cached prefix, or with none if only that fits, and its
-        ``num_computed_tokens`` is set to the tokens matched. ``step_has_work``: the step already schedules something, so a
-        match whose last tokens this very step computes waits for the next step (None)."""
+        ``num_computed_tokens`` is set to the tokens matched. ``step_has_work``: the step
+        already schedules something, so a match whose last tokens this very step computes
+        waits for the next step (None)."""
         ...
 
     def can_admit_together(self, requests: Sequence[Request]) -> bool:

@@ -199,7 +199,7 @@ class KVCacheManager:
         for _ in range(2):
             if self._still_refused(request):
                 return None
-            match = self._match(request)
+            match = self.prefix.match(request)
             if match.num_deferred_tokens and step_has_work:
                 return None  # its prefix is being computed by this step: admit it next
             admissible = self._admissible(request, match)
@@ -258,10 +258,6 @@ class KVCacheManager:
         self._release_out_of_window(running)
 
     # -- admission -----------------------------------------------------------------------
-
-    def _match(self, request: Request) -> PrefixMatch:
-        """The request's cached prefix. Pure."""
-        return self.prefix.match(request)
 
     def _split(self, match: PrefixMatch) -> tuple[list[int], int | None]:
         """(the matched blocks the request shares, the partially matched last block whose
@@ -342,7 +338,7 @@ class KVCacheManager:
         """True if the waiting ``request`` was the last one ``_admissible`` refused and
         nothing since can have made it admissible: its prefix cache says no match of it
         can be longer than the match it was refused with, and the room is still short of
-        the blocks that match needed. Then ``_admissible(request, match(request))`` is None
+        the blocks that match needed. Then ``_admissible(request, prefix.match(request))`` is None
         (a shorter match needs no fewer blocks, pinning only takes room), and a scheduler
         retrying the head of its queue every step skips the match. False says nothing.
         Pure."""

@@ -502,7 +502,7 @@ def check_refusals(manager: KVCacheManager) -> None:
         refused = still_refused(request)
         if refused:
             memo = manager._refusal
-            assert manager._admissible(request, manager._match(request)) is None
+            assert manager._admissible(request, manager.prefix.match(request)) is None
             manager._refusal = memo
         return refused
 
