@@ -335,7 +335,7 @@ class Engine:
             sum(scheduled.prefill_lens),
             len(scheduled.decode_seq_ids),
             len(scheduler.running),
-            len(scheduler.waiting) + len(self._pending),
+            len(scheduler.waiting),  # arrived and not running: none of self._pending
             self.kv_usage(),
         )
         if self.metrics.num_steps % FRAGMENTATION_SAMPLE_STEPS == 1:

@@ -273,7 +273,11 @@ NUM_RUNNING_PEAK = MetricKey(
     "num_running_peak", "running sequences peak", Unit.COUNT, "the most running sequences"
 )
 NUM_WAITING_PEAK = MetricKey(
-    "num_waiting_peak", "waiting requests peak", Unit.COUNT, "the most requests waiting"
+    "num_waiting_peak",
+    "waiting requests peak",
+    Unit.COUNT,
+    "the most requests waiting at a step's end: arrived (by the step's start) and not "
+    "running; requests whose arrival time is still ahead are not counted",
 )
 
 # ---- preemption ---------------------------------------------------------------------------

@@ -199,7 +199,9 @@ class RunMetrics:
         usage: KVUsage,
     ) -> None:
         """One executed step that ended at ``time`` (the clock already advanced by
-        ``step_time_s``), with the cache's state after it. ``usage.num_table_blocks``
+        ``step_time_s``), with the cache's state after it. ``num_waiting``: the requests
+        that have arrived and are not running (never one whose arrival is still ahead).
+        ``usage.num_table_blocks``
         counts the blocks of every table, a shared block once per table (so
         ``num_used_blocks / num_table_blocks`` is what sharing leaves of the memory)."""
         self.num_steps += 1

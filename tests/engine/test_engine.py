@@ -610,3 +610,14 @@ def test_forked_samples_and_beams_share_memory(workload, num_requests, lowest, h
     assert lowest < summary["kv_cache_sharing_saving"] < highest
     outputs = engine.outputs()
     assert all(len(o.samples) == 4 for o in outputs)
+
+
+def test_waiting_peak_counts_only_requests_that_have_arrived():
+    # 40 requests arriving one a second, each served in milliseconds: at most one ever
+    # waits, however many are still to arrive
+    engine = make_engine("workload=unique", "workload.num_requests=40", "workload.arrival_rate=1")
+    driver = WorkloadDriver(engine)
+    driver.add_workload()
+    summary = driver.run().summary
+    assert summary["num_requests_finished"] == 40
+    assert summary["num_waiting_peak"] <= 1
