@@ -6,9 +6,11 @@
 - ``rewrite_overrides`` also accepts ``allocator=paged`` (rewritten to ``+allocator=paged``),
   ``experiment=x`` and ``ablation=x`` (to ``+experiment=x``, ``+ablation=x``) and
   ``model=llama-3-70b`` (rewritten to ``model.name=llama-3-70b``), and refuses unknown
-  plugins, conf files and keys with the valid choices, and ``+name=...`` where ``name``
-  is no plugin group, preset or conf group (Hydra would add a key nothing reads). Hydra's
-  flags keep their values (``--cfg job``, ``--info config``, ``--package cache``).
+  plugins, conf files and keys with the valid choices (a key of a plugin not selected
+  with the ``+group=plugin`` that selects it), values their key's type refuses
+  (``cache.block_size=abc``), and ``+name=...`` where ``name`` is no plugin group, preset
+  or conf group (Hydra would add a key nothing reads). Hydra's flags keep their values
+  (``--cfg job``, ``--info config``, ``--package cache``).
 - The primary config gives each run a folder of its own (the time to the microsecond)
   and creates the job's log file only when something is logged.
 - The primary config registers the sweep-summary callback (``enginekit.sweep.summary``): every
@@ -29,7 +31,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
-from enginekit.errors import ConfigError
+from enginekit.errors import ConfigError, EngineKitError
 from enginekit.plugins import config_keys, load_all_configs
 
 PRESET_GROUPS: tuple[str, ...] = ("model", "hardware", "workload")
@@ -309,7 +311,8 @@ REMOVED_KEYS: dict[str, str] = {
 def _check_key(arg: str, selected: dict[str, str]) -> None:
     """Raises ConfigError if ``arg`` sets a key the schema (or the selected plugin's
     Config) does not have, naming the valid keys and the closest one (or, for a removed
-    key, what replaced it)."""
+    key, what replaced it; for a key of another plugin of the group, that plugin), or a
+    value the key's type refuses (``_check_value``)."""
     if arg.startswith("-") or arg.lstrip("+~").startswith("hydra"):
         return
     removed = REMOVED_KEYS.get(arg.lstrip("+~").split("=", 1)[0])
@@ -335,14 +338,107 @@ def _check_key(arg: str, selected: dict[str, str]) -> None:
             return  # a value below a leaf: let OmegaConf report it
         valid = [f.name for f in fields(node)]
         if part not in valid:
+            if depth == 1 and path[0] in PLUGIN_GROUPS:
+                _refuse_plugin_key(path[0], part, valid, selected)  # raises
             where = ".".join(path[:depth]) or "the config"
             close = difflib.get_close_matches(part, valid, n=1)
             hint = f"; did you mean {'.'.join([*path[:depth], close[0]])!r}?" if close else ""
             raise ConfigError(
                 f"unknown key {'.'.join(path)!r}: {where} has {', '.join(valid)}{hint}"
             )
+        if depth == len(path) - 1 and match["rest"] and not arg.startswith("~"):
+            _check_value(arg, node, part, match["key"])
         node = {f.name: f.type for f in fields(node)}[part]
         node = _resolve_type(node)
+
+
+def _refuse_plugin_key(group: str, key: str, valid: list[str], selected: dict[str, str]) -> None:
+    """Raises ConfigError for ``group.key`` that the selected plugin's Config lacks. When
+    another installed plugin of the group has ``key``, or has the closest match to it and
+    the selected plugin has none close, the message names that plugin and the
+    ``+group=plugin`` that selects it; otherwise it lists the selected plugin's keys and
+    the keys the group's other plugins add, each with its ``+group=plugin``."""
+    from enginekit.config import DEFAULT_PLUGINS
+    from enginekit.plugins import load_plugin, plugin_names
+
+    current = selected.get(group, DEFAULT_PLUGINS[group])
+    owners: dict[str, list[str]] = {}  # key -> the other plugins whose Config has it
+    for name in plugin_names(group):
+        if name == current:
+            continue
+        try:
+            config_cls = load_plugin(group, name).Config
+        except EngineKitError:
+            continue  # a broken plugin is reported when it is selected
+        for other_key in config_keys(config_cls):
+            owners.setdefault(other_key, []).append(name)
+
+    def selecting(other_key: str) -> str:
+        return " or ".join(f"+{group}={name}" for name in owners[other_key])
+
+    unknown = f"unknown key '{group}.{key}'"
+    if key in owners:
+        names = owners[key]
+        raise ConfigError(
+            f"{group}.{key} is a key of the {group} plugin{'s' * (len(names) > 1)} "
+            f"{', '.join(names)}, not of the selected {group} {current!r}: add "
+            f"{selecting(key)} to set it"
+        )
+    own_close = difflib.get_close_matches(key, valid, n=1)
+    close = [] if own_close else difflib.get_close_matches(key, list(owners), n=1)
+    if close:
+        raise ConfigError(
+            f"{unknown}; did you mean '{group}.{close[0]}'? It is a key of "
+            f"{', '.join(owners[close[0]])}, not of the selected {group} {current!r}: add "
+            f"{selecting(close[0])} to set it"
+        )
+    if own_close:
+        hint = f"; did you mean '{group}.{own_close[0]}'?"
+    else:
+        others = ", ".join(f"{group}.{k} ({selecting(k)})" for k in sorted(owners))
+        hint = f"; other {group} plugins add {others}" if others else ""
+    raise ConfigError(f"{unknown}: the selected {group} {current!r} has {', '.join(valid)}{hint}")
+
+
+def _check_value(arg: str, parent: Any, field_name: str, key: str) -> None:
+    """Raises ConfigError, naming the key and the value, if a value ``arg`` sets (each
+    option of a comma sweep) cannot be stored in the field ``field_name`` of the config
+    dataclass ``parent`` (``cache.block_size=abc``). Interpolations, ranges and intervals
+    pass; a line Hydra cannot parse is left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, Sweep
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        value = OverridesParser.create().parse_override(arg).value()
+        node = OmegaConf.structured(parent)
+    except Exception:  # Hydra's syntax errors are Hydra's to report
+        return
+    if isinstance(value, ChoiceSweep):
+        values = list(value.list)
+    elif isinstance(value, Sweep):
+        return
+    else:
+        values = [value]
+    for option in values:
+        if isinstance(option, str) and "${" in option:
+            continue
+        try:
+            setattr(node, field_name, option)
+        except OmegaConfBaseException:
+            takes = _VALUE_KINDS.get(type(node._get_node(field_name)).__name__, "another value")
+            shown = repr(option) if isinstance(option, str) else _yaml_value(option)
+            raise ConfigError(f"{arg}: {key} takes {takes}, not {shown}") from None
+
+
+_VALUE_KINDS = {
+    "IntegerNode": "an integer",
+    "FloatNode": "a number",
+    "BooleanNode": "true or false",
+    "StringNode": "a string",
+}
+"""What a field of each OmegaConf node type takes, as a refusal says it."""
 
 
 def _resolve_type(annotation: Any) -> Any:

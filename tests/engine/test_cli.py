@@ -106,11 +106,64 @@ def test_bad_input_is_named_with_what_is_valid(cli, args, expected):
     assert "Traceback" not in result.stderr
 
 
-def test_value_of_wrong_type_names_the_key(cli):
-    result = cli("cache.block_size=big", *SMALL)
-    assert result.returncode != 0
-    assert "cache.block_size" in result.stderr
-    assert "big" in result.stderr
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["cache.block_size=big"],
+            "error: cache.block_size=big: cache.block_size takes an integer, not 'big'",
+        ),
+        (["-m", "cache.block_size=16,big"], "cache.block_size takes an integer, not 'big'"),
+        (
+            ["cache.watermark=abc"],
+            "error: cache.watermark=abc: cache.watermark takes a number, not 'abc'",
+        ),
+        (["progress=maybe"], "progress takes true or false, not 'maybe'"),
+        (["cache.block_size=null"], "cache.block_size takes an integer, not null"),
+        (["+quantizer=int4", "quantizer.group_size=abc"], "quantizer.group_size takes an integer"),
+    ],
+)
+def test_value_of_wrong_type_exits_2_naming_the_key_and_value(cli, args, expected):
+    result = cli(*args, *SMALL)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+    assert expected in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["quantizer.group_size=32"],
+            "error: quantizer.group_size is a key of the quantizer plugin int4, not of the "
+            "selected quantizer 'none': add +quantizer=int4 to set it",
+        ),
+        (
+            ["+quantizer=fp8", "quantizer.group_size=32"],
+            "not of the selected quantizer 'fp8': add +quantizer=int4 to set it",
+        ),
+        (
+            ["quantizer.group_sise=32"],
+            "unknown key 'quantizer.group_sise'; did you mean 'quantizer.group_size'? It is a "
+            "key of int4, not of the selected quantizer 'none': add +quantizer=int4",
+        ),
+        (
+            ["+quantizer=int4", "quantizer.group_sise=32"],
+            "the selected quantizer 'int4' has name, group_size; did you mean "
+            "'quantizer.group_size'?",
+        ),
+        (
+            ["quantizer.grup=3"],
+            "other quantizer plugins add quantizer.calibration_margin (+quantizer=fp8), "
+            "quantizer.group_size (+quantizer=int4)",
+        ),
+    ],
+)
+def test_key_of_a_plugin_not_selected_names_the_plugin_to_select(cli, args, expected):
+    result = cli(*args, *SMALL)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+    assert expected in result.stderr
 
 
 def test_semantic_config_error_names_the_key(cli):
