@@ -9,8 +9,10 @@ on a simulated H200 unless a row says otherwise), so overrides of the engine's k
 not change them; ``--quick`` runs the simulated workloads with fewer requests (the exact
 figures are the same, the load-dependent ones noisier).
 
-Verdicts: ``yes`` (the figure is within the claim), ``partly`` (part of it holds, or it
-holds only under conditions the row names) and ``no``. Every figure behind a row is in
+Verdicts: ``yes`` (the figure is within the claim), ``partly`` (part of it holds, it
+holds only under conditions the row names, or it comes only within a tolerance the row
+prints) and ``no``. A row whose verdict reads a vague word of the claim ("about") or
+allows a tolerance says the bound it used. Every figure behind a row is in
 its ``figures`` (claims.json), by name.
 
 The scenarios live in ``enginekit.claims.prefix`` (prefix-cache hit and TTFT),

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 SIM = ("model.name=llama-3-8b", "hardware.name=h200")
 SYSTEM_LEN, CONVERSATION_LEN, BLOCK_SIZE = 1_200, 1_800, 16
 CLAIMED_TTFT_MS = (450.0, 90.0)  # cold, with the hit
+ABOUT = 0.25  # "about" a claimed time: within this share of it
 LOAD_RATES, QUICK_LOAD_RATES = (10.0, 15.0, 20.0), (20.0,)
 
 
@@ -92,7 +93,7 @@ def prefix_section(quick: bool = False) -> Section:
     near = min(rates, key=lambda r: abs(load[r]["none"]["p50_ms"] - CLAIMED_TTFT_MS[0]))
     near_cold, near_hit = load[near]["none"]["p50_ms"], load[near]["block_hash"]["p50_ms"]
     claimed_cold, claimed_hit = CLAIMED_TTFT_MS
-    close = abs(cold_ms / claimed_cold - 1) < 0.25 and abs(hit_ms / claimed_hit - 1) < 0.25
+    close = abs(cold_ms / claimed_cold - 1) < ABOUT and abs(hit_ms / claimed_hit - 1) < ABOUT
     rows = (
         ClaimRow(
             "prefix_blocks_hit",
@@ -114,7 +115,8 @@ def prefix_section(quick: bool = False) -> Section:
             "Time to first token: about 450 ms cold against 90 ms with the hit",
             f"one request on an idle simulated H200: {cold_ms:.1f} ms cold, {hit_ms:.1f} ms "
             f"with the hit ({speedup:.1f}×); under load ({near:g} req/s, median): "
-            f"{near_cold:,.0f} ms without a prefix cache, {near_hit:,.0f} ms with it",
+            f"{near_cold:,.0f} ms without a prefix cache, {near_hit:,.0f} ms with it; "
+            f"yes within {ABOUT:.0%} of both claimed times, partly for a speedup of 2× or more",
             "yes" if close else ("partly" if speedup >= 2 else "no"),
             {
                 "ttft_cold_ms": cold_ms,

@@ -59,6 +59,16 @@ def verdict(holds: Iterable[bool]) -> str:
     return "yes" if all(cases) else ("partly" if any(cases) else "no")
 
 
+def tolerant_verdict(exact: Iterable[bool], near: Iterable[bool]) -> str:
+    """``yes`` if every case holds exactly; ``partly`` if some case holds exactly or comes
+    within the tolerance its row prints (``near``, one per case); ``no`` otherwise. A case
+    that holds only within the tolerance never makes a ``yes``."""
+    exact_cases, near_cases = list(exact), list(near)
+    if exact_cases and all(exact_cases):
+        return "yes"
+    return "partly" if any(exact_cases) or any(near_cases) else "no"
+
+
 def sim_engine(*settings: str) -> Engine:
     """An engine over the defaults with dotted ``key=value`` settings (plugins as
     ``group.name=plugin``, presets as ``model.name=...``), built without Hydra's compose

@@ -128,7 +128,8 @@ def swap_section(quick: bool = False) -> Section:
         ClaimRow(
             "swap_vs_recompute",
             "Swap and recompute cost about the same at blocks of 16–64 (PagedAttention)",
-            f"1,024-token sequence on H200, {mid}",
+            f'1,024-token sequence on H200, {mid}; "about the same": a ratio within '
+            f"{low:g}–{high:g}",
             verdict(comparable.values()),
             {"ratio_at_1024": _by_str(ratio), "crossover": crossovers},
         ),

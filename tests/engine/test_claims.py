@@ -114,3 +114,24 @@ def test_experiment_runs_the_claims_job(sections, tmp_path, monkeypatch, capsys)
     assert (tmp_path / "run" / "claims.md").exists()
     assert json.loads((tmp_path / "run" / "claims.json").read_text())["claims"]
     assert not (tmp_path / "run" / "report.json").exists()
+
+
+def test_a_figure_only_within_the_tolerance_is_partly_and_the_tolerance_is_printed():
+    from enginekit.claims.sharegpt import CLAIMED_PARALLEL_SAVING, range_note, range_verdict
+
+    near = [0.116, 0.130, 0.151]  # under the claimed 16.2–30.5%, within 5 points of it
+    assert range_verdict(near, CLAIMED_PARALLEL_SAVING, 0.05) == "partly"
+    assert range_note(near, CLAIMED_PARALLEL_SAVING, 0.05) == (
+        "0 of 3 in the claimed 16.2–30.5%, 3 within 5 points of it"
+    )
+    inside = [0.172, 0.239, 0.190]
+    assert range_verdict(inside, CLAIMED_PARALLEL_SAVING, 0.05) == "yes"
+    assert range_note(inside, CLAIMED_PARALLEL_SAVING, 0.05) == "all in the claimed 16.2–30.5%"
+    assert range_verdict([0.05, 0.60], CLAIMED_PARALLEL_SAVING, 0.05) == "no"
+    assert range_verdict([0.20, 0.60], CLAIMED_PARALLEL_SAVING, 0.05) == "partly"
+
+
+def test_sharegpt_rows_print_their_verdicts_tolerance(rows):
+    for key in ("sharegpt_parallel_saving", "sharegpt_beam_saving"):
+        assert "the claimed" in rows[key].measured, rows[key].measured
+    assert "partly within 2 points under 96.3%" in rows["sharegpt_kv_utilisation"].measured
