@@ -201,8 +201,10 @@ PREFIX_CACHE_HIT_RATE_CURVE = MetricKey(
     Unit.CURVE,
     "[blocks, hit rate] of an LRU block_hash pool of that many blocks on the run's block "
     "accesses (LRU stack distances among unreferenced blocks, the run's referenced blocks "
-    "taken out of the pool), up to the size that holds every reuse; hit rate None where "
-    "the pool would have queued or preempted (not predicted)",
+    "taken out of the pool), up to the size that holds every reuse, with the run's pool, "
+    "its multiples and the smallest pool that runs its schedule always among the points "
+    "(at or beyond that size: the ideal); hit rate None where the pool would have queued "
+    "or preempted (not predicted)",
 )
 PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS = MetricKey(
     "prefix_cache_hit_rate_curve_min_blocks",

@@ -175,7 +175,8 @@ CURVE_POOL_MULTIPLES = (0.25, 0.5, 2.0, 4.0)
 def curve_rows(curve: Any, pool_blocks: Any, rows: int = CURVE_TABLE_ROWS) -> list[list[Any]]:
     """About ``rows`` points of a hit-rate curve ([[blocks, hit rate], ...], sizes
     ascending), evenly spaced along it, with its last point and the points at
-    ``pool_blocks`` and its ``CURVE_POOL_MULTIPLES`` when the curve has them."""
+    ``pool_blocks`` and its ``CURVE_POOL_MULTIPLES`` when the curve has them (the driver
+    puts them on every curve)."""
     points = [list(p) for p in curve or []]
     if len(points) <= rows:
         return points
@@ -192,20 +193,26 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
         return []
     pool = summary.get(mk.KV_CACHE_NUM_BLOCKS.key)
     block_bytes = summary.get(mk.KV_CACHE_BLOCK_BYTES.key)
+    measured = summary.get(mk.PREFIX_CACHE_FIRST_HIT_RATE.key)
     lines = [
         "== hit rate by cache size (LRU stack distances of this run's block accesses, "
         "its referenced blocks taken out of the pool) ==",
-        f"  {'blocks':>12}{'GB':>10}  {'hit rate':>10}",
+        f"  {'blocks':>12}{'GiB':>10}  {'hit rate':>10}",
     ]
     for blocks, rate in curve_rows(curve, pool):
-        gb = "-" if not block_bytes else f"{blocks * block_bytes / 1e9:,.2f}"
-        mark = "  <- this pool" if blocks == pool else ""
+        gib = "-" if not block_bytes else f"{blocks * block_bytes / GIB:,.2f}"
+        mark = ""
+        if blocks == pool:
+            mark = "  <- this pool" + ("" if measured is None else f", measured {_perc(measured)}")
         for multiple in CURVE_POOL_MULTIPLES:
             if pool and blocks != pool and blocks == int(pool * multiple):
                 mark = f"  <- {multiple:g}x this pool"
         text = NOT_PREDICTED if rate is None else f"{_perc(rate):>10}"
-        lines.append(f"  {blocks:>12,}{gb:>10}  {text}{mark}")
+        lines.append(f"  {blocks:>12,}{gib:>10}  {text}{mark}")
     return lines + [""]
+
+
+GIB = 1 << 30
 
 
 NOT_PREDICTED = "would queue or preempt: not predicted"
@@ -271,17 +278,19 @@ def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    curve = [p for p in summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key] if p[1] is not None]
+    points = summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key]
+    curve = [p for p in points if p[1] is not None]
     sizes = [p[0] for p in curve]
     rates = [100 * p[1] for p in curve]
     figure = Figure(figsize=(7, 4.2))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    axes.plot(sizes, rates, color="tab:blue", label="LRU block_hash, predicted")
+    marker = "." if len(curve) <= CURVE_TABLE_ROWS else None  # a few points: each shown
+    axes.plot(sizes, rates, color="tab:blue", marker=marker, label="LRU block_hash, predicted")
     smallest = summary.get(mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key)
     if smallest:
         axes.axvspan(
-            min(sizes + [smallest]) / 2,
+            min([p[0] for p in points] + [smallest]) / 2,
             smallest,
             color="gray",
             alpha=0.15,

@@ -355,10 +355,17 @@ def hit_rate_curve(
     """The curve of the queries' ``min_pool_sizes`` values ``sizes`` (NO_HIT dropped):
     each hit is ``num_blocks_per_hit`` tokens (the block size) of ``num_prompt_tokens``.
     Sizes: a geometric grid from ``smallest_predicted`` (and a few points under it) to
-    the size where every reuse hits, plus ``extra_sizes``."""
+    the size where every reuse hits, plus ``smallest_predicted`` and every positive
+    ``extra_sizes``, those beyond that size included (where the rate is the ideal): a
+    run whose every reuse fits in less than ``smallest_predicted`` blocks still gets
+    points from ``smallest_predicted`` on, and its pool and their multiples are always
+    points."""
     sizes = sizes[sizes != NO_HIT]
+    extra = [s for s in (*extra_sizes, smallest_predicted) if s > 0]
     if not len(sizes) or not num_prompt_tokens:
-        return HitRateCurve((1,), (0.0,), 0.0, smallest_predicted, peak_pinned)
+        grid_empty = tuple(sorted({1, *extra}))
+        rates_empty = (0.0,) * len(grid_empty)
+        return HitRateCurve(grid_empty, rates_empty, 0.0, smallest_predicted, peak_pinned)
     counts = np.bincount(sizes)
     cumulative = np.cumsum(counts)  # cumulative[C]: hits at size C
     full = max(1, int(len(counts)) - 1)  # at this size every reuse hits
@@ -369,7 +376,7 @@ def hit_rate_curve(
             [
                 np.rint(below).astype(np.int64),
                 np.rint(np.geomspace(low, full, NUM_CURVE_POINTS)).astype(np.int64),
-                np.asarray([s for s in extra_sizes if 0 < s < full], dtype=np.int64),
+                np.asarray(extra, dtype=np.int64),
                 [full],
             ]
         )

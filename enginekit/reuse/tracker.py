@@ -424,9 +424,9 @@ class ReuseTracker:
     ) -> HitRateCurve:
         """The hit rate (hit tokens / ``num_prompt_tokens``) at cache sizes on a
         geometric grid up to the size that holds every reuse, plus ``extra_sizes`` (e.g.
-        the run's pool), and the smallest size that would have run this run's schedule
-        (its peak of pinned blocks, with ``watermark``, the share of the pool admission
-        keeps reclaimable, to spare)."""
+        the run's pool, beyond that size too) and the smallest size that would have run
+        this run's schedule (its peak of pinned blocks, with ``watermark``, the share of
+        the pool admission keeps reclaimable, to spare), which the curve also carries."""
         smallest = min_num_blocks(self.peak_pinned_blocks, watermark)
         if not len(self._access_ids) or not num_prompt_tokens:
             return HitRateCurve((), (), 0.0, smallest, self.peak_pinned_blocks)

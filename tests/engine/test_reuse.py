@@ -19,7 +19,14 @@ from enginekit.app import compose_config
 from enginekit.driver import WorkloadDriver
 from enginekit.report import CURVE_PNG, NOT_PREDICTED, render_report, write_json
 from enginekit.reuse import AccessStream, ReuseTracker, min_pool_sizes, stack_distances
-from enginekit.reuse.curve import LOOKUP, NO_HIT, RELEASE_HELD, RELEASE_WRITTEN, _count_below
+from enginekit.reuse.curve import (
+    LOOKUP,
+    NO_HIT,
+    RELEASE_HELD,
+    RELEASE_WRITTEN,
+    _count_below,
+    hit_rate_curve,
+)
 from enginekit.workloads.ideal import ideal_prefix_hit_tokens
 from enginekit.workloads.request import WorkloadRequest
 
@@ -488,3 +495,43 @@ def test_a_roomy_pool_predicts_the_smaller_pools_that_run_its_schedule() -> None
             assert curve.is_predicted(size)
             assert abs(curve.at(size) - measured) < 0.02
     assert NOT_PREDICTED in render_report(summary, {})
+
+
+def test_sizes_beyond_every_reuse_are_points_at_the_ideal() -> None:
+    """Every reuse hits from 5 blocks on, but the run needed 10 to run its schedule: the
+    curve still predicts from 10 blocks on (the ideal), at the pool and its multiples."""
+    sizes = np.asarray([1, 3, 5, NO_HIT], dtype=np.int32)
+    curve = hit_rate_curve(sizes, 2, 20, extra_sizes=(20, 5, 10, 40, 80), smallest_predicted=10)
+    assert {10, 20, 40, 80} <= set(curve.num_blocks)
+    assert curve.num_blocks == tuple(sorted(curve.num_blocks))
+    rates = dict(zip(curve.num_blocks, curve.hit_rate, strict=True))
+    assert curve.ideal_hit_rate == pytest.approx(3 * 2 / 20)
+    for size in (10, 20, 40, 80):
+        assert curve.is_predicted(size) and rates[size] == pytest.approx(curve.ideal_hit_rate)
+    assert not curve.is_predicted(5) and rates[1] == pytest.approx(2 / 20)
+
+
+def test_a_pool_larger_than_every_reuse_is_predicted_and_measured_in_the_report() -> None:
+    """All requests at once in a roomy pool (the default job's shape): its referenced
+    blocks peak above the size that holds every reuse, yet the curve predicts the pool,
+    its multiples and the smallest pool that runs the schedule, and the report's row of
+    the pool sets the measured rate beside the predicted one."""
+    s = _summary("workload.num_requests=40")
+    curve = s[mk.PREFIX_CACHE_HIT_RATE_CURVE.key]
+    pool, smallest = s[mk.KV_CACHE_NUM_BLOCKS.key], s[mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key]
+    predicted = {size: rate for size, rate in curve if rate is not None}
+    expected = {smallest, pool, *(int(pool * m) for m in (0.5, 2, 4))}
+    assert expected <= set(predicted)
+    measured = s[mk.PREFIX_CACHE_FIRST_HIT_RATE.key]
+    assert (
+        predicted[pool]
+        == pytest.approx(measured)
+        == pytest.approx(s[mk.PREFIX_CACHE_HIT_RATE_IDEAL.key])
+    )
+    text = render_report(s, {})
+    row = next(line for line in text.splitlines() if "<- this pool" in line)
+    assert row.split()[0] == f"{pool:,}"
+    assert f"{100 * measured:.2f} %  <- this pool, measured {100 * measured:.2f} %" in row
+    assert sum("<- " in line and NOT_PREDICTED not in line for line in text.splitlines()) >= 4
+    header = next(line for line in text.splitlines() if line.split()[:1] == ["blocks"])
+    assert header.split() == ["blocks", "GiB", "hit", "rate"]
