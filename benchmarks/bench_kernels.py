@@ -25,7 +25,8 @@ datasheet peaks. ``--quick`` runs a small grid.
 
     python benchmarks/bench_kernels.py [--quick] [--json FILE] [--kinds none,fp8,int4]
 
-Without a CUDA GPU it exits with status 2 and one line saying so.
+Without a CUDA GPU it exits with status 2 and one line saying so; without the torch extra
+(torch, triton), likewise, naming the extra.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
+from enginekit.extras import exit_if_missing
+
+exit_if_missing("benchmarks/bench_kernels.py", extras=["torch"], modules=["triton"])
+
+import torch  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 INT4_GROUP = 64

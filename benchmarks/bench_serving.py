@@ -35,8 +35,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-import numpy as np
+from enginekit.extras import exit_if_missing
+
+exit_if_missing("benchmarks/bench_serving.py", modules=["httpx"])
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 @dataclass(frozen=True)

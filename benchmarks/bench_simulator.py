@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from enginekit import Engine
 from enginekit.driver import WorkloadDriver
+from enginekit.extras import exit_if_missing
 
 DEFAULT_COUNTS = "1000,10000,100000,1000000"
 DEFAULT_WORKLOAD = "sharegpt"
@@ -139,6 +140,8 @@ def main() -> None:
     parser.add_argument("--no-isolate", action="store_true", help="all counts in this process")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child of --isolate
     args, overrides = parser.parse_known_args()
+    if args.workload == "sharegpt":
+        exit_if_missing("benchmarks/bench_simulator.py --workload sharegpt", extras=["data"])
     if args.one is not None:
         print(json.dumps(list(measure(args.one, *overrides))))
         return

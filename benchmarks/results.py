@@ -52,6 +52,12 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
+from enginekit.extras import exit_if_missing  # noqa: E402
+
+# the kernels compiled offline and the quantized model's quality (torch, triton); ShareGPT
+# and the claims (data)
+exit_if_missing("benchmarks/results.py", extras=["data", "torch"], modules=["triton"])
+
 import bench_bookkeeping  # noqa: E402
 import bench_simulator  # noqa: E402
 import kernel_proxies  # noqa: E402

@@ -7,10 +7,14 @@ Errors: a single run that fails on a configuration or engine error prints ``erro
 and exits with code 2 (any other exception shows its traceback). So does a run that
 serves nothing: a workload without requests, or one whose every request is rejected
 (too long for the model or the whole cache); a run where only some are rejected
-completes, its report counts them and stderr says how many. In a sweep (``-m``) a
-failing job is recorded (its report.json says failed, stderr names the job and the
-error) and the sweep goes on; the sweep exits 0 once every job ran or was recorded, and
-its summary table (``enginekit.sweep.summary``) lists failed jobs with their errors.
+completes, its report counts them and stderr says how many. So does a command that needs
+an extra that is not installed (``executor=torch`` the torch extra, ``workload=sharegpt``
+and the claims the data extra, ``hydra/launcher=joblib`` or ``slurm`` the launchers
+extra), a sweep too: one line names every missing extra and the pip line that installs
+them (a launcher's before any job starts). In a sweep (``-m``) a failing job is recorded
+(its report.json says failed, stderr names the job and the error) and the sweep goes on;
+the sweep exits 0 once every job ran or was recorded, and its summary table
+(``enginekit.sweep.summary``) lists failed jobs with their errors.
 """
 
 from __future__ import annotations
@@ -23,6 +27,14 @@ from typing import Any
 
 from enginekit.app import CONFIG_NAME, register_configs, rewrite_overrides
 from enginekit.errors import ConfigError, EngineKitError, RequestRejectedError
+from enginekit.extras import (
+    LAUNCHER_MODULES,
+    MissingExtraError,
+    launcher_of,
+    missing_extra_error,
+    require,
+    require_config,
+)
 
 CLAIMS_JOB = "claims"  # hydra.job.name of the claims job (python -m enginekit +experiment=claims)
 
@@ -56,6 +68,7 @@ def run_job(cfg: Any) -> dict[str, Any]:
 
     path = _output_dir() / "report.json"
     try:
+        require_config(cfg)
         engine = Engine(cfg)
         with _Rejections() as rejections:
             driver = WorkloadDriver(engine)
@@ -171,8 +184,9 @@ def run_task(cfg: Any) -> dict[str, Any] | None:
 
         # hydra.job.name is set by conf/experiment/claims.yaml
         if HydraConfig.initialized() and HydraConfig.get().job.name == CLAIMS_JOB:
-            from enginekit.claims.job import run_claims_job
+            from enginekit.claims.job import CLAIMS_EXTRAS, run_claims_job
 
+            require("the claims (+experiment=claims)", extras=CLAIMS_EXTRAS)
             return run_claims_job(_output_dir())
         if _is_multirun():
             from enginekit.report import write_json
@@ -185,6 +199,15 @@ def run_task(cfg: Any) -> dict[str, Any] | None:
                 write_json({}, _config_header(cfg), path, status=STATUS_REFUSED, error=reason)
                 return None
         return run_job(cfg)
+    except MissingExtraError as exc:  # no job of a sweep could run either
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ModuleNotFoundError as exc:
+        missing = missing_extra_error(exc, "this run")
+        if missing is None:
+            raise
+        print(f"error: {missing}", file=sys.stderr)
+        raise SystemExit(2) from None
     except EngineKitError as exc:
         if _is_multirun():
             print(f"error: {_job_name()} failed: {exc}", file=sys.stderr)
@@ -206,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         problems = register_configs()
         rewritten = rewrite_overrides(args)
+        launcher = launcher_of(rewritten)
+        if launcher in LAUNCHER_MODULES:
+            require(f"hydra/launcher={launcher}", modules=LAUNCHER_MODULES[launcher])
     except EngineKitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 
 from enginekit.config import PLUGIN_GROUPS, EngineConfig
 from enginekit.errors import ConfigError, EngineKitError
+from enginekit.extras import install_hint, missing_extras
 from enginekit.plugins import config_keys, load_all_configs
 
 PRESET_GROUPS: tuple[str, ...] = ("model", "hardware", "workload")
@@ -119,9 +120,11 @@ def help_text(plugin_configs: dict[str, dict[str, type]], problems: list[str]) -
             "Ablations (sweeps; each ends with summary.md, summary.csv and plots):",
             "  -m +ablation=" + " | ".join(ablations),
             "  rebuild a sweep's table and plots: python -m enginekit.sweep <sweep folder>",
-            "  jobs in parallel: hydra/launcher=joblib (this machine),"
+            "  jobs in parallel (the launchers extra): hydra/launcher=joblib (this machine),"
             " hydra/launcher=slurm (a SLURM cluster)",
         ]
+        if missing_extras(["launchers"]):
+            lines.append(f"  not installed here; {install_hint(['launchers'])}")
     if problems:
         lines += ["", "Plugins that failed to load (skipped):"] + [f"  {p}" for p in problems]
     lines += [

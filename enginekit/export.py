@@ -20,13 +20,18 @@ from enginekit.errors import EngineKitError
 
 def export_workload(overrides: Sequence[str], out: Path) -> int:
     """Writes the workload of ``overrides`` to ``out`` (folders created); returns how
-    many requests. Raises ConfigError as a run of those overrides would."""
+    many requests. Raises ConfigError as a run of those overrides would, MissingExtraError
+    (one) when they need extras that are not installed."""
+    from enginekit.app import compose_config
     from enginekit.engine import Engine
+    from enginekit.extras import require_config
     from enginekit.tokenizer import Tokenizer
     from enginekit.workloads.sources import open_workload
     from enginekit.workloads.trace import write_jsonl
 
-    engine = Engine.from_overrides(list(overrides))
+    config = compose_config(list(overrides))
+    require_config(config, "python -m enginekit.export")
+    engine = Engine(config)
     workload = open_workload(
         engine.config.workload,
         engine.shape.vocab_size,

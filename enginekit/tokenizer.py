@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from enginekit.errors import ConfigError
+from enginekit.extras import install_hint
 
 
 class Tokenizer:
@@ -74,7 +75,7 @@ class Tokenizer:
 
 SENTENCEPIECE_PACKAGE = "mistral_common"
 SENTENCEPIECE_MODEL = "data/tokenizer.model.v1"  # Mistral-7B v0.1's, 32,000 pieces
-DATA_EXTRA_HINT = "install the data extra: pip install 'enginekit[data]'"
+DATA_EXTRA_HINT = install_hint(["data"])
 
 
 class SentencePieceTokenizer:

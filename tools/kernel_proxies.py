@@ -59,6 +59,10 @@ from typing import Any, NamedTuple
 
 os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels only: the interpreter has none
 
+from enginekit.extras import exit_if_missing  # noqa: E402
+
+exit_if_missing("tools/kernel_proxies.py", extras=["torch"], modules=["triton"])
+
 import torch  # noqa: E402
 
 from enginekit.kernels.layout import KVTensors, allocate_kv_tensors  # noqa: E402

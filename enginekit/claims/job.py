@@ -18,7 +18,9 @@ its ``figures`` (claims.json), by name.
 The scenarios live in ``enginekit.claims.prefix`` (prefix-cache hit and TTFT),
 ``enginekit.claims.memory`` (paging, GQA and quantized bytes, per-token bytes),
 ``enginekit.claims.swap`` (swap against recompute) and ``enginekit.claims.sharegpt``
-(PagedAttention's ShareGPT utilisation and sharing figures, on ShareGPT itself).
+(PagedAttention's ShareGPT utilisation and sharing figures, on ShareGPT itself), which
+needs the ``data`` extra: both commands refuse to run without it (``run_claims`` itself
+leaves that section's rows out).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 from enginekit.claims.scenario import VERDICTS as VERDICTS
 from enginekit.claims.scenario import ClaimRow, Section
 
+CLAIMS_EXTRAS = ("data",)  # the ShareGPT section's data set and vocabulary
 JSON_NAME = "claims.json"
 MARKDOWN_NAME = "claims.md"
 
@@ -117,11 +120,25 @@ def run_claims_job(folder: Path, quick: bool = False) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m enginekit.claims``. Without ``CLAIMS_EXTRAS`` installed it prints
+    ``error: ...`` naming them (after the usage, for ``--help``) and returns 2."""
+    import sys
+
+    from enginekit.extras import MissingExtraError, require
+
     parser = argparse.ArgumentParser(
         prog="python -m enginekit.claims", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--quick", action="store_true", help="fewer simulated requests")
     parser.add_argument("--out", type=Path, help="folder for claims.md and claims.json")
+    args_given = sys.argv[1:] if argv is None else list(argv)
+    try:
+        require("python -m enginekit.claims", extras=CLAIMS_EXTRAS)
+    except MissingExtraError as exc:
+        if any(a in ("-h", "--help") for a in args_given):
+            parser.print_help()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     sections = run_claims(args.quick)
     print(render_markdown(sections), end="")

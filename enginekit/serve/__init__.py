@@ -14,10 +14,29 @@ Modules: ``server`` (the engine, tokenizer, loop and metrics the routes use), ``
 request's engine requests and choices), ``text`` (tokenizer, chat template, streaming
 detokenization, stop strings), ``protocol`` (request bodies and OpenAI's error shape),
 ``prometheus`` (the metrics), ``run`` (uvicorn in the foreground or on a thread).
-Needs the ``serve`` extra (fastapi, uvicorn, prometheus-client).
+Needs the ``serve`` extra (fastapi, uvicorn, prometheus-client): importing this package
+does not, so that ``python -m enginekit.serve`` can name the extra when it is missing;
+``BackgroundServer`` and ``Server`` are imported on first use.
 """
 
-from enginekit.serve.run import BackgroundServer
-from enginekit.serve.server import Server
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from enginekit.serve.run import BackgroundServer
+    from enginekit.serve.server import Server
 
 __all__ = ["BackgroundServer", "Server"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BackgroundServer":
+        from enginekit.serve.run import BackgroundServer
+
+        return BackgroundServer
+    if name == "Server":
+        from enginekit.serve.server import Server
+
+        return Server
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,7 +5,9 @@ shutdown_timeout_s, log_level).
 
 Prints ``enginekit: serving <model> at <url>`` once the port is bound. SIGINT or SIGTERM
 shut it down: live requests get ``serve.shutdown_timeout_s`` to finish, the rest are
-aborted, and it exits with 0. A bad config prints ``error: ...`` and exits with 2.
+aborted, and it exits with 0. A bad config prints ``error: ...`` and exits with 2, and so
+does a missing extra: the ``serve`` extra (``--help`` prints the usage first), and those
+the config needs (``executor=torch`` the torch extra), all named in one line.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import sys
 
 from enginekit.errors import EngineKitError
+from enginekit.extras import config_needs, missing_extra_error, require
 
 USAGE = """\
 usage: python -m enginekit.serve [+group=plugin ...] [key=value ...]
@@ -35,16 +38,32 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in args):
         print(USAGE, end="")
+        try:
+            require("python -m enginekit.serve", extras=["serve"])
+        except EngineKitError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     try:
         from enginekit.app import compose_config
+
+        cfg = compose_config(args)
+        needs = config_needs(cfg)
+        settings = " ".join(["python -m enginekit.serve", *sorted(set(needs.values()))])
+        require(settings, extras=["serve", *needs])
         from enginekit.serve.run import bind, url_of, uvicorn_server
         from enginekit.serve.server import Server
 
-        server = Server(compose_config(args))
+        server = Server(cfg)
         sock = bind(str(server.config.host), int(server.config.port))
     except (EngineKitError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        missing = missing_extra_error(exc, "python -m enginekit.serve")
+        if missing is None:
+            raise
+        print(f"error: {missing}", file=sys.stderr)
         return 2
     # uvicorn handles SIGINT and SIGTERM while it runs, then restores these handlers and
     # raises the signal again: as no-ops they let the process end with 0.

@@ -47,6 +47,7 @@ import numpy as np
 
 from enginekit.config import WorkloadConfig
 from enginekit.errors import ConfigError
+from enginekit.extras import install_hint
 from enginekit.workloads.traffic import Encoder, TrafficRequest, Workload
 
 MIN_LEN = 4
@@ -55,7 +56,7 @@ MAX_TOTAL_LEN = 2048
 MODES = ("single", "multi")
 ASSISTANT_ROLES = frozenset({"gpt", "chatgpt", "bard", "bing", "assistant", "model"})
 USER_MARKER, ASSISTANT_MARKER = "USER: ", "ASSISTANT: "
-DATA_EXTRA_HINT = "install the data extra: pip install 'enginekit[data]'"
+DATA_EXTRA_HINT = install_hint(["data"])
 _READ_CHUNK = 1 << 22  # characters read at a time
 _MAX_OBJECT_CHARS = 1 << 27  # one conversation larger than this is a broken file
 _SEPARATORS = re.compile(r"[\s,]*")
