@@ -38,10 +38,10 @@ class Unit(Enum):
     TOKENS = "tokens"
     BLOCKS = "blocks"
     BYTES = "bytes"
-    GB = "GB"  # 10**9 bytes
+    GIB = "GiB"  # 2**30 bytes
     SECONDS = "s"
     TOKENS_PER_S = "tok/s"
-    TOKENS_PER_S_PER_GB = "tok/s/GB"
+    TOKENS_PER_S_PER_GIB = "tok/s/GiB"
 
 
 @dataclass(frozen=True)
@@ -226,8 +226,8 @@ KV_CACHE_NUM_BLOCKS = MetricKey("kv_cache_num_blocks", "pool", Unit.BLOCKS, "blo
 KV_CACHE_BLOCK_BYTES = MetricKey(
     "kv_cache_block_bytes", "block", Unit.BYTES, "bytes of one block, every layer's K and V"
 )
-KV_CACHE_POOL_GB = MetricKey(
-    "kv_cache_pool_gb", "pool size", Unit.GB, "the KV pool's size: blocks × block bytes"
+KV_CACHE_POOL_GIB = MetricKey(
+    "kv_cache_pool_gib", "pool size", Unit.GIB, "the KV pool's size: blocks × block bytes"
 )
 KV_CACHE_USAGE_PERC_MEAN = MetricKey(
     "kv_cache_usage_perc_mean",
@@ -341,11 +341,11 @@ TOTAL_TOKENS_PER_S = MetricKey(
     Unit.TOKENS_PER_S,
     "(prompt + generated tokens) / duration",
 )
-OUTPUT_TOKENS_PER_S_PER_KV_GB = MetricKey(
-    "output_tokens_per_s_per_kv_gb",
-    "output per GB of KV pool",
-    Unit.TOKENS_PER_S_PER_GB,
-    "output tokens per second / the KV pool's GB",
+OUTPUT_TOKENS_PER_S_PER_KV_GIB = MetricKey(
+    "output_tokens_per_s_per_kv_gib",
+    "output per GiB of KV pool",
+    Unit.TOKENS_PER_S_PER_GIB,
+    "output tokens per second / the KV pool's GiB",
 )
 
 SUMMARY_KEYS: tuple[MetricKey, ...] = (
@@ -379,7 +379,7 @@ SUMMARY_KEYS: tuple[MetricKey, ...] = (
     WORKLOAD_SOURCE,
     KV_CACHE_NUM_BLOCKS,
     KV_CACHE_BLOCK_BYTES,
-    KV_CACHE_POOL_GB,
+    KV_CACHE_POOL_GIB,
     KV_CACHE_USAGE_PERC_MEAN,
     KV_CACHE_USAGE_PERC_PEAK,
     KV_CACHE_UNUSED_SLOTS_MEAN,
@@ -402,7 +402,7 @@ SUMMARY_KEYS: tuple[MetricKey, ...] = (
     BUSY_TIME_S,
     OUTPUT_TOKENS_PER_S,
     TOTAL_TOKENS_PER_S,
-    OUTPUT_TOKENS_PER_S_PER_KV_GB,
+    OUTPUT_TOKENS_PER_S_PER_KV_GIB,
 )
 
 LATENCY_KEYS: tuple[MetricKey, ...] = (

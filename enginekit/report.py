@@ -103,7 +103,7 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
         _fields(
             mk.KV_CACHE_NUM_BLOCKS,
             mk.KV_CACHE_BLOCK_BYTES,
-            mk.KV_CACHE_POOL_GB,
+            mk.KV_CACHE_POOL_GIB,
             mk.KV_CACHE_USAGE_PERC_MEAN,
             mk.KV_CACHE_USAGE_PERC_PEAK,
             mk.KV_CACHE_UNUSED_SLOTS_MEAN,
@@ -133,7 +133,7 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
             mk.BUSY_TIME_S,
             mk.OUTPUT_TOKENS_PER_S,
             mk.TOTAL_TOKENS_PER_S,
-            mk.OUTPUT_TOKENS_PER_S_PER_KV_GB,
+            mk.OUTPUT_TOKENS_PER_S_PER_KV_GIB,
         ),
     ),
 )

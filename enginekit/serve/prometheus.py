@@ -8,8 +8,8 @@ process never share series):
   the pool's blocks that running requests hold; cached blocks nobody holds are free),
   ``kv_cache_num_blocks``, ``kv_cache_slot_utilization`` (of the slots running sequences
   hold, the share that hold a token; NaN when none is held) and
-  ``output_tokens_per_s_per_kv_gb`` (tokens generated over the last 10 s, per second of
-  the engine's time and GB of KV pool);
+  ``output_tokens_per_s_per_kv_gib`` (tokens generated over the last 10 s, per second of
+  the engine's time and GiB of KV pool);
 - counters, from the same snapshot, so that they equal the engine's summary:
   ``prefix_cache_queries_total`` and ``prefix_cache_hits_total`` (tokens),
   ``num_preemptions_total``, ``preemptions_by_kind_total{kind}``,
@@ -79,7 +79,7 @@ class Snapshot:
     kv_num_used_blocks: int = 0
     kv_num_table_slots: int = 0
     kv_num_unused_slots: int = 0
-    kv_pool_gb: float = 0.0
+    kv_pool_gib: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions_by_kind: dict[str, int] = field(default_factory=dict)
@@ -180,9 +180,9 @@ class _SnapshotCollector(Collector):
                 "Share of the token slots running sequences hold that hold a token.",
                 snap.slot_utilization,
             ),
-            "output_tokens_per_s_per_kv_gb": (
-                "Output tokens per second (engine time, last 10 s) per GB of KV pool.",
-                snap.output_tokens_per_s / snap.kv_pool_gb if snap.kv_pool_gb else 0.0,
+            "output_tokens_per_s_per_kv_gib": (
+                "Output tokens per second (engine time, last 10 s) per GiB of KV pool.",
+                snap.output_tokens_per_s / snap.kv_pool_gib if snap.kv_pool_gib else 0.0,
             ),
         }
         for name, (documentation, value) in gauges.items():

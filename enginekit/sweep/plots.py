@@ -249,7 +249,7 @@ def latency_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
 
 def _pool_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
     """Preemptions per request and output tok/s against the pool size (swept key's value,
-    or the pool's GB when both pool keys vary); a line per combination of the other keys.
+    or the pool's GiB when both pool keys vary); a line per combination of the other keys.
     None when no job has a pool size."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullLocator
@@ -260,13 +260,13 @@ def _pool_figure(jobs: Sequence[JobResult], swept: Sequence[str]) -> Any:
         xlabel = pool[0]
         x_of: Callable[[JobResult], float] = lambda job: _value(job.overrides.get(pool[0]))  # noqa: E731
     else:
-        xlabel = "KV pool (GB)"
-        x_of = lambda job: _value(job.summary.get(mk.KV_CACHE_POOL_GB.key))  # noqa: E731
+        xlabel = "KV pool (GiB)"
+        x_of = lambda job: _value(job.summary.get(mk.KV_CACHE_POOL_GIB.key))  # noqa: E731
     try:
         points = [(x_of(job), job) for job in jobs]
     except ValueError:  # a pool value that is not a number (e.g. "null")
-        xlabel = "KV pool (GB)"
-        points = [(_value(job.summary.get(mk.KV_CACHE_POOL_GB.key)), job) for job in jobs]
+        xlabel = "KV pool (GiB)"
+        points = [(_value(job.summary.get(mk.KV_CACHE_POOL_GIB.key)), job) for job in jobs]
     lines: dict[str, list[tuple[float, JobResult]]] = {}
     for x, job in points:
         if not math.isnan(x):

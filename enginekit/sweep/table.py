@@ -86,7 +86,7 @@ METRIC_COLUMNS: tuple[Column, ...] = (
     Column("kv_bytes_per_token", lambda job: job.header.get("kv_bytes_per_token")),
     _metric("pool_blocks", mk.KV_CACHE_NUM_BLOCKS),
     Column("pool_tokens", pool_tokens),
-    _metric("pool_gb", mk.KV_CACHE_POOL_GB),
+    _metric("pool_gib", mk.KV_CACHE_POOL_GIB),
 )
 
 

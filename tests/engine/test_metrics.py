@@ -10,7 +10,7 @@ from enginekit.errors import EngineKitError
 from enginekit.metrics import LATENCY_KEYS, RunMetrics, latency_stats
 from enginekit.step import KVUsage
 
-BLOCK_BYTES = 10_000_000  # 100 blocks = exactly 1 GB
+BLOCK_BYTES = 1 << 23  # 8 MiB: 100 blocks = 800 MiB = exactly 0.78125 GiB
 
 
 def step_usage(used: int, total: int, unused: int) -> KVUsage:
@@ -64,7 +64,7 @@ def test_counters():
 def test_kv_cache_and_occupancy():
     s = hand_made_run().summary(BLOCK_BYTES)
     assert s["kv_cache_num_blocks"] == 100
-    assert s["kv_cache_pool_gb"] == 1.0
+    assert s["kv_cache_pool_gib"] == 0.78125
     # Time-weighted: (0.1 × 0.5 + 0.3 × 1.5) / 2.0 = 0.25.
     assert s["kv_cache_usage_perc_mean"] == pytest.approx(0.25, rel=1e-12)
     assert s["kv_cache_usage_perc_peak"] == 0.3
@@ -107,7 +107,7 @@ def test_duration_and_throughput():
     assert s["duration_s"] == 4.0  # first arrival 0.0 .. last finish 4.0
     assert s["output_tokens_per_s"] == 9 / 4
     assert s["total_tokens_per_s"] == 109 / 4
-    assert s["output_tokens_per_s_per_kv_gb"] == 9 / 4
+    assert s["output_tokens_per_s_per_kv_gib"] == pytest.approx(9 / 4 / 0.78125)
 
 
 def test_empty_run_is_strict_json():

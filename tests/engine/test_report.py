@@ -69,7 +69,8 @@ def test_renders_every_key_with_sections_and_units():
         assert label in text
     assert "prefix=radix" in text and "llama-3-8b" in text and "h200" in text
     assert "swap=1" in text
-    assert "tok/s" in text and "%" in text and "GB" in text
+    assert "tok/s" in text and "%" in text and "GiB" in text
+    assert " GB" not in text and "/GB" not in text  # the pool in one unit, GiB
     # TTFT of a and b: 250 ms each.
     ttft_line = next(line for line in text.splitlines() if line.strip().startswith("TTFT"))
     assert ttft_line.split()[1:] == ["2", "250.00", "250.00", "250.00", "250.00"]

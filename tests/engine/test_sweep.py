@@ -52,7 +52,7 @@ def _summary(scale: float) -> dict:
         "time_per_output_token_seconds": latency,
         "output_tokens_per_s": 1000.0 * scale,
         "kv_cache_num_blocks": int(100 * scale),
-        "kv_cache_pool_gb": 1.5 * scale,
+        "kv_cache_pool_gib": 1.5 * scale,
     }
 
 
