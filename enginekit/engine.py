@@ -258,7 +258,7 @@ class Engine:
             root.status = RequestStatus.ABORTED
         else:
             self.scheduler.abort(root)
-            self.metrics.on_request_aborted(request_id, self.clock)
+            self.metrics.on_request_aborted(root.seq_id, self.clock)
         root.finish_time = self.clock
         return True
 
@@ -290,7 +290,7 @@ class Engine:
                 request.scripted_output_ids,
             )
             self.metrics.on_request_added(
-                request.request_id, request.arrival_time, request.num_prompt_tokens
+                request.seq_id, request.arrival_time, request.num_prompt_tokens
             )
             self.scheduler.add_request(request)
 
@@ -311,7 +311,7 @@ class Engine:
         for request in update.first_tokens:
             request.first_token_time = self.clock
             if request.parent is None:
-                self.metrics.on_first_token(request.request_id, self.clock)
+                self.metrics.on_first_token(request.seq_id, self.clock)
         roots: list[Request] = []
         outputs: list[RequestOutput] = []
         for request in update.finished:
@@ -322,7 +322,7 @@ class Engine:
                 output = RequestOutput.of(root)
                 outputs.append(output)
                 num_outputs = sum(map(len, output.samples))
-                self.metrics.on_request_finished(root.request_id, self.clock, num_outputs)
+                self.metrics.on_request_finished(root.seq_id, self.clock, num_outputs)
         return outputs
 
     def _record(self, scheduled: SchedulerOutput, step_time_s: float, update: StepUpdate) -> None:
@@ -443,7 +443,7 @@ class Engine:
             request.finish_time = self.clock
         root.finish_time = self.clock
         num_outputs = sum(map(len, RequestOutput.of(root).samples))
-        self.metrics.on_request_finished(request_id, self.clock, num_outputs)
+        self.metrics.on_request_finished(root.seq_id, self.clock, num_outputs)
         return True
 
     def release_request(self, request_id: str) -> RequestOutput:

@@ -15,6 +15,7 @@ NaN, so the summary is strict JSON.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -23,7 +24,6 @@ import numpy as np
 from enginekit.errors import EngineKitError
 from enginekit.step import KVUsage
 
-GIB = 1 << 30  # bytes in a GiB, the unit of the KV pool's size
 LATENCY_KEYS: tuple[str, ...] = (
     "time_to_first_token_seconds",
     "time_per_output_token_seconds",
@@ -82,7 +82,9 @@ class RunMetrics:
     """Counters of one run. Mutated only by the ``on_*`` methods; ``summary`` is pure."""
 
     def __init__(self) -> None:
-        self._requests: dict[str, _RequestRecord] = {}
+        # Keyed by a key unique over the run: the engine passes each request's seq_id, as a
+        # request id may be used again once its request is released.
+        self._requests: dict[Hashable, _RequestRecord] = {}
         # Every admission's prefix lookup, as vLLM counts them; the re-admissions of
         # preempted requests among them are also counted on their own.
         self.prefix_cache_queries = 0
@@ -119,32 +121,31 @@ class RunMetrics:
 
     # ---- request lifecycle -------------------------------------------------------------
 
-    def on_request_added(
-        self, request_id: str, arrival_time: float, num_prompt_tokens: int
-    ) -> None:
-        """Starts a request's record. Raises EngineKitError for a duplicate id."""
-        if request_id in self._requests:
-            raise EngineKitError(f"metrics: request {request_id!r} was already added")
-        self._requests[request_id] = _RequestRecord(arrival_time, num_prompt_tokens)
+    def on_request_added(self, key: Hashable, arrival_time: float, num_prompt_tokens: int) -> None:
+        """Starts the record of the request ``key`` names (unique over the run). Raises
+        EngineKitError for a key already added."""
+        if key in self._requests:
+            raise EngineKitError(f"metrics: request {key!r} was already added")
+        self._requests[key] = _RequestRecord(arrival_time, num_prompt_tokens)
 
     def on_request_rejected(self) -> None:
         """A request was refused at admission to the engine (it could never be served)."""
         self.num_requests_rejected += 1
 
-    def on_first_token(self, request_id: str, time: float) -> None:
+    def on_first_token(self, key: Hashable, time: float) -> None:
         """Records the first output token's time; later calls (after a preemption) are ignored."""
-        record = self._requests[request_id]
+        record = self._requests[key]
         if record.first_token_time is None:
             record.first_token_time = time
 
-    def on_request_aborted(self, request_id: str, time: float) -> None:
+    def on_request_aborted(self, key: Hashable, time: float) -> None:
         """The request (which had arrived) was aborted at ``time``; it counts in no
         latency."""
         self.num_requests_aborted += 1
-        self._requests.pop(request_id, None)
+        self._requests.pop(key, None)
 
-    def on_request_finished(self, request_id: str, time: float, num_output_tokens: int) -> None:
-        record = self._requests[request_id]
+    def on_request_finished(self, key: Hashable, time: float, num_output_tokens: int) -> None:
+        record = self._requests[key]
         record.finish_time = time
         record.num_output_tokens = num_output_tokens
 
@@ -307,7 +308,7 @@ class RunMetrics:
             ),
             mk.KV_CACHE_NUM_BLOCKS.key: self.num_total_blocks,
             mk.KV_CACHE_BLOCK_BYTES.key: kv_bytes_per_block,
-            mk.KV_CACHE_POOL_GIB.key: pool_bytes / GIB,
+            mk.KV_CACHE_POOL_GB.key: pool_bytes / 1e9,
             mk.KV_CACHE_USAGE_PERC_MEAN.key: usage_mean,
             mk.KV_CACHE_USAGE_PERC_PEAK.key: self.kv_cache_usage_peak,
             mk.KV_CACHE_UNUSED_SLOTS_MEAN.key: _ratio(self._unused_slots_sum, steps),
@@ -345,8 +346,8 @@ class RunMetrics:
             mk.BUSY_TIME_S.key: self.busy_time_s,
             mk.OUTPUT_TOKENS_PER_S.key: output_tps,
             mk.TOTAL_TOKENS_PER_S.key: total_tps,
-            mk.OUTPUT_TOKENS_PER_S_PER_KV_GIB.key: (
-                None if output_tps is None else _ratio(output_tps, pool_bytes / GIB)
+            mk.OUTPUT_TOKENS_PER_S_PER_KV_GB.key: (
+                None if output_tps is None else _ratio(output_tps, pool_bytes / 1e9)
             ),
         }
         return summary

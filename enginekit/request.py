@@ -347,13 +347,16 @@ class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # the first sample's
-    finish_reason: str | None  # "stop", "length", or None while any sample runs
+    # The request's: "abort" if it was aborted, else the first sample's ("stop" or
+    # "length"); None while any sample runs.
+    finish_reason: str | None
     num_cached_tokens: int
     num_preemptions: int
     arrival_time: float
     first_token_time: float | None
     finish_time: float | None  # when the last sample finished
     samples: list[list[int]]  # n outputs: the samples in order, or the best beams first
+    finish_reasons: list[str | None]  # each sample's own reason (None while it runs)
 
     @classmethod
     def of(cls, request: Request) -> RequestOutput:
@@ -364,15 +367,20 @@ class RequestOutput:
             survivors = [r for r in group if r.status != RequestStatus.PRUNED]
             survivors.sort(key=lambda r: -r.cumulative_logprob)
             samples = survivors[: request.sampling.n] or [request]
+        finish_reason = None
+        if done:
+            aborted = any(r.status is RequestStatus.ABORTED for r in group)
+            finish_reason = RequestStatus.ABORTED.value if aborted else samples[0].status.value
         return cls(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
             output_token_ids=samples[0].output_token_ids,
-            finish_reason=samples[0].status.value if done else None,
+            finish_reason=finish_reason,
             num_cached_tokens=request.num_cached_tokens,
             num_preemptions=sum(r.num_preemptions for r in group),
             arrival_time=request.arrival_time,
             first_token_time=request.first_token_time,
             finish_time=max((r.finish_time or 0.0) for r in group) if done else None,
             samples=[r.output_token_ids for r in samples],
+            finish_reasons=[r.status.value if r.is_finished else None for r in samples],
         )

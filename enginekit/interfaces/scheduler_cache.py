@@ -6,7 +6,8 @@ a step's life:
 
 - ``admit``: a waiting request gets a block table (its cached prefix matched, or its
   swapped-out blocks brought back), or None if it does not fit now;
-- ``can_admit_together``: whether a group (the beams of one request) fits at once;
+- ``admit_together``: a group (the preempted beams of one request) is admitted whole, or
+  none of it;
 - ``reserve_prefill``: blocks for a running prefill's next chunk, whose full blocks the
   prefix cache may then publish;
 - ``grow``: one more token for each decode (and a copy of a block another sequence still
@@ -77,9 +78,15 @@ class SchedulerCache(Protocol):
         waits for the next step (None)."""
         ...
 
-    def can_admit_together(self, requests: Sequence[Request]) -> bool:
-        """Whether admitting every one of the waiting ``requests``, each without a prefix
-        hit, fits now with the watermark to spare (counted from above). Pure."""
+    def admit_together(
+        self, requests: Sequence[Request], step_has_work: bool
+    ) -> list[Admission] | None:
+        """Admits every one of the waiting ``requests`` as ``admit`` would (each with its
+        cached prefix where it fits), or none: returns their admissions in order, or None
+        if the blocks all of them need without a prefix hit, with the watermark to spare,
+        are not there (changing nothing but the cached blocks evicted while trying). For
+        the beams of one request, which advance in lockstep: a beam admitted without its
+        siblings would hold blocks while it waits for them."""
         ...
 
     def reserve_prefill(self, request: Request, num_tokens: int) -> int:

@@ -212,10 +212,38 @@ class KVCacheManager:
             return Admission(False, admissible.num_tokens, 0)
         return None
 
-    def can_admit_together(self, requests: Sequence[Request]) -> bool:
-        """See ``SchedulerCache.can_admit_together``. Pure."""
-        needed = sum(self._num_blocks_to_admit_alone(r) for r in requests)
-        return needed + self._admission_watermark() <= self.num_reclaimable_blocks()
+    def admit_together(
+        self, requests: Sequence[Request], step_has_work: bool
+    ) -> list[Admission] | None:
+        """See ``SchedulerCache.admit_together``. The blocks every member needs without a
+        prefix hit (a swapped-out one: to be restored) are freed first, evicting cached
+        blocks; then each member is admitted as ``admit`` would, out of free blocks only.
+        A hit never takes more free blocks than no hit (it shares what it matched), so
+        every member fits once the first does; taking it from the free blocks, not from
+        the evictable ones a hit pins, is what keeps one member's hit from leaving a
+        sibling short. A match whose last tokens the step computes is not waited for: that
+        member is admitted without a hit."""
+        num_needed = 0
+        for request in requests:
+            if self._is_swapped(request):
+                num_needed += self._num_blocks_to_restore(request)
+            else:
+                num_needed += self._num_new_blocks(request, NO_MATCH)
+        if num_needed > self._admission_room():
+            return None
+        if not self._try_make_room(num_needed + self._num_short_promised()):
+            return None  # the room estimated was not all reclaimable
+        admissions = []
+        for request in requests:
+            if self._is_swapped(request):
+                admissions.append(Admission(True, 0, self._swap_in(request)))
+                continue
+            match = self.prefix.match(request)
+            if match.num_deferred_tokens and step_has_work:
+                match = NO_MATCH
+            self._admit_match(request, match)
+            admissions.append(Admission(False, match.num_tokens, 0))
+        return admissions
 
     def grow(self, seq_ids: IntBatch, num_tokens: IntBatch, decodes: Sequence[Request]) -> bool:
         """See ``SchedulerCache.grow``: the tables grow (all or nothing), then the copies

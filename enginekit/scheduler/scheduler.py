@@ -213,33 +213,49 @@ class Scheduler:
 
     def _admit_waiting(self, plan: StepPlan) -> None:
         """Admits waiting requests in order while the budget, ``max_num_seqs`` and the
-        cache allow, and schedules a first chunk of each (a swapped-out decode decodes)."""
+        cache allow, and schedules a first chunk of each (a swapped-out decode decodes). The
+        preempted beams of one request are admitted together or not at all."""
         max_num_seqs = self._max_num_seqs
         while self.waiting and plan.budget > 0 and len(self.running) < max_num_seqs:
             request = self.waiting[0]
             if request.is_beam and request.num_preemptions:
-                if not self._beams_fit(request):
-                    break
-                self._queue_siblings_behind(request)
+                group = self._waiting_beam_group(request)
+                if len(group) > 1:
+                    if len(self.running) + len(group) > max_num_seqs:
+                        break
+                    admissions = self.cache.admit_together(group, not plan.is_empty)
+                    if admissions is None:
+                        break
+                    for beam, how in zip(group, admissions, strict=True):
+                        self._start(beam, how, plan)
+                    continue
             owed = num_sequences_to_fork(request)
             if len(self.running) + self._forker.num_owed + owed + 1 > max_num_seqs:
                 break  # its samples or beams would not fit among the running sequences
             admission = self.cache.admit(request, not plan.is_empty)
             if admission is None:
                 break
-            self._count_admission(request, admission)
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self._num_running_computed += request.num_computed_tokens  # hit or restored
-            self._unbatched.append(request)
-            self._forker.owe(request, owed)
-            if not admission.restored or request.is_prefilling:
-                self._schedule_chunk(plan, request)
-            elif request.num_tokens_to_compute:
-                plan.decodes.append(request)  # swapped out mid-decode: it decodes on
-                plan.budget -= 1
-            # else: a beam restored with its step done, waiting for its siblings
+            self._start(request, admission, plan, owed)
+
+    def _start(self, request: Request, admission: Admission, plan: StepPlan, owed: int = 0) -> None:
+        """The head of the queue, just admitted, runs, owing ``owed`` forked sequences: its
+        first chunk is scheduled while the budget lasts (a request swapped out mid-decode
+        decodes; a beam restored with its step done waits for its siblings); past the
+        budget, it runs from the next step on."""
+        self._count_admission(request, admission)
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self._num_running_computed += request.num_computed_tokens  # hit or restored
+        self._unbatched.append(request)
+        self._forker.owe(request, owed)
+        if plan.budget <= 0:
+            return
+        if not admission.restored or request.is_prefilling:
+            self._schedule_chunk(plan, request)
+        elif request.num_tokens_to_compute:
+            plan.decodes.append(request)  # swapped out mid-decode: it decodes on
+            plan.budget -= 1
 
     def _count_admission(self, request: Request, admission: Admission) -> None:
         """Records what ``request``'s admission took from the cache: host blocks swapped
@@ -255,16 +271,16 @@ class Scheduler:
             )
         )
 
-    def _queue_siblings_behind(self, beam: Request) -> None:
-        """Moves every other waiting beam of ``beam``'s request right behind it (``beam``
-        heads the queue), so the group that ``_beams_fit`` found room for is admitted
-        together rather than split by requests queued between its beams."""
+    def _waiting_beam_group(self, beam: Request) -> list[Request]:
+        """Every waiting beam of the request that ``beam`` (the head of the queue) belongs
+        to, ``beam`` first; moves them to the front of the queue in that order, so the group
+        is admitted together rather than split by requests queued between its beams."""
         root = beam.parent or beam
         siblings = [r for r in self.waiting if r is not beam and (r.parent or r) is root]
-        if not siblings:
-            return
-        others = [r for r in self.waiting if r is not beam and (r.parent or r) is not root]
-        self.waiting = deque([beam, *siblings, *others])
+        if siblings:
+            others = [r for r in self.waiting if r is not beam and (r.parent or r) is not root]
+            self.waiting = deque([beam, *siblings, *others])
+        return [beam, *siblings]
 
     def _output(self, plan: StepPlan) -> SchedulerOutput:
         """The step's SchedulerOutput: the plan, the decodes' context lengths (the decodes'
@@ -464,18 +480,6 @@ class Scheduler:
             token, logprob = continuations[0]
             beam.cumulative_logprob += logprob
             self._append(beam, token, finished, first_tokens)
-
-    def _beams_fit(self, request: Request) -> bool:
-        """For a preempted beam: whether the blocks to bring back every waiting beam of its
-        request fit now (they are admitted together, or a beam admitted alone could hold
-        blocks while it waits for the others). Counted without prefix hits: from above."""
-        root = request.parent or request
-        group = [r for r in self.waiting if (r.parent or r) is root]
-        if len(group) < 2:
-            return True
-        if len(self.running) + len(group) > self._max_num_seqs:
-            return False
-        return self.cache.can_admit_together(group)
 
     # -- update ----------------------------------------------------------------------------
 

@@ -149,7 +149,10 @@ class Generation:
         return updates
 
     def _final_reason(self, final: RequestOutput, sample: int) -> str:
-        if final.finish_reason == "abort":
+        """The choice's reason once its request has ended: ``abort`` for a sample the abort
+        ended (one that had stopped before keeps its reason), else ``length`` or ``stop``."""
+        reasons = final.finish_reasons
+        if (reasons[sample] if sample < len(reasons) else final.finish_reason) == "abort":
             return "abort"
         samples = final.samples
         num_tokens = len(samples[sample]) if sample < len(samples) else 0

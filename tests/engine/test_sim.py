@@ -24,7 +24,7 @@ from enginekit.request import SamplingParams
 from enginekit.spec.hardware import HARDWARE_PRESETS, hardware_preset, kv_pool_num_blocks
 from enginekit.spec.kv import KVSpec
 from enginekit.spec.model import ModelShape, model_preset
-from enginekit.step import BlockCopy, BlockSwap, SchedulerOutput
+from enginekit.step import BlockCopy, BlockSwap, Fork, SchedulerOutput
 
 SHAPE = model_preset("llama-3-8b")
 HW = hardware_preset("h200")
@@ -210,6 +210,21 @@ def test_finished_sequences_are_forgotten_and_can_be_added_again():
         ex.execute(step(decodes=[(0, 3)]))
     ex.add_sequence(0, [1], SP, [5])
     assert ex.execute(step(decodes=[(0, 2)])).next_token_ids == [5]
+
+
+def test_a_beam_forked_from_a_parent_finishing_in_the_same_step_is_still_a_beam():
+    """The step contract (as the torch executor keeps it): forks are registered before the
+    finished sequences are forgotten, so a beam whose parent finished as it forked it keeps
+    its parent's beam width and gets candidates."""
+    ex = SimExecutor(SHAPE, HW, KV)
+    beams = SamplingParams(max_tokens=4, beam_width=2, temperature=0.0)
+    ex.add_sequence(0, [1, 2, 3], beams)
+    scheduled = step(decodes=[(1, 5)], finished=[0])._replace(
+        forks=[Fork(0, 1, 1)], decode_token_ids=[7]
+    )
+    out = ex.execute(scheduled)
+    assert out.candidates == [ex.beam_candidates(7, 4, 2)]
+    assert len(out.candidates[0]) == 4
 
 
 def test_fallback_without_script_is_deterministic_and_in_vocab():

@@ -235,8 +235,9 @@ def test_promised_blocks_are_kept_from_other_admissions(native):
     admit(manager, first)
     assert manager.num_promised_blocks == 5
     assert manager.num_reclaimable_blocks() == 3
-    assert not manager.can_admit_together([request(1, tokens(13, 100))])  # 4 blocks
-    assert manager.can_admit_together([request(1, tokens(12, 100))])  # 3 blocks
+    # Together with another, or alone: 4 blocks are not there.
+    assert manager.admit_together([request(1, tokens(13, 100))], step_has_work=False) is None
+    assert manager.tables.seq_ids() == [0]
     assert prefill(manager, first, 8) == 8  # 2 blocks out of the promise: 3 still promised
     assert manager.num_promised_blocks == 3
     assert manager.num_reclaimable_blocks() == 8 - 2 - 3
@@ -277,14 +278,15 @@ def test_the_watermark_guards_admission_only_once_a_sequence_holds_blocks(native
     assert manager.num_watermark_blocks == 4  # int(0.25 * 16)
     # No sequence holds a block: the watermark protects nothing (it counts 0 blocks), and a
     # request that takes the whole pool is admitted.
-    assert manager.can_admit_together([request(9, tokens(63))])  # 16 blocks: the whole pool
+    whole = request(9, tokens(63))  # 16 blocks: the whole pool
+    assert manager.admit_together([whole], step_has_work=False) == [Admission(False, 0, 0)]
+    release(manager, whole)
     first = request(0, tokens(20))
     admit(manager, first)
     prefill(manager, first)  # holds 5 blocks: 11 reclaimable
     assert manager.num_reclaimable_blocks() == 11
     # Now the watermark counts its 4 blocks.
-    assert manager.can_admit_together([request(1, tokens(28, 100))])  # 7 + 4 <= 11
-    assert not manager.can_admit_together([request(1, tokens(29, 100))])  # 8 + 4 > 11
+    assert manager.admit_together([request(1, tokens(29, 100))], False) is None  # 8 + 4 > 11
     assert manager.admit(request(1, tokens(29, 100)), step_has_work=False) is None
     assert manager.tables.seq_ids() == [0]
     assert admit(manager, request(2, tokens(28, 100))) == Admission(False, 0, 0)
@@ -769,6 +771,54 @@ def test_a_windowed_hit_releases_the_matched_blocks_outside_the_window(native):
     assert free_and_evictable(manager) == (10, 3)
 
 
+def test_a_group_is_admitted_whole_even_where_one_members_hit_would_leave_another_short(native):
+    # 4 blocks of 4 tokens under radix. A released 6-token prompt left block 0 (full) and
+    # block 1 (2 tokens) cached; 2 blocks are free. Alone, the first member's hit would
+    # share block 0, copy block 1 into a fresh block and pin both: 1 free block left, and
+    # the second member (2 blocks, no hit) would not fit. Together: the 4 blocks both need
+    # without a hit are freed first, so both are admitted (the first without its hit).
+    manager = make_manager(native, num_blocks=4, prefix="radix")
+    gone = request(0, tokens(6))
+    admit(manager, gone)
+    prefill(manager, gone)
+    step_done(manager)
+    release(manager, gone)
+    assert (manager.pool.num_free_blocks, manager.num_reclaimable_blocks()) == (2, 4)
+    first, second = request(1, tokens(6) + [9]), request(2, tokens(7, 100))
+    assert match(manager, first).num_tokens == 6
+    assert manager.admit_together([first, second], step_has_work=False) == [
+        Admission(False, 0, 0),
+        Admission(False, 0, 0),
+    ]
+    manager.check_integrity()
+    assert manager.tables.seq_ids() == [1, 2]
+    assert manager.num_promised_blocks == 4
+    assert (manager.pool.num_free_blocks, manager.num_reclaimable_blocks()) == (4, 0)
+    # A third member would need 2 more: the group is refused whole, nothing admitted.
+    for r in (first, second):
+        release(manager, r)
+    third = request(3, tokens(7, 200))
+    assert manager.admit_together([first, second, third], step_has_work=False) is None
+    assert manager.tables.seq_ids() == []
+    manager.check_integrity()
+
+
+def test_a_group_member_takes_its_hit_when_the_free_blocks_cover_every_member(native):
+    manager = make_manager(native, num_blocks=8, prefix="radix")
+    gone = request(0, tokens(6))
+    admit(manager, gone)
+    prefill(manager, gone)
+    step_done(manager)
+    release(manager, gone)
+    first, second = request(1, tokens(6) + [9]), request(2, tokens(7, 100))
+    assert manager.admit_together([first, second], step_has_work=False) == [
+        Admission(False, 6, 0),  # shares block 0, copies block 1's 2 tokens
+        Admission(False, 0, 0),
+    ]
+    assert first.num_computed_tokens == 6
+    manager.check_integrity()
+
+
 def test_a_windowed_hit_whose_held_blocks_leave_no_room_is_refused_and_no_hit_fits(native):
     # 4 blocks, the window's bound. A released 16-token prompt left blocks 0..3 evictable.
     # Its 17-token continuation matches all 4 and keeps 0, 2, 3 (the query at 16 reaches
@@ -785,7 +835,6 @@ def test_a_windowed_hit_whose_held_blocks_leave_no_room_is_refused_and_no_hit_fi
     assert free_and_evictable(manager) == (0, 4)
     second = request(1, tokens(17))
     assert match(manager, second) == PrefixMatch([0, 1, 2, 3], 16)
-    assert manager.can_admit_together([second])  # without a hit it fits
     assert admit(manager, second) == Admission(False, 0, 0)  # the hit refused, none taken
     assert second.num_computed_tokens == 0
     assert free_and_evictable(manager) == (4, 0)  # evicted; all 4 promised to the prefill

@@ -240,7 +240,7 @@ def _run(
     accepted = {}
     for prompt, max_tokens, n in requests:
         sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, n=n, seed=1)
-        accepted[engine.add_request(prompt, sampling)] = max_tokens
+        accepted[engine.add_request(prompt, sampling)] = sampling
     for _ in range(3000):
         if not engine.has_unfinished_requests():
             break
@@ -249,7 +249,7 @@ def _run(
         after_step()
     assert not engine.has_unfinished_requests()
     assert_finished_and_nothing_leaked(engine, accepted)
-    return accepted
+    return {request_id: sampling.max_tokens for request_id, sampling in accepted.items()}
 
 
 def _first_fit_runs(free: list[int], needs: list[int], max_run: int) -> list[int]:

@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import os
 import random
-from typing import Any
+from typing import Any, NamedTuple
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,7 +45,7 @@ from enginekit.plugins import load_plugin
 
 SIM_EXAMPLES = int(os.environ.get("ENGINEKIT_LIVENESS_EXAMPLES", "500"))
 TORCH_EXAMPLES = int(os.environ.get("ENGINEKIT_LIVENESS_TORCH_EXAMPLES", "25"))
-MAX_STEPS = 3000  # far above what these workloads need: a run past it is a livelock
+STALL_SLACK_STEPS = 64  # steps beyond the recomputation bound before a stall is declared
 
 CHOICES = {
     "allocator": ("paged", "contiguous"),
@@ -91,17 +91,47 @@ def _plugin_config(group: str, name: str, **keys: Any) -> Any:
     return load_plugin(group, name).Config(**keys)
 
 
+STOP_TOKEN_IDS = tuple(range(100, 124))  # 24 of the tiny model's 512 tokens
+
+
+class Workload(NamedTuple):
+    """One request of a workload, as ``run_to_the_end`` adds it."""
+
+    prompt: list[int]
+    max_tokens: int
+    n: int
+    beam_width: int
+    arrival: float
+    stop_token_ids: tuple[int, ...]
+    abort_after: int | None  # the step after which its caller aborts it, if unfinished
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            ignore_eos=True,
+            n=self.n,
+            beam_width=self.beam_width,
+            seed=1,
+            stop_token_ids=self.stop_token_ids,
+        )
+
+
 @st.composite
 def workloads(draw: Any, executor: str) -> dict[str, Any]:
-    """An engine config and its requests: (prompt, max_tokens, n, beam_width, arrival).
+    """An engine config and its requests (``Workload``).
     Half the examples run a sliding window (its promises and holes are where admission is
     most intricate), and the pool is drawn around what the longest request needs, so
     requests share it and preempt."""
     # Chosen uniformly (hypothesis would lean toward the first of a sampled_from).
     choose = draw(st.randoms(use_true_random=False))
-    is_windowed = choose.random() < 0.5
+    # A quarter of the examples: beam groups under radix in a pool their beams just fill,
+    # where a preempted group fits back only whole (one beam's partial hit pins a block).
+    beams_in_a_tight_radix_pool = choose.random() < 0.25
+    is_windowed = not beams_in_a_tight_radix_pool and choose.random() < 0.5
     combination = choose.choice(
-        [c for c in VALID if (c["eviction"] == "sliding_window") == is_windowed]
+        [c for c in VALID if c["prefix"] == "radix"]
+        if beams_in_a_tight_radix_pool
+        else [c for c in VALID if (c["eviction"] == "sliding_window") == is_windowed]
     )
     plugin_keys: dict[str, dict[str, Any]] = {group: {} for group in PLUGIN_GROUPS}
     if combination["eviction"] == "sliding_window":
@@ -116,23 +146,35 @@ def workloads(draw: Any, executor: str) -> dict[str, Any]:
     max_model_len = None
     if combination["allocator"] == "contiguous":
         max_model_len = draw(st.sampled_from((48, 96)))  # a slab is max_model_len tokens
-    block_size = draw(st.sampled_from((4, 16)))
+    block_size = 16 if beams_in_a_tight_radix_pool else draw(st.sampled_from((4, 16)))
     # Lengths come from short lists of typical values rather than wide ranges: hypothesis
     # leans toward small values, and a few long prompts sharing a prefix are what stress
     # the cache. The token values themselves never matter, only which prompts share them.
     tokens = random.Random(draw(st.integers(0, 2**16)))
     base = tokens.choices(range(3, 500), k=draw(st.sampled_from((100, 64, 40, 17, 0))))
     can_fork = combination["allocator"] == "paged"
-    fan_outs = ((1, 1), (2, 1), (1, 2), (2, 2)) if can_fork else ((1, 1),)
+    fan_outs = ((1, 1), (2, 1), (1, 2), (2, 2), (3, 1), (1, 3)) if can_fork else ((1, 1),)
+    if beams_in_a_tight_radix_pool:  # each beam within a block or two
+        base = base[: choose.randint(1, 15)]
+        fan_outs = ((1, 3), (2, 3), (1, 2), (3, 3))
     requests = []
     for _ in range(draw(st.sampled_from((3, 2, 4, 5, 1)))):
         shared = base[: int(len(base) * draw(st.sampled_from((1.0, 0.5, 0.8, 0.2, 0.0))))]
-        num_own = draw(st.sampled_from((3, 0, 1, 9, 24)))
+        num_own = draw(st.sampled_from((3, 0, 1, 9, 24, 12)))
+        if beams_in_a_tight_radix_pool:
+            shared, num_own = base, draw(st.sampled_from((0, 1, 2)))
         own = tokens.choices(range(3, 500), k=num_own if num_own or shared else 1)
         n, beam_width = draw(st.sampled_from(fan_outs))
         arrival = draw(st.sampled_from((0.0, 0.0, 1e-3, 1e-2)))
         max_tokens = draw(st.sampled_from((8, 1, 2, 3, 16)))
-        requests.append((shared + own, max_tokens, n, beam_width, arrival))
+        # Samples that stop early (the simulator's tokens are spread over the vocabulary),
+        # so that the samples of one request end at different steps.
+        stop = draw(st.sampled_from(((), (), STOP_TOKEN_IDS)))
+        # Aborted by its caller after that many steps (if it has not finished by then).
+        abort_after = draw(st.sampled_from((None, None, None, 1, 3, 6)))
+        requests.append(
+            Workload(shared + own, max_tokens, n, beam_width, arrival, stop, abort_after)
+        )
     # The pool: between the blocks the longest request holds at most (a windowed one: its
     # bound) and twice that, where requests must share it and preempt.
     bound = None
@@ -140,10 +182,10 @@ def workloads(draw: Any, executor: str) -> dict[str, Any]:
         keys = plugin_keys["eviction"]
         bound = -(-keys["sink_tokens"] // block_size) + -(-keys["window"] // block_size) + 1
     need = 1
-    for prompt, max_tokens, _, beam_width, _ in requests:
-        num_longest = -(-(len(prompt) + max_tokens) // block_size)
-        need = max(need, beam_width * min(num_longest, bound or num_longest))
-    num_blocks = draw(st.integers(need, 2 * need))
+    for r in requests:
+        num_longest = -(-(len(r.prompt) + r.max_tokens) // block_size)
+        need = max(need, r.beam_width * min(num_longest, bound or num_longest))
+    num_blocks = draw(st.integers(need, need + 1 if beams_in_a_tight_radix_pool else 2 * need))
     native = draw(st.booleans())  # the Rust structures, or their Python twins
     config = EngineConfig(
         **{
@@ -171,40 +213,116 @@ def workloads(draw: Any, executor: str) -> dict[str, Any]:
     }
 
 
-def run_to_the_end(workload: dict[str, Any]) -> tuple[Engine, dict[str, int]]:
+def num_tokens_produced(engine: Engine) -> int:
+    """Output tokens the engine's requests hold (every sample, every surviving beam), plus
+    one per finished request: what grows when a step makes progress. A preemption, a
+    readmission or a recomputed prefill chunk changes state but produces nothing."""
+    return sum(
+        sum(map(len, output.samples)) + (output.finish_reason is not None)
+        for output in engine.outputs()
+    )
+
+
+def stall_bound(engine: Engine, requests: list[tuple[list[int], SamplingParams]]) -> int:
+    """Steps without a produced token after which a run is stalled: computing every
+    sequence's every token (prompt and outputs, each sample and beam) twice over at the
+    smallest step budget, plus slack. A live scheduler produces a token well within it:
+    a prefill chunk spends at least one budget token, and a request computed again after a
+    preemption recomputes at most what it held."""
+    num_tokens = 0
+    for prompt, sampling in requests:
+        num_tokens += max(sampling.n, sampling.beam_width) * (len(prompt) + sampling.max_tokens)
+    budget = engine.config.scheduler.max_num_batched_tokens
+    return 2 * -(-num_tokens // budget) + STALL_SLACK_STEPS
+
+
+def step_to_the_end(
+    engine: Engine,
+    requests: list[tuple[list[int], SamplingParams]],
+    aborts: dict[int, list[str]] | None = None,
+) -> set[str]:
+    """Steps until every request has finished, checking every invariant after every step,
+    and aborts the requests ``aborts`` lists under a step number before that step (those
+    still unfinished then). Returns the ids aborted. Raises AssertionError on a stall:
+    ``stall_bound`` steps in a row that produce no token (a scheduler that preempts and
+    readmits forever changes state at every step, so the count of steps alone would only
+    catch it late). ``requests``: what was added."""
+    bound = stall_bound(engine, requests)
+    produced, num_idle_steps = num_tokens_produced(engine), 0
+    aborted: set[str] = set()
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        for request_id in (aborts or {}).get(num_steps, []):
+            if engine.abort_request(request_id):
+                aborted.add(request_id)
+                engine.check_integrity()
+        engine.step()
+        num_steps += 1
+        engine.check_integrity()
+        now = num_tokens_produced(engine)
+        num_idle_steps = 0 if now > produced else num_idle_steps + 1
+        produced = now
+        if num_idle_steps > bound:
+            raise AssertionError(
+                f"stalled: {num_idle_steps} steps in a row produced no token "
+                f"({engine.metrics.summary(1)['num_preemptions_total']} preemptions so far)"
+            )
+    return aborted
+
+
+def run_to_the_end(
+    workload: dict[str, Any],
+) -> tuple[Engine, dict[str, SamplingParams], set[str]]:
     """Adds the workload's requests (those add_request rejects are left out), steps until
-    every accepted one has finished, checking every invariant after every step; returns the
-    engine and each accepted request's output length."""
+    every accepted one has finished or been aborted (``step_to_the_end``); returns the
+    engine, each accepted request's sampling and the ids aborted."""
     engine = Engine(workload["config"], make_backend(workload["native"]))
     preemption = engine.scheduler.preemption
     if workload["cheap_swap"] and hasattr(preemption, "costs"):
         preemption.costs = dataclasses.replace(preemption.costs, swap_s_per_block=1e-12)
-    accepted: dict[str, int] = {}
-    for prompt, max_tokens, n, beam_width, arrival in workload["requests"]:
-        sampling = SamplingParams(
-            max_tokens=max_tokens, ignore_eos=True, n=n, beam_width=beam_width, seed=1
-        )
+    accepted: dict[str, SamplingParams] = {}
+    added = []
+    aborts: dict[int, list[str]] = {}
+    for request in workload["requests"]:
+        sampling = request.sampling()
         try:
-            request_id = engine.add_request(prompt, sampling, arrival_time=arrival)
+            request_id = engine.add_request(request.prompt, sampling, arrival_time=request.arrival)
         except RequestRejectedError:
             continue
-        accepted[request_id] = max_tokens
-    for _ in range(MAX_STEPS):
-        if not engine.has_unfinished_requests():
-            break
-        engine.step()
-        engine.check_integrity()
-    else:
-        raise AssertionError(f"unfinished after {MAX_STEPS} steps: a livelock")
-    return engine, accepted
+        accepted[request_id] = sampling
+        added.append((request.prompt, sampling))
+        if request.abort_after is not None:
+            aborts.setdefault(request.abort_after, []).append(request_id)
+    aborted = step_to_the_end(engine, added, aborts)
+    return engine, accepted, aborted
 
 
-def assert_finished_and_nothing_leaked(engine: Engine, accepted: dict[str, int]) -> None:
-    for request_id, max_tokens in accepted.items():
+def assert_finished_and_nothing_leaked(
+    engine: Engine,
+    accepted: dict[str, SamplingParams],
+    aborted: frozenset[str] | set[str] = frozenset(),
+) -> None:
+    """Every accepted request ended as it should: each sample at ``max_tokens`` (length)
+    or at a stop token (stop), or, for an aborted one, ``abort`` with samples no longer;
+    no block, promise or host block is left held."""
+    for request_id, sampling in accepted.items():
         output = engine.output(request_id)
-        assert output.finish_reason == "length", request_id
-        for sample in output.samples:
-            assert len(sample) == max_tokens, (request_id, sample)
+        reasons = output.finish_reasons
+        assert len(reasons) == len(output.samples), request_id
+        if request_id in aborted:
+            assert output.finish_reason == "abort", (request_id, reasons)
+            # Parallel samples: one at least was cut short. Beams: the best may have ended.
+            assert sampling.beam_width > 1 or "abort" in reasons, (request_id, reasons)
+        else:
+            assert output.finish_reason == reasons[0] != "abort", (request_id, reasons)
+        for sample, reason in zip(output.samples, reasons, strict=True):
+            assert len(sample) <= sampling.max_tokens, (request_id, sample)
+            if reason == "length":
+                assert len(sample) == sampling.max_tokens, (request_id, sample)
+            elif reason == "stop":
+                assert sample[-1] in sampling.stop_token_ids, (request_id, sample)
+            else:
+                assert reason == "abort" and request_id in aborted, (request_id, reason)
     kv = engine.cache
     assert list(kv.tables.seq_ids()) == []
     assert kv.num_promised_blocks == 0
@@ -248,12 +366,7 @@ def _sim(*overrides: str) -> Engine:
 def _run_checked(engine: Engine, requests: list[tuple[list[int], SamplingParams]]) -> Engine:
     for prompt, sampling in requests:
         engine.add_request(prompt, sampling)
-    for _ in range(MAX_STEPS):
-        if not engine.has_unfinished_requests():
-            break
-        engine.step()
-        engine.check_integrity()
-    assert not engine.has_unfinished_requests()
+    step_to_the_end(engine, requests)
     for output in engine.outputs():
         assert output.finish_reason == "length"
     return engine
@@ -331,3 +444,19 @@ def test_a_copy_on_write_source_that_is_the_only_block_is_evicted_and_the_prompt
     engine = _sim("+prefix=radix", "cache.num_blocks=1")
     _run_checked(engine, [([1, 2], _greedy(2)), ([1, 2, 3], _greedy(1))])
     assert engine.output("1").num_cached_tokens == 0
+
+
+def test_a_preempted_beam_group_is_readmitted_whole_when_a_radix_hit_would_split_it():
+    """Three beams of one block each fill the pool; preempted, the first beam's radix hit
+    (ending inside a block: a copy, with the cached block pinned) left no room for its
+    siblings, so it ran alone, waited for them, was preempted and readmitted, forever."""
+    engine = _sim("+prefix=radix", "cache.block_size=16", "cache.num_blocks=3")
+    _run_checked(engine, [(list(range(3, 15)), _greedy(3, beam_width=3))])
+    assert engine.metrics.summary(1)["num_preemptions_total"] > 0
+
+
+def test_beam_groups_sharing_a_prefix_under_radix_all_finish():
+    prefix = list(range(3, 15))
+    own = [[297, 315, 120], [232, 361, 348], [307, 255, 344]]
+    engine = _sim("+prefix=radix", "cache.block_size=16", "cache.num_blocks=6")
+    _run_checked(engine, [(prefix + tokens, _greedy(4, beam_width=3)) for tokens in own])

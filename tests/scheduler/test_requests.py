@@ -353,6 +353,52 @@ def test_abort_releases_a_running_a_waiting_and_an_unarrived_request(preemption)
     assert engine.metrics.num_requests_aborted == 2  # the unarrived one never arrived
 
 
+def test_an_aborted_request_reports_abort_even_where_its_first_sample_had_stopped():
+    """Sample 0 stops at its first token (its script's stop token); sample 1 runs on
+    until the request is aborted. The request ended by abort: that is its reason, and each
+    sample keeps its own."""
+    engine = make_engine()
+    sampling = SamplingParams(max_tokens=50, n=2, seed=3, temperature=1.0, stop_token_ids=[7])
+    request_id = engine.add_request(PROMPT, sampling, scripted_output_ids=[7])
+    _steps_until(engine, lambda: len(engine.output(request_id).samples[-1]) >= 3)
+    assert engine.output(request_id).samples[0] == [7]
+    assert engine.abort_request(request_id) is True
+    output = engine.output(request_id)
+    assert output.finish_reason == "abort"
+    assert output.finish_reasons == ["stop", "abort"]
+    run_checked(engine)
+    assert engine.kv_usage().num_used_blocks == 0
+
+
+def test_an_aborted_beam_search_reports_abort():
+    engine = make_engine()
+    sampling = SamplingParams(max_tokens=50, n=2, beam_width=3, ignore_eos=True)
+    request_id = engine.add_request(PROMPT, sampling)
+    _steps_until(engine, lambda: len(engine.output(request_id).samples[0]) >= 3)
+    assert engine.abort_request(request_id) is True
+    output = engine.output(request_id)
+    assert (output.finish_reason, output.finish_reasons) == ("abort", ["abort", "abort"])
+    assert len(output.samples) == 2
+    run_checked(engine)
+    assert engine.kv_usage().num_used_blocks == 0
+
+
+def test_a_request_id_released_can_be_used_again():
+    """A long-running caller forgets finished requests (release_request); a later request
+    with the same id is a new request: it runs, finishes and is counted on its own."""
+    engine = make_engine()
+    sampling = SamplingParams(max_tokens=4, ignore_eos=True)
+    engine.add_request(PROMPT, sampling, request_id="chat-1")
+    run_checked(engine)
+    first = engine.release_request("chat-1")
+    assert engine.add_request(PROMPT[:20], sampling, request_id="chat-1") == "chat-1"
+    run_checked(engine)
+    second = engine.output("chat-1")
+    assert (first.finish_reason, second.finish_reason) == ("length", "length")
+    assert second.prompt_token_ids == PROMPT[:20]
+    assert engine.summary()["num_requests_finished"] == 2
+
+
 def test_abort_of_a_swapped_out_request_frees_its_host_blocks():
     """A pool of 24 blocks for two requests that end at 15 each: one is swapped out;
     aborting it then returns its host blocks."""

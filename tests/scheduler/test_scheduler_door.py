@@ -30,7 +30,7 @@ class DoorOnly:
 
 
 def test_the_door_is_the_protocols_eight_calls_and_the_block_size() -> None:
-    calls = {"admit", "can_admit_together", "reserve_prefill", "grow", "fork"}
+    calls = {"admit", "admit_together", "reserve_prefill", "grow", "fork"}
     calls |= {"take_step_blocks", "release", "finish_step"}
     assert calls | {"block_size"} == DOOR
 

@@ -209,13 +209,12 @@ class SimExecutor(Executor):
         return StepCost(flops, num_bytes, compute_s, memory_s, step_s, is_compute_bound)
 
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
-        """Forgets ``finished_seq_ids`` (unknown ids are ignored), costs the step into
-        ``last_cost`` and returns the next token of every ``sample_seq_ids`` entry. Raises
-        KeyError for a sampled sequence that was never added."""
+        """Registers the step's forks, then forgets ``finished_seq_ids`` (unknown ids are
+        ignored; a parent finishing in the step that forks it is still forked), costs the
+        step into ``last_cost`` and returns the next token of every ``sample_seq_ids``
+        entry. Raises KeyError for a sampled sequence that was never added."""
         tokens = self._tokens
-        for seq_id in scheduled.finished_seq_ids:
-            tokens.remove(seq_id)
-            self._beam_widths.pop(seq_id, None)
+        # Forks first: a beam's parent may be listed as finished in the step that forks it.
         for fork in scheduled.forks:  # a sample of its own: pseudo-random tokens that depend
             # on the request and the sample's index only, as a seeded sampler's would
             key = (fork.parent_seq_id + 1) * 1_000_003 + fork.sample_index
@@ -223,6 +222,9 @@ class SimExecutor(Executor):
             tokens.add(fork.child_seq_id, (), key)
             if fork.parent_seq_id in self._beam_widths:
                 self._beam_widths[fork.child_seq_id] = self._beam_widths[fork.parent_seq_id]
+        for seq_id in scheduled.finished_seq_ids:
+            tokens.remove(seq_id)
+            self._beam_widths.pop(seq_id, None)
         cost = self.step_cost(scheduled)
         self.last_cost = cost
         if cost.step_time_s:
