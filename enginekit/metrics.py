@@ -24,6 +24,7 @@ import numpy as np
 from enginekit.errors import EngineKitError
 from enginekit.step import KVUsage
 
+GIB = 1 << 30  # bytes in a GiB, the unit of the KV pool's size
 LATENCY_KEYS: tuple[str, ...] = (
     "time_to_first_token_seconds",
     "time_per_output_token_seconds",
@@ -308,7 +309,7 @@ class RunMetrics:
             ),
             mk.KV_CACHE_NUM_BLOCKS.key: self.num_total_blocks,
             mk.KV_CACHE_BLOCK_BYTES.key: kv_bytes_per_block,
-            mk.KV_CACHE_POOL_GB.key: pool_bytes / 1e9,
+            mk.KV_CACHE_POOL_GIB.key: pool_bytes / GIB,
             mk.KV_CACHE_USAGE_PERC_MEAN.key: usage_mean,
             mk.KV_CACHE_USAGE_PERC_PEAK.key: self.kv_cache_usage_peak,
             mk.KV_CACHE_UNUSED_SLOTS_MEAN.key: _ratio(self._unused_slots_sum, steps),
@@ -346,8 +347,8 @@ class RunMetrics:
             mk.BUSY_TIME_S.key: self.busy_time_s,
             mk.OUTPUT_TOKENS_PER_S.key: output_tps,
             mk.TOTAL_TOKENS_PER_S.key: total_tps,
-            mk.OUTPUT_TOKENS_PER_S_PER_KV_GB.key: (
-                None if output_tps is None else _ratio(output_tps, pool_bytes / 1e9)
+            mk.OUTPUT_TOKENS_PER_S_PER_KV_GIB.key: (
+                None if output_tps is None else _ratio(output_tps, pool_bytes / GIB)
             ),
         }
         return summary
