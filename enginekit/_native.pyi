@@ -13,7 +13,16 @@ Argument types, the same in both: a list of ids, counts, hashes or tokens (``Int
 ``list`` or ``tuple`` of ints; anything else (bytes, str, dict, set, a generator, a numpy
 array, None) raises TypeError (the block tables' batch calls also take a 1-D int64 array:
 ``IntBatch``), as does an ``extra_key`` that is not ``bytes`` or None and None
-where an int is due. A host allocation that fails raises MemoryError.
+where an int is due; a pool or block tables argument that is not of this module is refused
+with TypeError too. Token ids may also come as a 1-D buffer of u32, an ``array("I")``
+(``TokenBatch``).
+
+Memory: every allocation a call's arguments or a structure's size set (the copy of a list
+argument, the result list, a new table or node) is made fallibly: a host that cannot hold it
+raises MemoryError instead of aborting the process. The results of the calls that change a
+structure are made before the change, so that MemoryError leaves it as it was (the radix
+tree's ``evict`` reserves its result before it evicts and makes the Python list after).
+A panic inside a call (a bug) raises KVCacheError("internal error: ...").
 
 Limits (rust/error.rs, and the twins): a pool holds at most ``MAX_BLOCKS`` = 2**26 blocks
 (the Rust pool's bookkeeping is 32 bytes a block, 2 GiB at the limit; a 141 GB GPU in this
@@ -48,7 +57,7 @@ MAX_BLOCKS: int
 MAX_TABLE_LEN: int
 """Most entries append_holes lets a table reach: 2**26 (see the module docstring)."""
 
-def hash_block(parent_hash: int, token_ids: IntList, extra_key: bytes | None = None) -> int:
+def hash_block(parent_hash: int, token_ids: TokenBatch, extra_key: bytes | None = None) -> int:
     """Chained 64-bit hash of one block (spec in rust/hash.rs).
 
     Raises ValueError if parent_hash is not in [0, 2**64) or a token id is not in [0, 2**32),
@@ -57,7 +66,7 @@ def hash_block(parent_hash: int, token_ids: IntList, extra_key: bytes | None = N
     """
 
 def hash_blocks(
-    token_ids: IntList,
+    token_ids: TokenBatch,
     block_size: int,
     extra_key: bytes | None = None,
     parent_hash: int = ...,
@@ -65,7 +74,7 @@ def hash_blocks(
     """Chained hashes of every full block of ``token_ids``; a trailing partial block is ignored.
 
     ``parent_hash`` defaults to ROOT_HASH (None is refused, TypeError). Raises as hash_block,
-    or ValueError if block_size < 1; arguments are checked left to right.
+    or ValueError if block_size is not in [1, 2**64); arguments are checked left to right.
     """
 
 def decode_context_lens(
@@ -156,7 +165,9 @@ class BlockTables:
     def block_ids(self, seq_id: int) -> list[int]: ...
     def block_id_at(self, seq_id: int, index: int) -> int: ...
     def num_blocks(self, seq_id: int) -> int: ...
-    def num_blocks_to_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> int: ...
+    def num_blocks_to_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> int:
+        """Exact, past 2**64 too. A num_tokens outside [0, 2**64) is a ValueError here and in
+        ``grow`` and ``grow_with``."""
     def grow(self, pool: BlockPool, seq_ids: IntBatch, num_tokens: IntBatch) -> int: ...
     def grow_with(
         self,
@@ -178,7 +189,11 @@ class BlockTables:
 
 class HashChains:
     """The Rust hash chains: ``enginekit.interfaces.hash_chains.HashChains``, whose
-    docstrings state the contracts of the methods below."""
+    docstrings state the contracts of the methods below. A sequence id to look up
+    (``num_names``, ``num_published``, ``names``, ``lookup``, ``is_cached``, ``remove``)
+    outside [0, 2**64) is a ValueError: no sequence has one. A token batch (``token_ids``,
+    each of ``token_lists``) that is no list, tuple or ``array("I")`` is a TypeError, read
+    or not."""
 
     def __init__(self, block_size: int, root_hash: int | None = None) -> None:
         """No chains. Raises ValueError if block_size is not in [1, 2**64) or root_hash

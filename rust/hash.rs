@@ -17,10 +17,21 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use xxhash_rust::xxh64::xxh64;
 
+use crate::error::{try_with_capacity, KvResult};
+
 /// Parent hash of a sequence's first block: the ASCII bytes "engineki" read big-endian.
 pub const ROOT_HASH: u64 = 0x656e_6769_6e65_6b69;
 
-/// Writes the spec's byte string for one block into `buf` (cleared first).
+/// Bytes of the spec's byte string for a block of `num_tokens` tokens (saturating: a size
+/// no host can hold fails its reservation).
+fn encoded_len(num_tokens: usize, extra_key: Option<&[u8]>) -> usize {
+    13usize
+        .saturating_add(extra_key.map_or(0, <[u8]>::len))
+        .saturating_add(num_tokens.saturating_mul(4))
+}
+
+/// Writes the spec's byte string for one block into `buf` (cleared first); `buf` has room
+/// for it (`encoded_len`), so nothing is allocated here.
 ///
 /// Panics if `extra_key` is longer than `u32::MAX` bytes; callers validate that first.
 fn encode_block(buf: &mut Vec<u8>, parent_hash: u64, token_ids: &[u32], extra_key: Option<&[u8]>) {
@@ -44,14 +55,16 @@ fn encode_block(buf: &mut Vec<u8>, parent_hash: u64, token_ids: &[u32], extra_ke
     }
 }
 
-/// Hash of one block; see the module docs for the exact byte string.
-pub fn hash_block(parent_hash: u64, token_ids: &[u32], extra_key: Option<&[u8]>) -> u64 {
-    let mut buf = Vec::with_capacity(13 + extra_key.map_or(0, <[u8]>::len) + token_ids.len() * 4);
+/// Hash of one block; see the module docs for the exact byte string. Errors (`Memory`) if
+/// the host cannot hold that byte string.
+pub fn hash_block(parent_hash: u64, token_ids: &[u32], extra_key: Option<&[u8]>) -> KvResult<u64> {
+    let mut buf = try_with_capacity(encoded_len(token_ids.len(), extra_key), "a block's bytes")?;
     encode_block(&mut buf, parent_hash, token_ids, extra_key);
-    xxh64(&buf, 0)
+    Ok(xxh64(&buf, 0))
 }
 
 /// Chained hashes of every full block of `token_ids`, the first chained to `parent_hash`.
+/// Errors (`Memory`) if the host cannot hold the hashes or one block's byte string.
 ///
 /// Panics if `block_size == 0` (callers validate).
 pub fn hash_blocks(
@@ -59,17 +72,21 @@ pub fn hash_blocks(
     block_size: usize,
     extra_key: Option<&[u8]>,
     parent_hash: u64,
-) -> Vec<u64> {
+) -> KvResult<Vec<u64>> {
     assert!(block_size > 0, "block_size must be >= 1");
-    let mut out = Vec::with_capacity(token_ids.len() / block_size);
-    let mut buf = Vec::new();
+    let num_blocks = token_ids.len() / block_size;
+    let mut out = try_with_capacity(num_blocks, "the block hashes")?;
+    if num_blocks == 0 {
+        return Ok(out);
+    }
+    let mut buf = try_with_capacity(encoded_len(block_size, extra_key), "a block's bytes")?;
     let mut parent = parent_hash;
     for block in token_ids.chunks_exact(block_size) {
         encode_block(&mut buf, parent, block, extra_key);
         parent = xxh64(&buf, 0);
         out.push(parent);
     }
-    out
+    Ok(out)
 }
 
 /// Hasher for maps keyed by a single `u64` (sequence ids, block hashes): one multiply-xorshift
@@ -132,21 +149,24 @@ mod tests {
     /// Pinned known answers: these must never change (the Python twin tests the same values).
     #[test]
     fn known_answers() {
-        assert_eq!(hash_block(ROOT_HASH, &[], None), 0x174a_387a_b285_b83f);
         assert_eq!(
-            hash_block(ROOT_HASH, &[1, 2, 3, 4], None),
+            hash_block(ROOT_HASH, &[], None).unwrap(),
+            0x174a_387a_b285_b83f
+        );
+        assert_eq!(
+            hash_block(ROOT_HASH, &[1, 2, 3, 4], None).unwrap(),
             0xdfba_5463_1c0c_ae29
         );
         assert_eq!(
-            hash_block(ROOT_HASH, &[1, 2, 3, 4], Some(b"tenant-a")),
+            hash_block(ROOT_HASH, &[1, 2, 3, 4], Some(b"tenant-a")).unwrap(),
             0xb529_f0a1_c5d6_2336
         );
         assert_eq!(
-            hash_block(0, &[0, 4_294_967_295], None),
+            hash_block(0, &[0, 4_294_967_295], None).unwrap(),
             0x9f37_50ea_d32d_4055
         );
         assert_eq!(
-            hash_blocks(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4, None, ROOT_HASH),
+            hash_blocks(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4, None, ROOT_HASH).unwrap(),
             vec![0xdfba_5463_1c0c_ae29, 0xe4b2_d1b2_343a_51f5]
         );
     }
@@ -160,35 +180,40 @@ mod tests {
     #[test]
     fn chaining_and_partial_blocks() {
         let tokens: Vec<u32> = (0..10).collect();
-        let hs = hash_blocks(&tokens, 3, Some(b"x"), ROOT_HASH);
+        let hs = hash_blocks(&tokens, 3, Some(b"x"), ROOT_HASH).unwrap();
         assert_eq!(hs.len(), 3);
-        assert_eq!(hs[0], hash_block(ROOT_HASH, &tokens[0..3], Some(b"x")));
-        assert_eq!(hs[1], hash_block(hs[0], &tokens[3..6], Some(b"x")));
-        assert_eq!(hs[2], hash_block(hs[1], &tokens[6..9], Some(b"x")));
-        assert!(hash_blocks(&tokens, 11, None, ROOT_HASH).is_empty());
-        assert!(hash_blocks(&[], 1, None, ROOT_HASH).is_empty());
         assert_eq!(
-            hash_blocks(&tokens, 5, None, 7)[0],
-            hash_block(7, &tokens[..5], None)
+            hs[0],
+            hash_block(ROOT_HASH, &tokens[0..3], Some(b"x")).unwrap()
+        );
+        assert_eq!(hs[1], hash_block(hs[0], &tokens[3..6], Some(b"x")).unwrap());
+        assert_eq!(hs[2], hash_block(hs[1], &tokens[6..9], Some(b"x")).unwrap());
+        assert!(hash_blocks(&tokens, 11, None, ROOT_HASH)
+            .unwrap()
+            .is_empty());
+        assert!(hash_blocks(&[], 1, None, ROOT_HASH).unwrap().is_empty());
+        assert_eq!(
+            hash_blocks(&tokens, 5, None, 7).unwrap()[0],
+            hash_block(7, &tokens[..5], None).unwrap()
         );
     }
 
     #[test]
     fn inputs_are_distinguished() {
-        let a = hash_block(ROOT_HASH, &[1, 2], None);
-        assert_ne!(a, hash_block(ROOT_HASH, &[2, 1], None));
-        assert_ne!(a, hash_block(ROOT_HASH + 1, &[1, 2], None));
-        assert_ne!(a, hash_block(ROOT_HASH, &[1, 2], Some(b"")));
+        let a = hash_block(ROOT_HASH, &[1, 2], None).unwrap();
+        assert_ne!(a, hash_block(ROOT_HASH, &[2, 1], None).unwrap());
+        assert_ne!(a, hash_block(ROOT_HASH + 1, &[1, 2], None).unwrap());
+        assert_ne!(a, hash_block(ROOT_HASH, &[1, 2], Some(b"")).unwrap());
         assert_ne!(
-            hash_block(ROOT_HASH, &[1, 2], Some(b"a")),
-            hash_block(ROOT_HASH, &[1, 2], Some(b"b"))
+            hash_block(ROOT_HASH, &[1, 2], Some(b"a")).unwrap(),
+            hash_block(ROOT_HASH, &[1, 2], Some(b"b")).unwrap()
         );
     }
 
     #[test]
     #[should_panic(expected = "block_size")]
     fn zero_block_size_panics() {
-        hash_blocks(&[1], 0, None, ROOT_HASH);
+        hash_blocks(&[1], 0, None, ROOT_HASH).unwrap();
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::block_pool::BlockPool;
 use crate::block_table::{BlockTables, HOLE};
+use crate::error::{memory_err, try_collect, try_reserve, try_reserve_map, try_with_capacity};
 use crate::error::{KvError, KvResult};
 use crate::hash::{hash_block, hash_blocks, FastBuild};
 
@@ -41,7 +42,7 @@ impl HashChains {
     /// `root_hash`.
     pub fn new(block_size: u64, root_hash: u64) -> KvResult<Self> {
         if block_size == 0 {
-            return value_err("block_size must be >= 1, got 0".to_string());
+            return value_err("block_size must be in [1, 2**64), got 0".to_string());
         }
         Ok(HashChains {
             block_size: usize::try_from(block_size).unwrap_or(usize::MAX),
@@ -72,7 +73,8 @@ impl HashChains {
     /// Names the sequence's first `num_blocks` blocks, creating its chain: `tokens` are its
     /// tokens from block `num_names(seq_id)` on, at least the blocks up to `num_blocks`
     /// (`Value` error otherwise, changing nothing); those after are not read. Returns
-    /// `num_names(seq_id)` after (never fewer than before).
+    /// `num_names(seq_id)` after (never fewer than before). Errors (`Memory`) if the host
+    /// cannot hold the new names, changing nothing.
     pub fn extend(
         &mut self,
         seq_id: u64,
@@ -92,19 +94,34 @@ impl HashChains {
                 start.saturating_add(tokens.len())
             ));
         }
-        let chain = self.chains.entry(seq_id).or_default();
-        if num_blocks <= have {
-            return Ok(have);
+        let names = if num_blocks > have {
+            let parent = self.names(seq_id).last().copied().unwrap_or(self.root_hash);
+            hash_blocks(&tokens[..needed], self.block_size, extra_key, parent)?
+        } else {
+            Vec::new()
+        };
+        match self.chains.get_mut(&seq_id) {
+            Some(chain) => {
+                try_reserve(&mut chain.names, names.len(), "the names")?;
+                chain.names.extend_from_slice(&names);
+                Ok(chain.names.len())
+            }
+            None => {
+                try_reserve_map(&mut self.chains, 1, "the chains")?;
+                let num_names = names.len();
+                let chain = Chain {
+                    names,
+                    num_published: 0,
+                };
+                self.chains.insert(seq_id, chain);
+                Ok(num_names)
+            }
         }
-        let parent = chain.names.last().copied().unwrap_or(self.root_hash);
-        let new = hash_blocks(&tokens[..needed], self.block_size, extra_key, parent);
-        chain.names.extend_from_slice(&new);
-        Ok(chain.names.len())
     }
 
     /// The pool's blocks for the longest run of the sequence's first `num_blocks` names
     /// that the pool holds (fewer names: all of them; no chain: none).
-    pub fn lookup(&self, pool: &BlockPool, seq_id: u64, num_blocks: usize) -> Vec<u32> {
+    pub fn lookup(&self, pool: &BlockPool, seq_id: u64, num_blocks: usize) -> KvResult<Vec<u32>> {
         let names = self.names(seq_id);
         pool.lookup_prefix(&names[..num_blocks.min(names.len())])
     }
@@ -113,7 +130,7 @@ impl HashChains {
     pub fn is_cached(&self, pool: &BlockPool, seq_id: u64, index: usize) -> bool {
         self.names(seq_id)
             .get(index)
-            .is_some_and(|h| !pool.lookup_prefix(std::slice::from_ref(h)).is_empty())
+            .is_some_and(|&h| pool.is_cached(h))
     }
 
     /// Publishes names `num_published(seq_id)..end` through the sequence's blocks at those
@@ -145,8 +162,8 @@ impl HashChains {
             )));
         }
         let chain = self.chains.get_mut(&seq_id).expect("it has names");
-        let mut blocks = Vec::with_capacity(end - first);
-        let mut names = Vec::with_capacity(end - first);
+        let mut blocks = try_with_capacity(end - first, "the blocks to publish")?;
+        let mut names = try_with_capacity(end - first, "the names to publish")?;
         for index in first..end {
             let b = tables.block_id_at(seq_id, index as u64)?;
             if b != HOLE {
@@ -178,7 +195,8 @@ impl HashChains {
     /// appear once: `Value` error otherwise) from its
     /// tokens `block_tokens[i * block_size..][..block_size]`, chained to its last name
     /// with `extra_keys[i]`, and publishes it through the table: one recording for all, so
-    /// an error (`Cache`: a table refuses) changes nothing. Returns how many recorded.
+    /// an error (`Cache`: a table refuses; `Memory`) changes nothing. Returns how many
+    /// recorded.
     pub fn publish_filled(
         &mut self,
         tables: &BlockTables,
@@ -188,7 +206,8 @@ impl HashChains {
         extra_keys: &[Option<&[u8]>],
     ) -> KvResult<usize> {
         let bs = self.block_size;
-        if extra_keys.len() != seq_ids.len() || block_tokens.len() != seq_ids.len() * bs {
+        let num_tokens = seq_ids.len().checked_mul(bs);
+        if extra_keys.len() != seq_ids.len() || num_tokens != Some(block_tokens.len()) {
             return value_err(format!(
                 "{} sequences, {} extra keys and {} tokens (block size {bs})",
                 seq_ids.len(),
@@ -196,10 +215,11 @@ impl HashChains {
                 block_tokens.len()
             ));
         }
-        let mut seen: HashSet<u64, FastBuild> =
-            HashSet::with_capacity_and_hasher(seq_ids.len(), FastBuild::default());
-        let mut indices = Vec::with_capacity(seq_ids.len());
-        let mut names = Vec::with_capacity(seq_ids.len());
+        let mut seen: HashSet<u64, FastBuild> = HashSet::default();
+        seen.try_reserve(seq_ids.len())
+            .map_err(|e| memory_err("the filling sequences", e))?;
+        let mut indices = try_with_capacity(seq_ids.len(), "the filled blocks' indices")?;
+        let mut names = try_with_capacity(seq_ids.len(), "the filled blocks' names")?;
         for (i, &s) in seq_ids.iter().enumerate() {
             let chain = match self.chains.get(&s) {
                 Some(c) if c.is_all_published() && seen.insert(s) => c,
@@ -215,7 +235,11 @@ impl HashChains {
                 parent,
                 &block_tokens[i * bs..][..bs],
                 extra_keys[i],
-            ));
+            )?);
+        }
+        for s in seq_ids {
+            let chain = self.chains.get_mut(s).expect("checked above");
+            try_reserve(&mut chain.names, 1, "a name")?;
         }
         let recorded = tables.cache_blocks_at(pool, seq_ids, &indices, &names)?;
         for (&s, &name) in seq_ids.iter().zip(&names) {
@@ -231,11 +255,12 @@ impl HashChains {
         self.chains.remove(&seq_id);
     }
 
-    /// The sequences that have a chain, ascending.
-    pub fn seq_ids(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.chains.keys().copied().collect();
+    /// The sequences that have a chain, ascending (`Memory` error if the host cannot hold
+    /// them).
+    pub fn seq_ids(&self) -> KvResult<Vec<u64>> {
+        let mut v = try_collect(self.chains.keys().copied(), "the sequence ids")?;
         v.sort_unstable();
-        v
+        Ok(v)
     }
 }
 
@@ -254,14 +279,18 @@ mod tests {
         assert_eq!(c.extend(7, &tokens(10), 2, None).unwrap(), 2);
         assert_eq!(
             c.names(7),
-            hash_blocks(&tokens(8), 4, None, ROOT_HASH).as_slice()
+            hash_blocks(&tokens(8), 4, None, ROOT_HASH)
+                .unwrap()
+                .as_slice()
         );
         // From block 2 on: tokens 8.. of the sequence.
         let rest: Vec<u32> = (8..16).collect();
         assert_eq!(c.extend(7, &rest, 4, None).unwrap(), 4);
         assert_eq!(
             c.names(7),
-            hash_blocks(&tokens(16), 4, None, ROOT_HASH).as_slice()
+            hash_blocks(&tokens(16), 4, None, ROOT_HASH)
+                .unwrap()
+                .as_slice()
         );
         assert_eq!(c.extend(7, &[], 3, None).unwrap(), 4);
         assert!(matches!(
@@ -285,7 +314,7 @@ mod tests {
             Err(KvError::Value(_))
         ));
         assert_eq!(c.publish(&tables, &mut pool, 1, 2).unwrap(), 2);
-        assert_eq!(c.lookup(&pool, 1, 9), vec![0, 1]);
+        assert_eq!(c.lookup(&pool, 1, 9).unwrap(), vec![0, 1]);
         assert!(c.is_cached(&pool, 1, 1) && !c.is_cached(&pool, 1, 2));
         // A decode fills block 2.
         tables.grow(&mut pool, &[1], &[12]).unwrap();
@@ -297,13 +326,15 @@ mod tests {
         );
         assert_eq!(
             c.names(1),
-            hash_blocks(&tokens(12), 4, None, ROOT_HASH).as_slice()
+            hash_blocks(&tokens(12), 4, None, ROOT_HASH)
+                .unwrap()
+                .as_slice()
         );
         assert_eq!(c.num_published(1), 3);
         let twice = c.publish_filled(&tables, &mut pool, &[1, 1], &[0; 8], &[None, None]);
         assert!(matches!(twice, Err(KvError::Value(_))));
         assert_eq!(c.num_names(1), 3);
         c.remove(1);
-        assert_eq!(c.seq_ids(), Vec::<u64>::new());
+        assert_eq!(c.seq_ids().unwrap(), Vec::<u64>::new());
     }
 }

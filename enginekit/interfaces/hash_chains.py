@@ -8,9 +8,9 @@ hash map (through the sequence's blocks of the block tables). It is created by t
 sequence's first ``extend`` and lives until ``remove``; the caller passes the sequence's
 extra key alike each time.
 
-A sequence id to look up may be any int (one outside [0, 2**64) has no chain); the
-conventions of ``enginekit.interfaces.structures`` hold otherwise: a call that raises
-changes nothing.
+A sequence id is an int in [0, 2**64) (ValueError outside it, which no sequence has; one
+without a chain reads as no names); the conventions of ``enginekit.interfaces.structures``
+hold otherwise: a call that raises changes nothing.
 """
 
 from __future__ import annotations

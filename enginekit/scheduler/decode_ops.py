@@ -10,6 +10,7 @@ arguments (lengths, types) before it changes anything.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeAlias
@@ -36,6 +37,9 @@ AppendTokens: TypeAlias = Callable[
 ]
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
 class DecodeOps(NamedTuple):
     """One implementation of the two passes."""
 
@@ -56,6 +60,12 @@ def _check_array(
         raise ValueError(f"{name} must be writable")
 
 
+def _check_list(name: str, value: object) -> None:
+    """TypeError unless ``value`` is a list."""
+    if not isinstance(value, list):
+        raise TypeError(f"{name} must be a list, got {type(value).__name__}")
+
+
 def _check_lengths(expected: int, **fields: Sequence[object] | npt.NDArray[np.generic]) -> None:
     for name, values in fields.items():
         if len(values) != expected:
@@ -69,12 +79,15 @@ def decode_context_lens(
     once the step is scheduled, the indices i whose ``num_tokens[i]`` is a multiple of
     ``block_size``, ascending: the decodes whose token fills a block). ``ints`` is the
     caller's table of int objects: item n is n for every count in ``num_tokens``, so that
-    no int is made per decode. Raises ValueError for a ``block_size`` below 1, a
-    ``num_tokens`` that is no 1-D C-contiguous int64 array, or a count outside ``ints``.
-    Pure."""
+    no int is made per decode. Raises, in this order, TypeError for a ``block_size`` that is
+    no int and ValueError for one below 1, ValueError for a ``num_tokens`` that is no 1-D
+    C-contiguous int64 array, TypeError for ``ints`` that is no list, ValueError for a count
+    outside ``ints``. Pure."""
+    block_size = operator.index(block_size)
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
     _check_array("num_tokens", num_tokens, np.int64)
+    _check_list("ints", ints)
     counts: list[int] = num_tokens.tolist()
     outside = [n for n in counts if not 0 <= n < len(ints)]
     if outside:
@@ -82,7 +95,9 @@ def decode_context_lens(
             f"num_tokens holds {outside[0]}, outside the {len(ints)} ints of the table"
         )
     context_lens = [ints[n] for n in counts]
-    filled: list[int] = np.flatnonzero(num_tokens % block_size == 0).tolist()
+    # Past int64 only the count 0 (the counts are ints' indices: not negative) is a multiple.
+    multiples = num_tokens % block_size if block_size <= _INT64_MAX else num_tokens
+    filled: list[int] = np.flatnonzero(multiples == 0).tolist()
     return context_lens, filled
 
 
@@ -98,9 +113,14 @@ def append_decode_tokens(
     place) for every i; returns (the indices whose token is the int ``eos`` where
     ``stops_at_eos[i]`` is nonzero, the indices where ``num_tokens[i]`` reached
     ``max_num_tokens[i]``), both ascending; ``eos`` None stops none. The arrays are 1-D
-    C-contiguous numpy arrays of their dtypes, ``num_tokens`` writable. Raises ValueError
-    for an array that is not, or arguments of different lengths, and TypeError for a token
-    list that is not a list, changing nothing."""
+    C-contiguous numpy arrays of their dtypes, ``num_tokens`` writable. Raises, changing
+    nothing: TypeError if ``token_lists`` or ``token_ids`` is no list or ``eos`` no int
+    (nor None), then ValueError for an array that is not as described or arguments of
+    different lengths, then TypeError for a token list that is not a list."""
+    _check_list("token_lists", token_lists)
+    _check_list("token_ids", token_ids)
+    if eos is not None:
+        eos = operator.index(eos)
     _check_array("num_tokens", num_tokens, np.int64, writable=True)
     _check_array("max_num_tokens", max_num_tokens, np.int64)
     _check_array("stops_at_eos", stops_at_eos, np.uint8)

@@ -2,7 +2,7 @@
 //! free stack and the LRU list.
 
 use super::{BlockPool, NIL};
-use crate::error::{cache_err, KvResult};
+use crate::error::{cache_err, try_filled, KvResult};
 
 impl BlockPool {
     /// Checks every invariant; the error names the first broken one.
@@ -13,7 +13,7 @@ impl BlockPool {
             return fail("per-block arrays differ in length".into());
         }
         // 0 = not seen, 1 = on the free stack, 2 = in the LRU list.
-        let mut seen = vec![0u8; n];
+        let mut seen = try_filled(n, 0u8, "the integrity check's marks")?;
         for &b in &self.free {
             let i = b as usize;
             if i >= n {

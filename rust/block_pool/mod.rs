@@ -8,15 +8,53 @@
 //! - free: `ref_count == 0` and not cached; on the free stack (top = next allocated).
 //!
 //! Every mutating method validates fully before it mutates: a call that errors changes nothing.
+//! The calls that hand ids out (`allocate`, `allocate_run`, `evict_lru`) have `_then` forms
+//! that show the ids to a caller's `emit` first (the Python wrapper builds its result list
+//! there) and change the pool only if `emit` succeeds.
 
 use std::collections::HashMap;
+use std::iter::{Copied, Rev};
+use std::ops::Range;
+use std::slice::Iter;
 
-use crate::error::{cache_err, memory_err, try_filled};
+use crate::error::{
+    cache_err, memory_err, try_collect, try_filled, try_reserve_map, try_with_capacity,
+};
 use crate::error::{KvError, KvResult, MAX_BLOCKS};
 use crate::hash::FastBuild;
 
 /// "No block" in the LRU links.
 const NIL: u32 = u32::MAX;
+
+/// Free block ids in the order `allocate` hands them out.
+pub type FreeIds<'a> = Copied<Rev<Iter<'a, u32>>>;
+
+/// Evictable block ids, least recently released first (see [`BlockPool::evictable_ids`]).
+pub struct LruIds<'a> {
+    next: &'a [u32],
+    block: u32,
+    left: usize,
+}
+
+impl Iterator for LruIds<'_> {
+    type Item = u32;
+
+    fn next(&mut self) -> Option<u32> {
+        if self.left == 0 || self.block == NIL {
+            return None;
+        }
+        let b = self.block;
+        self.block = self.next[b as usize];
+        self.left -= 1;
+        Some(b)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for LruIds<'_> {}
 
 #[derive(Debug, Clone)]
 pub struct BlockPool {
@@ -147,9 +185,27 @@ impl BlockPool {
 
     /// Pops `num_blocks` blocks off the free stack (never evicts); each gets ref_count 1.
     pub fn allocate(&mut self, num_blocks: u64) -> KvResult<Vec<u32>> {
-        let mut out = Vec::new();
-        self.allocate_into(num_blocks, &mut out)?;
-        Ok(out)
+        self.allocate_then(num_blocks, |ids| try_collect(ids, "block ids"))
+    }
+
+    /// [`allocate`](Self::allocate), the ids it hands out shown to `emit` first, in order:
+    /// returns what `emit` returns, and allocates only if it succeeds (an error of `emit`,
+    /// or `OutOfBlocks`, changes nothing).
+    pub fn allocate_then<R, E: From<KvError>>(
+        &mut self,
+        num_blocks: u64,
+        emit: impl FnOnce(FreeIds<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        if num_blocks > self.free.len() as u64 {
+            return Err(self.out_of_blocks(num_blocks).into());
+        }
+        let start = self.free.len() - num_blocks as usize;
+        let r = emit(self.free[start..].iter().rev().copied())?;
+        for &b in &self.free[start..] {
+            self.ref_count[b as usize] = 1;
+        }
+        self.free.truncate(start);
+        Ok(r)
     }
 
     /// As [`allocate`](Self::allocate), appending the ids to `out`.
@@ -186,11 +242,21 @@ impl BlockPool {
     /// First fit: the lowest `b` such that blocks `b .. b + num_blocks` are all free. Takes them
     /// off the free stack, keeping the order of the rest; each gets ref_count 1. Never evicts.
     pub fn allocate_run(&mut self, num_blocks: u64) -> KvResult<Vec<u32>> {
+        self.allocate_run_then(num_blocks, |ids| try_collect(ids, "block ids"))
+    }
+
+    /// [`allocate_run`](Self::allocate_run), the run shown to `emit` first: returns what
+    /// `emit` returns, and allocates only if it succeeds.
+    pub fn allocate_run_then<R, E: From<KvError>>(
+        &mut self,
+        num_blocks: u64,
+        emit: impl FnOnce(Range<u32>) -> Result<R, E>,
+    ) -> Result<R, E> {
         if num_blocks > self.free.len() as u64 {
-            return Err(self.out_of_blocks(num_blocks));
+            return Err(self.out_of_blocks(num_blocks).into());
         }
         if num_blocks == 0 {
-            return Ok(Vec::new());
+            return emit(0..0);
         }
         let n = num_blocks as usize;
         let mut cur = 0usize;
@@ -206,14 +272,16 @@ impl BlockPool {
             return Err(KvError::OutOfBlocks(format!(
                 "no run of {num_blocks} consecutive free blocks (longest: {})",
                 self.longest_free_run()
-            )));
+            ))
+            .into());
         };
         let run = start as u32..(start + n) as u32;
+        let r = emit(run.clone())?;
         self.free.retain(|b| !run.contains(b));
-        for b in run.clone() {
+        for b in run {
             self.ref_count[b as usize] = 1;
         }
-        Ok(run.collect())
+        Ok(r)
     }
 
     /// Adds a reference; an evictable block leaves the LRU list (a prefix-cache hit).
@@ -348,12 +416,28 @@ impl BlockPool {
         }
     }
 
-    /// Block ids of the longest run of leading hashes that are all cached.
-    pub fn lookup_prefix(&self, block_hashes: &[u64]) -> Vec<u32> {
-        block_hashes
-            .iter()
-            .map_while(|h| self.cached.get(h).copied())
-            .collect()
+    /// Block ids of the longest run of leading hashes that are all cached. Errors (`Memory`)
+    /// if the host cannot hold them.
+    pub fn lookup_prefix(&self, block_hashes: &[u64]) -> KvResult<Vec<u32>> {
+        // At most one block per hash: one reservation, no growth while matching.
+        let mut out = try_with_capacity(block_hashes.len(), "the cached block ids")?;
+        out.extend(
+            block_hashes
+                .iter()
+                .map_while(|h| self.cached.get(h).copied()),
+        );
+        Ok(out)
+    }
+
+    /// Whether some block carries `block_hash`.
+    pub fn is_cached(&self, block_hash: u64) -> bool {
+        self.cached.contains_key(&block_hash)
+    }
+
+    /// Room in the hash map for `n` more cached blocks, so that recording them cannot fail
+    /// halfway (`Memory` error if the host cannot hold it).
+    pub(crate) fn reserve_hashes(&mut self, n: usize) -> KvResult<()> {
+        try_reserve_map(&mut self.cached, n, "the hash map")
     }
 
     pub fn ref_count(&self, block_id: u32) -> KvResult<u32> {
@@ -396,24 +480,43 @@ impl BlockPool {
 
     /// Evicts the `num_blocks` least recently released evictable blocks; returns them oldest first.
     pub fn evict_lru(&mut self, num_blocks: u64) -> KvResult<Vec<u32>> {
+        self.evict_lru_then(num_blocks, |ids| try_collect(ids, "block ids"))
+    }
+
+    /// [`evict_lru`](Self::evict_lru), the blocks it evicts shown to `emit` first, oldest
+    /// first: returns what `emit` returns, and evicts only if it succeeds.
+    pub fn evict_lru_then<R, E: From<KvError>>(
+        &mut self,
+        num_blocks: u64,
+        emit: impl FnOnce(LruIds<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
         if num_blocks > u64::from(self.num_evictable) {
             return Err(KvError::OutOfBlocks(format!(
                 "cannot evict {num_blocks} blocks: only {} evictable",
                 self.num_evictable
-            )));
+            ))
+            .into());
         }
-        let mut out = Vec::with_capacity(num_blocks as usize);
-        self.evict_oldest(num_blocks, |b| out.push(b));
-        Ok(out)
+        let r = emit(self.lru_ids(num_blocks as usize))?;
+        self.evict_oldest(num_blocks);
+        Ok(r)
+    }
+
+    /// The first `n` evictable blocks, least recently released first.
+    fn lru_ids(&self, n: usize) -> LruIds<'_> {
+        LruIds {
+            next: &self.next,
+            block: self.lru_head,
+            left: n.min(self.num_evictable as usize),
+        }
     }
 
     /// Evicts the `num_blocks` least recently released evictable blocks (at most
-    /// `num_evictable`, checked by the callers), handing each to `each`, oldest first.
-    fn evict_oldest(&mut self, num_blocks: u64, mut each: impl FnMut(u32)) {
+    /// `num_evictable`, checked by the callers).
+    fn evict_oldest(&mut self, num_blocks: u64) {
         for _ in 0..num_blocks {
             let b = self.lru_head;
             self.evict_unchecked(b);
-            each(b);
         }
     }
 
@@ -431,24 +534,29 @@ impl BlockPool {
         if shortfall > u64::from(self.num_evictable) {
             return false;
         }
-        self.evict_oldest(shortfall, |_| {});
+        self.evict_oldest(shortfall);
         true
     }
 
     /// Free blocks in the order `allocate` would hand them out.
-    pub fn free_block_ids(&self) -> Vec<u32> {
-        self.free.iter().rev().copied().collect()
+    pub fn free_ids(&self) -> FreeIds<'_> {
+        self.free.iter().rev().copied()
+    }
+
+    /// [`free_ids`](Self::free_ids) in a vector (`Memory` error if the host cannot hold it).
+    pub fn free_block_ids(&self) -> KvResult<Vec<u32>> {
+        try_collect(self.free_ids(), "the free block ids")
     }
 
     /// Evictable blocks, least recently released first.
-    pub fn evictable_block_ids(&self) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.num_evictable as usize);
-        let mut b = self.lru_head;
-        while b != NIL && out.len() <= self.ref_count.len() {
-            out.push(b);
-            b = self.next[b as usize];
-        }
-        out
+    pub fn evictable_ids(&self) -> LruIds<'_> {
+        self.lru_ids(self.num_evictable as usize)
+    }
+
+    /// [`evictable_ids`](Self::evictable_ids) in a vector (`Memory` error if the host cannot
+    /// hold it).
+    pub fn evictable_block_ids(&self) -> KvResult<Vec<u32>> {
+        try_collect(self.evictable_ids(), "the evictable block ids")
     }
 
     /// ref_count of every block, indexed by block id.

@@ -35,8 +35,8 @@ fn snapshot(p: &BlockPool) -> Snapshot {
     let mut c: Vec<_> = p.cached_blocks().collect();
     c.sort_unstable();
     (
-        p.free_block_ids(),
-        p.evictable_block_ids(),
+        p.free_block_ids().unwrap(),
+        p.evictable_block_ids().unwrap(),
         p.ref_counts().to_vec(),
         c,
     )
@@ -49,7 +49,7 @@ fn new_and_counters() {
     assert_eq!(p.num_free_blocks(), 4);
     assert_eq!(p.num_evictable_blocks(), 0);
     assert_eq!(p.num_used_blocks(), 0);
-    assert_eq!(p.free_block_ids(), vec![0, 1, 2, 3]);
+    assert_eq!(p.free_block_ids().unwrap(), vec![0, 1, 2, 3]);
     p.check_integrity().unwrap();
     assert!(matches!(BlockPool::new(0), Err(KvError::Value(_))));
     assert_eq!(
@@ -96,14 +96,14 @@ fn allocate_run_first_fit() {
         KvError::OutOfBlocks("cannot allocate 3 blocks: only 2 free".into())
     );
     p.evict(1).unwrap(); // free stack top: 1, then 4, 5
-    assert_eq!(p.free_block_ids(), vec![1, 4, 5]);
+    assert_eq!(p.free_block_ids().unwrap(), vec![1, 4, 5]);
     assert_eq!(
         p.allocate_run(3).unwrap_err(),
         KvError::OutOfBlocks("no run of 3 consecutive free blocks (longest: 2)".into())
     );
     assert_eq!(p.allocate_run(0).unwrap(), Vec::<u32>::new());
     assert_eq!(p.allocate_run(2).unwrap(), vec![4, 5]);
-    assert_eq!(p.free_block_ids(), vec![1]);
+    assert_eq!(p.free_block_ids().unwrap(), vec![1]);
     assert_eq!(p.ref_counts(), &[0, 0, 1, 1, 1, 1]);
     assert_eq!(p.allocate_run(1).unwrap(), vec![1]);
     assert_eq!(p.longest_free_run(), 0);
@@ -114,9 +114,9 @@ fn allocate_run_first_fit() {
     p.free(&[6, 1, 2, 4, 5, 7]).unwrap(); // stack top first: 7, 5, 4, 2, 1, 6
     assert_eq!(p.longest_free_run(), 4);
     assert_eq!(p.allocate_run(2).unwrap(), vec![1, 2]);
-    assert_eq!(p.free_block_ids(), vec![7, 5, 4, 6]);
+    assert_eq!(p.free_block_ids().unwrap(), vec![7, 5, 4, 6]);
     assert_eq!(p.allocate_run(2).unwrap(), vec![4, 5]);
-    assert_eq!(p.free_block_ids(), vec![7, 6]);
+    assert_eq!(p.free_block_ids().unwrap(), vec![7, 6]);
     assert_eq!(p.allocate_run(2).unwrap(), vec![6, 7]);
     p.check_integrity().unwrap();
 }
@@ -127,7 +127,7 @@ fn free_stack_is_lifo() {
     p.allocate(3).unwrap();
     p.free(&[1]).unwrap();
     p.free(&[0]).unwrap();
-    assert_eq!(p.free_block_ids(), vec![0, 1, 3]);
+    assert_eq!(p.free_block_ids().unwrap(), vec![0, 1, 3]);
     assert_eq!(p.allocate(1).unwrap(), vec![0]);
     p.check_integrity().unwrap();
 }
@@ -139,13 +139,13 @@ fn incref_and_free() {
     assert_eq!(p.ref_count(2).unwrap(), 2);
     // Prefix hit on an evictable block.
     p.incref(1).unwrap();
-    assert_eq!(p.evictable_block_ids(), vec![0]);
+    assert_eq!(p.evictable_block_ids().unwrap(), vec![0]);
     assert_eq!(p.ref_count(1).unwrap(), 1);
     p.check_integrity().unwrap();
     assert_eq!(cache_msg(p.incref(5)), "block 5 is free: cannot incref");
     assert!(cache_msg(p.incref(6)).starts_with("unknown block 6"));
     p.free(&[1]).unwrap();
-    assert_eq!(p.evictable_block_ids(), vec![0, 1]);
+    assert_eq!(p.evictable_block_ids().unwrap(), vec![0, 1]);
     assert_eq!(cache_msg(p.free(&[1])), "double free of block 1");
     assert_eq!(cache_msg(p.free(&[4])), "double free of block 4");
     assert!(cache_msg(p.free(&[99])).starts_with("unknown block 99"));
@@ -167,7 +167,7 @@ fn incref_all_is_checked_as_a_whole() {
     p.incref_all(&[1, 2, 1]).unwrap();
     assert_eq!(p.ref_count(1).unwrap(), 2);
     assert_eq!(p.ref_count(2).unwrap(), 2);
-    assert_eq!(p.evictable_block_ids(), vec![0]);
+    assert_eq!(p.evictable_block_ids().unwrap(), vec![0]);
     p.incref_all(&[]).unwrap();
     p.check_integrity().unwrap();
 }
@@ -210,7 +210,7 @@ fn free_is_all_or_nothing() {
     p.check_integrity().unwrap();
     // Ordering: 2 reaches zero at its last occurrence, after 3.
     p.free(&[2, 3, 2]).unwrap();
-    assert_eq!(p.free_block_ids(), vec![2, 3, 4, 5]);
+    assert_eq!(p.free_block_ids().unwrap(), vec![2, 3, 4, 5]);
     p.free(&[]).unwrap();
     p.check_integrity().unwrap();
 }
@@ -240,35 +240,35 @@ fn cache_block_rules() {
         "block 4 is free (ref_count 0): cannot cache"
     );
     assert!(cache_msg(p.cache_block(9, 5)).starts_with("unknown block"));
-    assert_eq!(p.lookup_prefix(&[200]), vec![2]);
-    assert_eq!(p.lookup_prefix(&[999]), Vec::<u32>::new());
+    assert_eq!(p.lookup_prefix(&[200]).unwrap(), vec![2]);
+    assert_eq!(p.lookup_prefix(&[999]).unwrap(), Vec::<u32>::new());
     assert_eq!(p.hash[2], Some(200));
     assert!(cache_msg(p.ref_count(6)).starts_with("unknown block"));
     p.uncache_used(2);
-    assert_eq!(p.lookup_prefix(&[200]), Vec::<u32>::new());
+    assert_eq!(p.lookup_prefix(&[200]).unwrap(), Vec::<u32>::new());
     p.check_integrity().unwrap();
     // A cached used block released becomes evictable.
     p.cache_block(3, 300).unwrap();
     p.free(&[3]).unwrap();
-    assert_eq!(p.evictable_block_ids(), vec![0, 1, 3]);
+    assert_eq!(p.evictable_block_ids().unwrap(), vec![0, 1, 3]);
     p.check_integrity().unwrap();
 }
 
 #[test]
 fn lookup_prefix_stops_at_first_miss() {
     let p = mixed();
-    assert_eq!(p.lookup_prefix(&[100, 101, 5, 100]), vec![0, 1]);
-    assert_eq!(p.lookup_prefix(&[5, 100]), Vec::<u32>::new());
-    assert_eq!(p.lookup_prefix(&[]), Vec::<u32>::new());
+    assert_eq!(p.lookup_prefix(&[100, 101, 5, 100]).unwrap(), vec![0, 1]);
+    assert_eq!(p.lookup_prefix(&[5, 100]).unwrap(), Vec::<u32>::new());
+    assert_eq!(p.lookup_prefix(&[]).unwrap(), Vec::<u32>::new());
 }
 
 #[test]
 fn evict_and_evict_lru() {
     let mut p = mixed();
     assert_eq!(p.evict(1).unwrap(), 101);
-    assert_eq!(p.lookup_prefix(&[101]), Vec::<u32>::new());
+    assert_eq!(p.lookup_prefix(&[101]).unwrap(), Vec::<u32>::new());
     assert_eq!(p.hash[1], None);
-    assert_eq!(p.free_block_ids(), vec![1, 4, 5]);
+    assert_eq!(p.free_block_ids().unwrap(), vec![1, 4, 5]);
     assert_eq!(
         cache_msg(p.evict(1)),
         "block 1 is free, not evictable: cannot evict"
@@ -286,7 +286,7 @@ fn evict_and_evict_lru() {
     assert_eq!(p.evict_lru(0).unwrap(), Vec::<u32>::new());
     assert_eq!(p.evict_lru(1).unwrap(), vec![0]);
     assert_eq!(p.num_evictable_blocks(), 0);
-    assert_eq!(p.free_block_ids(), vec![0, 1, 4, 5]);
+    assert_eq!(p.free_block_ids().unwrap(), vec![0, 1, 4, 5]);
     p.check_integrity().unwrap();
 }
 
@@ -303,12 +303,12 @@ fn evict_lru_oldest_first() {
     // A hit and its release move block 1 to the most recent end.
     p.incref(1).unwrap();
     p.free(&[1]).unwrap();
-    assert_eq!(p.evictable_block_ids(), vec![3, 4, 0, 2, 1]);
+    assert_eq!(p.evictable_block_ids().unwrap(), vec![3, 4, 0, 2, 1]);
     assert_eq!(p.evict_lru(3).unwrap(), vec![3, 4, 0]);
-    assert_eq!(p.evictable_block_ids(), vec![2, 1]);
+    assert_eq!(p.evictable_block_ids().unwrap(), vec![2, 1]);
     p.incref(1).unwrap(); // remove the tail
     p.incref(2).unwrap(); // remove the head
-    assert_eq!(p.evictable_block_ids(), Vec::<u32>::new());
+    assert_eq!(p.evictable_block_ids().unwrap(), Vec::<u32>::new());
     assert_eq!(p.num_used_blocks(), 2);
     p.check_integrity().unwrap();
 }
@@ -324,8 +324,8 @@ fn make_room_lru_evicts_only_the_shortfall_or_nothing() {
     assert!(!p.make_room_lru(u64::MAX, u64::MAX));
     assert_eq!(snapshot(&p), before);
     assert!(p.make_room_lru(1, 2)); // one short: the oldest evictable goes
-    assert_eq!(p.evictable_block_ids(), vec![1]);
-    assert_eq!(p.lookup_prefix(&[100]), Vec::<u32>::new());
+    assert_eq!(p.evictable_block_ids().unwrap(), vec![1]);
+    assert_eq!(p.lookup_prefix(&[100]).unwrap(), Vec::<u32>::new());
     assert_eq!(p.num_free_blocks(), 3);
     assert!(p.make_room_lru(0, 4));
     assert_eq!(p.num_evictable_blocks(), 0);

@@ -6,25 +6,29 @@ use std::collections::HashMap;
 
 use super::{held, lengths_match, BlockTables, HOLE};
 use crate::block_pool::BlockPool;
-use crate::error::{cache_err, KvError, KvResult};
+use crate::error::{cache_err, try_reserve, try_reserve_map, try_with_capacity};
+use crate::error::{KvError, KvResult};
 use crate::hash::FastBuild;
 
 impl BlockTables {
     /// Sum over the batch of max(0, ceil(num_tokens / block_size) - num_blocks(seq)); a
-    /// sequence listed twice counts twice (saturating at u64::MAX).
-    pub fn num_blocks_to_grow(&self, seq_ids: &[u64], num_tokens: &[u64]) -> KvResult<u64> {
+    /// sequence listed twice counts twice. Exact: a batch of at most 2**64 entries of at
+    /// most 2**64 - 1 blocks each sums below 2**128.
+    pub fn num_blocks_to_grow(&self, seq_ids: &[u64], num_tokens: &[u64]) -> KvResult<u128> {
         self.count_growth(seq_ids, num_tokens, |_| {})
     }
 
     /// `num_blocks_to_grow`, also listing in `growing` (cleared first) the batch positions
-    /// whose sequence needs blocks, ascending: the rest of the batch needs none.
+    /// whose sequence needs blocks, ascending: the rest of the batch needs none. Errors
+    /// (`Memory`) if the host cannot hold the positions.
     pub fn positions_to_grow(
         &self,
         seq_ids: &[u64],
         num_tokens: &[u64],
         growing: &mut Vec<usize>,
-    ) -> KvResult<u64> {
+    ) -> KvResult<u128> {
         growing.clear();
+        try_reserve(growing, seq_ids.len(), "the growing positions")?;
         self.count_growth(seq_ids, num_tokens, |i| growing.push(i))
     }
 
@@ -33,30 +37,32 @@ impl BlockTables {
         seq_ids: &[u64],
         num_tokens: &[u64],
         mut on_growing: impl FnMut(usize),
-    ) -> KvResult<u64> {
+    ) -> KvResult<u128> {
         lengths_match(seq_ids, num_tokens)?;
-        let mut total = 0u64;
+        let mut total = 0u128;
         for (i, (&s, &n)) in seq_ids.iter().zip(num_tokens).enumerate() {
             let have = self.table(s)?.len() as u64;
             let need = self.blocks_for_tokens(n).saturating_sub(have);
             if need > 0 {
                 on_growing(i);
-                total = total.saturating_add(need);
+                total += u128::from(need);
             }
         }
         Ok(total)
     }
 
-    /// Exact blocks `grow` allocates: a sequence listed twice grows to its largest target once.
-    fn exact_blocks_to_grow(&self, seq_ids: &[u64], num_tokens: &[u64]) -> u64 {
+    /// Exact blocks `grow` allocates: a sequence listed twice grows to its largest target
+    /// once. Errors (`Memory`) if the host cannot hold the batch's targets.
+    fn exact_blocks_to_grow(&self, seq_ids: &[u64], num_tokens: &[u64]) -> KvResult<u128> {
         let mut target: HashMap<u64, u64, FastBuild> = HashMap::default();
+        try_reserve_map(&mut target, seq_ids.len(), "the batch's targets")?;
         for (&s, &n) in seq_ids.iter().zip(num_tokens) {
             let t = target.entry(s).or_insert(0);
             *t = (*t).max(self.blocks_for_tokens(n));
         }
-        target.iter().fold(0u64, |acc, (s, &t)| {
-            acc.saturating_add(t.saturating_sub(self.tables[s].len() as u64))
-        })
+        Ok(target.iter().fold(0u128, |acc, (s, &t)| {
+            acc + u128::from(t.saturating_sub(self.tables[s].len() as u64))
+        }))
     }
 
     /// Allocates from `pool` and appends so that each sequence holds at least
@@ -70,14 +76,22 @@ impl BlockTables {
     ) -> KvResult<u64> {
         // Upper bound (exact unless a sequence is listed twice); validates every id.
         let bound = self.num_blocks_to_grow(seq_ids, num_tokens)?;
-        let free = u64::from(pool.num_free_blocks());
-        if bound > free {
-            let exact = self.exact_blocks_to_grow(seq_ids, num_tokens);
-            if exact > free {
+        let free = pool.num_free_blocks();
+        if bound > u128::from(free) {
+            let exact = self.exact_blocks_to_grow(seq_ids, num_tokens)?;
+            if exact > u128::from(free) {
                 return Err(KvError::OutOfBlocks(format!(
                     "cannot allocate {exact} blocks: only {free} free"
                 )));
             }
+        }
+        // Every table's room first, so that no allocation below can fail halfway: each need
+        // is at most the free blocks.
+        for (&s, &n) in seq_ids.iter().zip(num_tokens) {
+            let want = self.blocks_for_tokens(n);
+            let t = self.tables.get_mut(&s).expect("validated above");
+            let need = want.saturating_sub(t.len() as u64) as usize;
+            try_reserve(&mut t.entries, need, "the grown entries")?;
         }
         let mut total = 0u64;
         for (&s, &n) in seq_ids.iter().zip(num_tokens) {
@@ -102,7 +116,7 @@ impl BlockTables {
     /// All or nothing: an unknown sequence, or a block the pool refuses to free (one it
     /// holds no reference on), changes neither.
     pub fn free_sequence(&mut self, pool: &mut BlockPool, seq_id: u64) -> KvResult<u64> {
-        let mut block_ids = held(&self.table(seq_id)?.entries);
+        let mut block_ids = held(&self.table(seq_id)?.entries)?;
         block_ids.reverse();
         pool.free(&block_ids)?;
         self.tables.remove(&seq_id);
@@ -159,7 +173,7 @@ impl BlockTables {
                 block_hashes.len()
             )));
         }
-        let mut blocks = Vec::with_capacity(seq_ids.len());
+        let mut blocks = try_with_capacity(seq_ids.len(), "the blocks to cache")?;
         for (&s, &index) in seq_ids.iter().zip(block_indices) {
             let t = self.table(s)?;
             let b = match usize::try_from(index).ok().and_then(|i| t.entries.get(i)) {
@@ -176,13 +190,16 @@ impl BlockTables {
 
     /// `pool.cache_block(blocks[i], block_hashes[i])` for each i; returns how many were
     /// recorded. If one errors, the ones this call recorded are undone (each block is
-    /// recorded at most once: a second `cache_block` on it returns false or errors).
+    /// recorded at most once: a second `cache_block` on it returns false or errors). The
+    /// room for all is reserved first (`Memory` error, nothing recorded).
     pub(crate) fn record_hashes(
         pool: &mut BlockPool,
         blocks: &[u32],
         block_hashes: &[u64],
     ) -> KvResult<usize> {
-        let mut recorded: Vec<u32> = Vec::new();
+        let n = blocks.len().min(block_hashes.len());
+        let mut recorded: Vec<u32> = try_with_capacity(n, "the recorded blocks")?;
+        pool.reserve_hashes(n)?;
         for (&b, &h) in blocks.iter().zip(block_hashes) {
             match pool.cache_block(b, h) {
                 Ok(true) => recorded.push(b),

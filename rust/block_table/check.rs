@@ -9,7 +9,7 @@ impl BlockTables {
     /// valid table entries (non-negative as int32). Holes may sit anywhere; each table's hole
     /// count must equal its holes.
     pub fn check_integrity(&self, pool: Option<&BlockPool>) -> KvResult<()> {
-        for s in self.seq_ids() {
+        for s in self.seq_ids()? {
             let t = &self.tables[&s];
             let mut holes = 0usize;
             for (i, &b) in t.entries.iter().enumerate() {

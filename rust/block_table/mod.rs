@@ -9,19 +9,25 @@
 //! possibly keeping attention-sink blocks in front of them; `append_holes` recreates them
 //! for a sequence brought back from a swap. A hole keeps its logical slot (the table's length
 //! counts it) but references no block. Holes may sit anywhere in a table; each table counts
-//! its own, so `num_holes` is O(1). A call that errors changes nothing.
+//! its own, so `num_holes` is O(1). A call that errors changes nothing. The calls that hand
+//! blocks back (`remove_sequence`, `release_range`, `fork`) have `_then` forms that show
+//! them to a caller's `emit` first (the Python wrapper builds its result list there) and
+//! change the tables only if `emit` succeeds.
 
 use std::collections::HashMap;
 
-use crate::error::{cache_err, memory_err, KvError, KvResult, MAX_BLOCK_ID, MAX_TABLE_LEN};
+use crate::error::{cache_err, memory_err, try_collect, try_reserve, try_reserve_map};
+use crate::error::{try_to_vec, try_with_capacity, KvError, KvResult, MAX_BLOCK_ID, MAX_TABLE_LEN};
 use crate::hash::FastBuild;
 
 /// A released entry: outside the valid ids, shown to Python as -1.
 pub const HOLE: u32 = u32::MAX;
 
-/// The entries that are blocks, holes skipped.
-fn held(entries: &[u32]) -> Vec<u32> {
-    entries.iter().copied().filter(|&b| b != HOLE).collect()
+/// The entries that are blocks, holes skipped (`Memory` error if the host cannot hold them).
+fn held(entries: &[u32]) -> KvResult<Vec<u32>> {
+    let mut out = try_with_capacity(entries.len(), "the held block ids")?;
+    out.extend(entries.iter().copied().filter(|&b| b != HOLE));
+    Ok(out)
 }
 
 /// One sequence's table: logical block i -> `entries[i]` (a block id or [`HOLE`]).
@@ -33,11 +39,11 @@ struct Table {
 }
 
 impl Table {
-    fn of_blocks(block_ids: &[u32]) -> Self {
-        Table {
-            entries: block_ids.to_vec(),
+    fn of_blocks(block_ids: &[u32]) -> KvResult<Self> {
+        Ok(Table {
+            entries: try_to_vec(block_ids, "a block table")?,
             num_holes: 0,
-        }
+        })
     }
 
     fn len(&self) -> usize {
@@ -78,7 +84,7 @@ impl BlockTables {
     pub fn new(block_size: u64) -> KvResult<Self> {
         if block_size < 1 {
             return Err(KvError::Value(format!(
-                "block_size must be >= 1, got {block_size}"
+                "block_size must be in [1, 2**64), got {block_size}"
             )));
         }
         Ok(BlockTables {
@@ -119,17 +125,28 @@ impl BlockTables {
             return cache_err(format!("sequence {seq_id} already exists"));
         }
         check_block_ids(block_ids)?;
-        self.tables.insert(seq_id, Table::of_blocks(block_ids));
+        let table = Table::of_blocks(block_ids)?;
+        try_reserve_map(&mut self.tables, 1, "the tables")?;
+        self.tables.insert(seq_id, table);
         Ok(())
     }
 
     /// Forgets the sequence; returns its blocks in logical order, holes skipped (the caller
     /// frees them).
     pub fn remove_sequence(&mut self, seq_id: u64) -> KvResult<Vec<u32>> {
-        match self.tables.remove(&seq_id) {
-            Some(t) => Ok(held(&t.entries)),
-            None => unknown(seq_id),
-        }
+        self.remove_sequence_then(seq_id, Ok)
+    }
+
+    /// [`remove_sequence`](Self::remove_sequence), its blocks shown to `emit` first: returns
+    /// what `emit` returns, and forgets the sequence only if it succeeds.
+    pub fn remove_sequence_then<R, E: From<KvError>>(
+        &mut self,
+        seq_id: u64,
+        emit: impl FnOnce(Vec<u32>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let r = emit(held(&self.table(seq_id)?.entries)?)?;
+        self.tables.remove(&seq_id);
+        Ok(r)
     }
 
     /// Appends existing blocks to the table, in order. The tables hold no references: each
@@ -138,6 +155,7 @@ impl BlockTables {
     pub fn append_blocks(&mut self, seq_id: u64, block_ids: &[u32]) -> KvResult<()> {
         let t = self.table_mut(seq_id)?;
         check_block_ids(block_ids)?;
+        try_reserve(&mut t.entries, block_ids.len(), "the appended entries")?;
         t.entries.extend_from_slice(block_ids);
         Ok(())
     }
@@ -173,18 +191,33 @@ impl BlockTables {
     /// releasing a range again returns nothing. Errors unless `first <= end <= ` the table's
     /// length.
     pub fn release_range(&mut self, seq_id: u64, first: u64, end: u64) -> KvResult<Vec<u32>> {
+        self.release_range_then(seq_id, first, end, Ok)
+    }
+
+    /// [`release_range`](Self::release_range), the released blocks shown to `emit` first:
+    /// returns what `emit` returns, and releases only if it succeeds.
+    pub fn release_range_then<R, E: From<KvError>>(
+        &mut self,
+        seq_id: u64,
+        first: u64,
+        end: u64,
+        emit: impl FnOnce(Vec<u32>) -> Result<R, E>,
+    ) -> Result<R, E> {
         let t = self.table_mut(seq_id)?;
         if first > end || end > t.len() as u64 {
-            return cache_err(format!(
+            return Err(KvError::Cache(format!(
                 "cannot release blocks [{first}, {end}) of sequence {seq_id}: it has {}",
                 t.len()
-            ));
+            ))
+            .into());
         }
         let range = &mut t.entries[first as usize..end as usize];
-        let released = held(range);
+        let released = held(range)?;
+        let num_released = released.len();
+        let r = emit(released)?;
         range.fill(HOLE);
-        t.num_holes += released.len();
-        Ok(released)
+        t.num_holes += num_released;
+        Ok(r)
     }
 
     /// Holes in the table, wherever they are (O(1): each table counts its own).
@@ -195,15 +228,33 @@ impl BlockTables {
     /// The child gets a copy of the parent's table, holes included; returns its blocks, holes
     /// skipped (the caller increfs them).
     pub fn fork(&mut self, parent_id: u64, child_id: u64) -> KvResult<Vec<u32>> {
-        let t = self.table(parent_id)?.clone();
+        self.fork_then(parent_id, child_id, Ok)
+    }
+
+    /// [`fork`](Self::fork), the child's blocks shown to `emit` first: returns what `emit`
+    /// returns, and forks only if it succeeds.
+    pub fn fork_then<R, E: From<KvError>>(
+        &mut self,
+        parent_id: u64,
+        child_id: u64,
+        emit: impl FnOnce(Vec<u32>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let parent = self.table(parent_id)?;
         if self.tables.contains_key(&child_id) {
-            return cache_err(format!(
+            return Err(KvError::Cache(format!(
                 "cannot fork sequence {parent_id}: child {child_id} already exists"
-            ));
+            ))
+            .into());
         }
-        let blocks = held(&t.entries);
-        self.tables.insert(child_id, t);
-        Ok(blocks)
+        let child = Table {
+            entries: try_to_vec(&parent.entries, "a block table")?,
+            num_holes: parent.num_holes,
+        };
+        let blocks = held(&child.entries)?;
+        try_reserve_map(&mut self.tables, 1, "the tables")?;
+        let r = emit(blocks)?;
+        self.tables.insert(child_id, child);
+        Ok(r)
     }
 
     /// The error of a call that needs a block where the table has a hole.
@@ -250,11 +301,11 @@ impl BlockTables {
         Ok(self.table(seq_id)?.len())
     }
 
-    /// Every sequence id, ascending.
-    pub fn seq_ids(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.tables.keys().copied().collect();
+    /// Every sequence id, ascending (`Memory` error if the host cannot hold them).
+    pub fn seq_ids(&self) -> KvResult<Vec<u64>> {
+        let mut v = try_collect(self.tables.keys().copied(), "the sequence ids")?;
         v.sort_unstable();
-        v
+        Ok(v)
     }
 }
 

@@ -9,7 +9,8 @@
 //! Argument types, as the twins check them: a list of ids, counts, hashes or tokens is a
 //! `list` or `tuple` of ints; anything else (bytes, str, dict, set, a generator, None) is a
 //! `TypeError`, as is an `extra_key` that is not `bytes` or None and a `None` where an int is
-//! due. A failed host allocation is a `MemoryError`.
+//! due. A failed host allocation is a `MemoryError`: every buffer an argument is read into
+//! is reserved in one fallible step before it is filled.
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,7 +20,7 @@ use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyValueError
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
 
-use crate::error::{KvError, MAX_BLOCK_ID};
+use crate::error::{try_reserve, KvError, MAX_BLOCK_ID};
 
 pyo3::import_exception!(enginekit.errors, KVCacheError);
 pyo3::import_exception!(enginekit.errors, OutOfBlocksError);
@@ -30,6 +31,28 @@ pub(super) fn to_py(e: KvError) -> PyErr {
         KvError::Cache(m) => KVCacheError::new_err(m),
         KvError::OutOfBlocks(m) => OutOfBlocksError::new_err(m),
         KvError::Memory(m) => PyMemoryError::new_err(m),
+    }
+}
+
+impl From<KvError> for PyErr {
+    fn from(e: KvError) -> Self {
+        to_py(e)
+    }
+}
+
+/// Room in `out` for `additional` more items, or MemoryError.
+pub(super) fn reserve<T>(out: &mut Vec<T>, additional: usize, what: &str) -> PyResult<()> {
+    try_reserve(out, additional, what).map_err(to_py)
+}
+
+/// The items of a list or tuple (None for another type).
+fn num_items(obj: &Bound<'_, PyAny>) -> Option<usize> {
+    if let Ok(list) = obj.downcast::<PyList>() {
+        Some(list.len())
+    } else if let Ok(tuple) = obj.downcast::<PyTuple>() {
+        Some(tuple.len())
+    } else {
+        None
     }
 }
 
@@ -154,10 +177,13 @@ where
     <T as TryFrom<u64>>::Error: std::fmt::Debug,
 {
     out.clear();
-    if exact_ints_in(obj, out, max, 0, limit) {
+    if exact_ints_in(obj, out, max, 0, limit)? {
         return Ok(());
     }
     out.clear();
+    if let Some(n) = num_items(obj) {
+        reserve(out, n.min(limit), what)?;
+    }
     let mut num_left = limit;
     for_each_item(obj, what, |x| {
         if num_left == 0 {
@@ -176,8 +202,9 @@ where
 
 /// The direct read of a list or tuple of exact ints in [0, 2**64) into `out` (cleared
 /// first): false, `out` partly filled, for anything else (a negative or larger int, another
-/// type), which the caller's checked path then reads or reports.
-pub(super) fn exact_counts_in(obj: &Bound<'_, PyAny>, out: &mut Vec<u64>) -> bool {
+/// type), which the caller's checked path then reads or reports. MemoryError if the host
+/// cannot hold them.
+pub(super) fn exact_counts_in(obj: &Bound<'_, PyAny>, out: &mut Vec<u64>) -> PyResult<bool> {
     out.clear();
     exact_ints_in(obj, out, u64::MAX, 0, usize::MAX)
 }
@@ -185,14 +212,14 @@ pub(super) fn exact_counts_in(obj: &Bound<'_, PyAny>, out: &mut Vec<u64>) -> boo
 /// The direct read of [`collect_leading_ints`]: true, with the `limit` items from index
 /// `start` on (fewer where the container ends) in `out`, if `obj` is an exact list or tuple
 /// whose items there are exact ints in [0, max]; false (nothing raised, `out` partly filled)
-/// otherwise.
+/// otherwise. MemoryError if the host cannot hold them (reserved before any is read).
 fn exact_ints_in<T>(
     obj: &Bound<'_, PyAny>,
     out: &mut Vec<T>,
     max: u64,
     start: usize,
     limit: usize,
-) -> bool
+) -> PyResult<bool>
 where
     T: TryFrom<u64>,
     <T as TryFrom<u64>>::Error: std::fmt::Debug,
@@ -207,7 +234,7 @@ where
     unsafe {
         let is_list = ffi::PyList_CheckExact(ptr) != 0;
         if !is_list && ffi::PyTuple_CheckExact(ptr) == 0 {
-            return false;
+            return Ok(false);
         }
         let len = if is_list {
             list_len(ptr)
@@ -217,7 +244,7 @@ where
         let len = usize::try_from(len).unwrap_or(0);
         let start = start.min(len);
         let end = start + (len - start).min(limit);
-        out.reserve(end - start);
+        reserve(out, end - start, "the argument's ints")?;
         for i in start as ffi::Py_ssize_t..end as ffi::Py_ssize_t {
             let item = if is_list {
                 list_item(ptr, i)
@@ -225,20 +252,20 @@ where
                 tuple_item(ptr, i)
             };
             if ffi::PyLong_CheckExact(item) == 0 {
-                return false;
+                return Ok(false);
             }
             let v = ffi::PyLong_AsUnsignedLongLong(item);
             if v == u64::MAX && !ffi::PyErr_Occurred().is_null() {
                 ffi::PyErr_Clear();
-                return false;
+                return Ok(false);
             }
             if v > max {
-                return false;
+                return Ok(false);
             }
             out.push(T::try_from(v).expect("max fits the target type"));
         }
     }
-    true
+    Ok(true)
 }
 
 // The size and borrowed-item reads of an exact list or tuple: the unchecked macros in the
@@ -335,17 +362,18 @@ pub(super) fn token_ids_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 
 /// Appends the token ids `obj[start:end]` of an exact list or tuple of exact ints in
 /// [0, 2**32) to `out`, read in place: true; false, `out` as it was, for anything else (the
-/// caller slices it and converts the slice, to raise what that raises).
+/// caller slices it and converts the slice, to raise what that raises). MemoryError if the
+/// host cannot hold them.
 pub(super) fn token_ids_onto(
     obj: &Bound<'_, PyAny>,
     start: usize,
     end: usize,
     out: &mut Vec<u32>,
-) -> bool {
+) -> PyResult<bool> {
     let before = out.len();
     let limit = end.saturating_sub(start);
     let read = exact_ints_in(obj, out, u64::from(u32::MAX), start, limit);
-    if !read {
+    if !matches!(read, Ok(true)) {
         out.truncate(before);
     }
     read
@@ -355,8 +383,7 @@ pub(super) fn token_ids_onto(
 /// of a 1-D C-contiguous buffer of u32 (an `array.array("I")`: every u32 is a token id),
 /// which is read without a Python call per item.
 pub(super) fn leading_token_ids_arg(obj: &Bound<'_, PyAny>, limit: usize) -> PyResult<Vec<u32>> {
-    if let Some(mut tokens) = typed_buffer::<u32>(obj, &["I"]) {
-        tokens.truncate(limit);
+    if let Some(tokens) = typed_buffer::<u32>(obj, &["I"], limit)? {
         return Ok(tokens);
     }
     let mut v = Vec::new();
@@ -366,25 +393,49 @@ pub(super) fn leading_token_ids_arg(obj: &Bound<'_, PyAny>, limit: usize) -> PyR
     Ok(v)
 }
 
-/// The items of `obj` if it exposes a 1-D C-contiguous buffer of `T` (a typed array), read
-/// in one pass with no per-item Python call; None for anything else (lists and tuples take
-/// the item-by-item path, which also reports a wrong type). An empty buffer in one of
-/// `empty_formats` counts too (see [`is_empty_buffer`]).
-pub(super) fn typed_buffer<T: Element + Copy>(
+/// The first `limit` items of `obj` if it exposes a 1-D C-contiguous buffer of `T` (a typed
+/// array), read in one pass with no per-item Python call; None for anything else (lists and
+/// tuples take the item-by-item path, which also reports a wrong type). An empty buffer in
+/// one of `empty_formats` counts too (see [`is_empty_buffer`]). MemoryError if the host
+/// cannot hold the copy.
+pub(super) fn typed_buffer<T: Element + Copy + Default>(
     obj: &Bound<'_, PyAny>,
     empty_formats: &[&str],
-) -> Option<Vec<T>> {
+    limit: usize,
+) -> PyResult<Option<Vec<T>>> {
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        return None;
+        return Ok(None);
     }
     let Ok(buf) = PyBuffer::<T>::get(obj) else {
         let size = std::mem::size_of::<T>();
-        return is_empty_buffer(obj, size, empty_formats).then(Vec::new);
+        return Ok(is_empty_buffer(obj, size, empty_formats).then(Vec::new));
     };
     if buf.dimensions() != 1 || !buf.is_c_contiguous() {
-        return None;
+        return Ok(None);
     }
-    buf.to_vec(obj.py()).ok()
+    buffer_copy(obj.py(), &buf, limit).map(Some)
+}
+
+/// The first `limit` items of a 1-D C-contiguous buffer, copied into a vector reserved in
+/// one fallible step (MemoryError if the host cannot hold it).
+pub(super) fn buffer_copy<T: Element + Copy + Default>(
+    py: Python<'_>,
+    buf: &PyBuffer<T>,
+    limit: usize,
+) -> PyResult<Vec<T>> {
+    let n = buf.item_count();
+    let mut out = Vec::new();
+    reserve(&mut out, n.min(limit), "a copy of the buffer")?;
+    if limit < n {
+        // SAFETY: the buffer is 1-D and C-contiguous (checked by the callers), so its first
+        // `limit` items lie at its start; the GIL is held and the buffer is held open.
+        let items = unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const T, limit) };
+        out.extend_from_slice(items);
+        return Ok(out);
+    }
+    out.resize(n, T::default());
+    buf.copy_to_slice(py, &mut out)?;
+    Ok(out)
 }
 
 /// Whether `obj` exposes an empty 1-D buffer of `itemsize`-byte items in one of `formats`

@@ -1,8 +1,10 @@
 //! The module's functions: block hashing (spec in rust/hash.rs) and the panic fence's test hook.
 
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
 use super::convert::{as_u64, extra_key_arg, guard, hash_arg, token_ids_arg, value_err};
+use super::out::vec_list;
 use crate::hash::{self, ROOT_HASH};
 
 /// Chained 64-bit hash of one block (spec in rust/hash.rs).
@@ -17,7 +19,7 @@ fn hash_block(
         let parent = hash_arg(parent_hash, "parent_hash")?;
         let tokens = token_ids_arg(token_ids)?;
         let extra = extra_key_arg(&extra_key)?;
-        Ok(hash::hash_block(parent, &tokens, extra))
+        Ok(hash::hash_block(parent, &tokens, extra)?)
     })
 }
 
@@ -27,26 +29,27 @@ fn hash_block(
     signature = (token_ids, block_size, extra_key = None, parent_hash = root_hash_default()),
     text_signature = "(token_ids, block_size, extra_key=None, parent_hash=ROOT_HASH)"
 )]
-fn hash_blocks(
-    py: Python<'_>,
-    token_ids: &Bound<'_, PyAny>,
-    block_size: &Bound<'_, PyAny>,
-    extra_key: Option<Bound<'_, PyAny>>,
+fn hash_blocks<'py>(
+    py: Python<'py>,
+    token_ids: &Bound<'py, PyAny>,
+    block_size: &Bound<'py, PyAny>,
+    extra_key: Option<Bound<'py, PyAny>>,
     parent_hash: Py<PyAny>,
-) -> PyResult<Vec<u64>> {
+) -> PyResult<Bound<'py, PyList>> {
     guard(|| {
         let tokens = token_ids_arg(token_ids)?;
         let bs = match as_u64(block_size)? {
-            Some(0) => None,
-            Some(v) => Some(v),
-            None if block_size.lt(1)? => None,
-            None => Some(u64::MAX),
-        }
-        .ok_or_else(|| value_err(format!("block_size must be >= 1, got {block_size}")))?;
+            Some(v) if v >= 1 => v,
+            _ => {
+                return Err(value_err(format!(
+                    "block_size must be in [1, 2**64), got {block_size}"
+                )))
+            }
+        };
         let extra = extra_key_arg(&extra_key)?;
         let parent = hash_arg(parent_hash.bind(py), "parent_hash")?;
         let bs = usize::try_from(bs).unwrap_or(usize::MAX);
-        Ok(hash::hash_blocks(&tokens, bs, extra, parent))
+        vec_list(py, hash::hash_blocks(&tokens, bs, extra, parent)?)
     })
 }
 

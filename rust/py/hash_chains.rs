@@ -1,15 +1,18 @@
 //! Python wrapper of [`HashChains`]: argument conversion and error mapping only.
 //!
 //! Token ranges are read by slicing the caller's sequence (a list, a tuple or an
-//! `array("I")`), so only the tokens of the blocks to name are converted.
+//! `array("I")`), so only the tokens of the blocks to name are converted; the sequence's
+//! type is checked whole (TypeError for anything else) even where no token is read.
 
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PySlice, PyTuple};
 
 use super::convert::{
-    as_u64, collect_ints, count, extra_key_arg, guard, hash_arg, new_seq_arg, seq_arg,
-    seq_ids_into, to_py, token_ids_arg, token_ids_onto, type_err, value_err,
+    as_u64, collect_ints, count, extra_key_arg, guard, hash_arg, is_empty_buffer, new_seq_arg,
+    reserve, seq_arg, seq_ids_into, to_py, token_ids_arg, token_ids_onto, type_err, value_err,
 };
+use super::out::{int_list, vec_list};
 use super::pool::PyBlockPool;
 use super::tables::PyBlockTables;
 use crate::hash::ROOT_HASH;
@@ -35,13 +38,32 @@ fn token_range_onto(
     end: u64,
     out: &mut Vec<u32>,
 ) -> PyResult<()> {
-    if token_ids_onto(token_ids, usize_of(start), usize_of(end), out) {
+    if token_ids_onto(token_ids, usize_of(start), usize_of(end), out)? {
         return Ok(());
     }
     let cap = |v: u64| isize::try_from(v).unwrap_or(isize::MAX);
     let slice = PySlice::new(token_ids.py(), cap(start), cap(end), 1);
-    out.extend(token_ids_arg(&token_ids.get_item(slice)?)?);
+    let tokens = token_ids_arg(&token_ids.get_item(slice)?)?;
+    reserve(out, tokens.len(), "the tokens")?;
+    out.extend_from_slice(&tokens);
     Ok(())
+}
+
+/// Whether `obj` is a token batch: a list, a tuple, or a 1-D C-contiguous buffer of u32
+/// (an `array("I")`). Its items are not read.
+fn is_token_batch(obj: &Bound<'_, PyAny>) -> bool {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return true;
+    }
+    match PyBuffer::<u32>::get(obj) {
+        Ok(buf) => buf.dimensions() == 1 && buf.is_c_contiguous(),
+        Err(_) => is_empty_buffer(obj, 4, &["I"]),
+    }
+}
+
+/// The TypeError of an argument `what` that is no token batch.
+fn not_token_batch(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+    type_err(what, "a list, tuple or array(\"I\") of token ids", obj)
 }
 
 /// A list or tuple argument, read item by item.
@@ -77,9 +99,10 @@ impl<'py> Items<'py> {
     }
 }
 
-/// A sequence id to look up: an int outside u64 has no chain (None).
-fn lookup_seq(seq_id: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
-    as_u64(seq_id)
+/// A sequence id to look up: ValueError for an int outside [0, 2**64), which no sequence
+/// has.
+fn lookup_seq(seq_id: &Bound<'_, PyAny>) -> PyResult<u64> {
+    new_seq_arg(seq_id)
 }
 
 fn usize_of(v: u64) -> usize {
@@ -92,7 +115,14 @@ impl PyHashChains {
     #[pyo3(signature = (block_size, root_hash = None))]
     fn new(block_size: &Bound<'_, PyAny>, root_hash: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         guard(|| {
-            let bs = count(block_size, "block_size")?;
+            let bs = match as_u64(block_size)? {
+                Some(v) if v >= 1 => v,
+                _ => {
+                    return Err(value_err(format!(
+                        "block_size must be in [1, 2**64), got {block_size}"
+                    )))
+                }
+            };
             let root = match root_hash {
                 None => ROOT_HASH,
                 Some(h) => hash_arg(h, "root_hash")?,
@@ -109,15 +139,19 @@ impl PyHashChains {
     }
 
     fn num_names(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        guard(|| Ok(lookup_seq(seq_id)?.map_or(0, |s| self.inner.num_names(s))))
+        guard(|| Ok(self.inner.num_names(lookup_seq(seq_id)?)))
     }
 
     fn num_published(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        guard(|| Ok(lookup_seq(seq_id)?.map_or(0, |s| self.inner.num_published(s))))
+        guard(|| Ok(self.inner.num_published(lookup_seq(seq_id)?)))
     }
 
-    fn names(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-        guard(|| Ok(lookup_seq(seq_id)?.map_or_else(Vec::new, |s| self.inner.names(s).to_vec())))
+    fn names<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        guard(|| int_list(py, self.inner.names(lookup_seq(seq_id)?).iter().copied()))
     }
 
     #[pyo3(signature = (seq_id, token_ids, num_blocks, extra_key = None))]
@@ -132,6 +166,9 @@ impl PyHashChains {
             let s = new_seq_arg(seq_id)?;
             let n = usize_of(count(num_blocks, "num_blocks")?);
             let extra = extra_key_arg(&extra_key)?;
+            if !is_token_batch(token_ids) {
+                return Err(not_token_batch("token_ids", token_ids));
+            }
             let have = self.inner.num_names(s);
             let tokens = if n > have {
                 let bs = self.inner.block_size() as u64;
@@ -144,15 +181,17 @@ impl PyHashChains {
         })
     }
 
-    fn lookup(
+    fn lookup<'py>(
         &self,
-        pool: PyRef<'_, PyBlockPool>,
-        seq_id: &Bound<'_, PyAny>,
-        num_blocks: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<u32>> {
+        py: Python<'py>,
+        pool: PyRef<'py, PyBlockPool>,
+        seq_id: &Bound<'py, PyAny>,
+        num_blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let n = usize_of(count(num_blocks, "num_blocks")?);
-            Ok(lookup_seq(seq_id)?.map_or_else(Vec::new, |s| self.inner.lookup(&pool.inner, s, n)))
+            let s = lookup_seq(seq_id)?;
+            vec_list(py, self.inner.lookup(&pool.inner, s, n)?)
         })
     }
 
@@ -164,7 +203,7 @@ impl PyHashChains {
     ) -> PyResult<bool> {
         guard(|| {
             let i = usize_of(count(index, "index")?);
-            Ok(lookup_seq(seq_id)?.is_some_and(|s| self.inner.is_cached(&pool.inner, s, i)))
+            Ok(self.inner.is_cached(&pool.inner, lookup_seq(seq_id)?, i))
         })
     }
 
@@ -186,19 +225,27 @@ impl PyHashChains {
 
     /// Returns the positions of the sequences whose decode does not fill the block after
     /// their published names (the caller publishes those its own way).
-    fn publish_filled(
+    #[allow(clippy::too_many_arguments)]
+    fn publish_filled<'py>(
         &mut self,
-        tables: PyRef<'_, PyBlockTables>,
-        mut pool: PyRefMut<'_, PyBlockPool>,
-        seq_ids: &Bound<'_, PyAny>,
-        token_lists: &Bound<'_, PyAny>,
-        num_tokens: &Bound<'_, PyAny>,
-        extra_keys: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<usize>> {
+        py: Python<'py>,
+        tables: PyRef<'py, PyBlockTables>,
+        mut pool: PyRefMut<'py, PyBlockPool>,
+        seq_ids: &Bound<'py, PyAny>,
+        token_lists: &Bound<'py, PyAny>,
+        num_tokens: &Bound<'py, PyAny>,
+        extra_keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let mut seqs = Vec::new();
             seq_ids_into(seq_ids, &mut seqs)?;
             let lists = Items::of(token_lists, "token_lists")?;
+            for i in 0..lists.len() {
+                let list = lists.get(i)?;
+                if !is_token_batch(&list) {
+                    return Err(not_token_batch(&format!("token_lists[{i}]"), &list));
+                }
+            }
             let mut counts: Vec<u64> = Vec::new();
             collect_ints(num_tokens, "num_tokens", &mut counts, u64::MAX, |x| {
                 value_err(format!("num_tokens {x} is not in [0, 2**64)"))
@@ -214,10 +261,13 @@ impl PyHashChains {
                 )));
             }
             let bs = self.inner.block_size();
-            let mut skipped = Vec::new();
-            let mut filling = Vec::with_capacity(seqs.len());
-            let mut block_tokens: Vec<u32> = Vec::with_capacity(seqs.len() * bs);
-            let mut key_objs: Vec<Option<Bound<'_, PyAny>>> = Vec::with_capacity(seqs.len());
+            let n = seqs.len();
+            let (mut skipped, mut filling) = (Vec::new(), Vec::new());
+            let mut block_tokens: Vec<u32> = Vec::new();
+            let mut key_objs: Vec<Option<Bound<'_, PyAny>>> = Vec::new();
+            reserve(&mut skipped, n, "the skipped positions")?;
+            reserve(&mut filling, n, "the filling sequences")?;
+            reserve(&mut key_objs, n, "the extra keys")?;
             for (i, (&s, &n)) in seqs.iter().zip(&counts).enumerate() {
                 if !self.inner.fills_next(s, n) {
                     skipped.push(i);
@@ -234,10 +284,13 @@ impl PyHashChains {
                 key_objs.push(Some(keys.get(i)?).filter(|k| !k.is_none()));
             }
             // Checked once every filling decode's tokens are, as the twin does.
-            let extras = key_objs
-                .iter()
-                .map(extra_key_arg)
-                .collect::<PyResult<Vec<_>>>()?;
+            let mut extras = Vec::new();
+            reserve(&mut extras, key_objs.len(), "the extra keys")?;
+            for k in &key_objs {
+                extras.push(extra_key_arg(k)?);
+            }
+            // The result first: once the blocks are published, nothing may fail.
+            let skipped = vec_list(py, skipped)?;
             self.inner
                 .publish_filled(
                     &tables.inner,
@@ -253,14 +306,12 @@ impl PyHashChains {
 
     fn remove(&mut self, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
         guard(|| {
-            if let Some(s) = lookup_seq(seq_id)? {
-                self.inner.remove(s);
-            }
+            self.inner.remove(lookup_seq(seq_id)?);
             Ok(())
         })
     }
 
-    fn seq_ids(&self) -> PyResult<Vec<u64>> {
-        guard(|| Ok(self.inner.seq_ids()))
+    fn seq_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| vec_list(py, self.inner.seq_ids()?))
     }
 }

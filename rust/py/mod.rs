@@ -1,10 +1,11 @@
 //! Python wrappers (`enginekit._native`): registration of the module's contents.
 //!
 //! No logic lives here or below: `convert` turns Python arguments into the core's types and
-//! the core's errors into exceptions; `pool`, `tables`, `hash_chains` and `radix` wrap one
+//! the core's errors into exceptions; `out` makes the results' Python lists, tuples and
+//! dicts with checked calls only; `pool`, `tables`, `hash_chains` and `radix` wrap one
 //! structure each; `functions` holds the module-level functions; `decode` the decode
-//! batch's per-step passes over Python requests; `attrs` one attribute of many objects. The wrappers depend on `convert`, never on
-//! this module.
+//! batch's per-step passes over Python requests. The wrappers depend on `convert` and
+//! `out`, never on this module.
 
 use pyo3::prelude::*;
 
@@ -15,6 +16,7 @@ mod convert;
 mod decode;
 mod functions;
 mod hash_chains;
+mod out;
 mod pool;
 mod radix;
 mod room;

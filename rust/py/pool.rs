@@ -1,12 +1,13 @@
 //! Python wrapper of [`BlockPool`]: argument conversion and error mapping only.
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 
 use super::convert::{
     as_u64, block_hashes_arg, cache_err, collect_ints, count, guard, to_py, typed_buffer,
     OutOfBlocksError,
 };
+use super::out::{int_dict, int_list, vec_list};
 use crate::block_pool::BlockPool;
 use crate::error::{KvResult, MAX_BLOCKS};
 
@@ -21,6 +22,10 @@ fn request(num_blocks: &Bound<'_, PyAny>, verb: &str, available: u32, kind: &str
     }
     Ok(n)
 }
+
+/// Most ids the reused scratch keeps room for between calls: a larger call's room is given
+/// back to the host when it returns.
+const SCRATCH_KEPT: usize = 1 << 16;
 
 #[pyclass(name = "BlockPool", module = "enginekit._native")]
 pub(super) struct PyBlockPool {
@@ -43,7 +48,9 @@ impl PyBlockPool {
             self.unknown_block(x)
         })
         .and_then(|()| f(&mut self.inner, &ids).map_err(to_py));
-        self.ids = ids;
+        if ids.capacity() <= SCRATCH_KEPT {
+            self.ids = ids;
+        }
         r
     }
 
@@ -99,17 +106,25 @@ impl PyBlockPool {
         guard(|| Ok(self.inner.num_used_blocks()))
     }
 
-    fn allocate(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    fn allocate<'py>(
+        &mut self,
+        py: Python<'py>,
+        num_blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let n = request(num_blocks, "allocate", self.inner.num_free_blocks(), "free")?;
-            self.inner.allocate(n).map_err(to_py)
+            self.inner.allocate_then(n, |ids| int_list(py, ids))
         })
     }
 
-    fn allocate_run(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    fn allocate_run<'py>(
+        &mut self,
+        py: Python<'py>,
+        num_blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let n = request(num_blocks, "allocate", self.inner.num_free_blocks(), "free")?;
-            self.inner.allocate_run(n).map_err(to_py)
+            self.inner.allocate_run_then(n, |ids| int_list(py, ids))
         })
     }
 
@@ -132,13 +147,17 @@ impl PyBlockPool {
         guard(|| self.with_block_ids(block_ids, |pool, ids| pool.free(ids)))
     }
 
-    fn lookup_prefix(&self, block_hashes: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    fn lookup_prefix<'py>(
+        &self,
+        py: Python<'py>,
+        block_hashes: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
-            if let Some(hashes) = typed_buffer::<u64>(block_hashes, &["Q", "L"]) {
-                return Ok(self.inner.lookup_prefix(&hashes));
-            }
-            let hashes = block_hashes_arg(block_hashes)?;
-            Ok(self.inner.lookup_prefix(&hashes))
+            let hashes = match typed_buffer::<u64>(block_hashes, &["Q", "L"], usize::MAX)? {
+                Some(hashes) => hashes,
+                None => block_hashes_arg(block_hashes)?,
+            };
+            vec_list(py, self.inner.lookup_prefix(&hashes)?)
         })
     }
 
@@ -160,7 +179,11 @@ impl PyBlockPool {
         })
     }
 
-    fn evict_lru(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    fn evict_lru<'py>(
+        &mut self,
+        py: Python<'py>,
+        num_blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let n = request(
                 num_blocks,
@@ -168,7 +191,7 @@ impl PyBlockPool {
                 self.inner.num_evictable_blocks(),
                 "evictable",
             )?;
-            self.inner.evict_lru(n).map_err(to_py)
+            self.inner.evict_lru_then(n, |ids| int_list(py, ids))
         })
     }
 
@@ -184,26 +207,20 @@ impl PyBlockPool {
         })
     }
 
-    fn free_block_ids(&self) -> PyResult<Vec<u32>> {
-        guard(|| Ok(self.inner.free_block_ids()))
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| int_list(py, self.inner.free_ids()))
     }
 
-    fn evictable_block_ids(&self) -> PyResult<Vec<u32>> {
-        guard(|| Ok(self.inner.evictable_block_ids()))
+    fn evictable_block_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| int_list(py, self.inner.evictable_ids()))
     }
 
-    fn ref_counts(&self) -> PyResult<Vec<u32>> {
-        guard(|| Ok(self.inner.ref_counts().to_vec()))
+    fn ref_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| int_list(py, self.inner.ref_counts().iter().copied()))
     }
 
     fn cached_blocks<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        guard(|| {
-            let d = PyDict::new(py);
-            for (h, b) in self.inner.cached_blocks() {
-                d.set_item(h, b)?;
-            }
-            Ok(d)
-        })
+        guard(|| int_dict(py, self.inner.cached_blocks()))
     }
 
     fn check_integrity(&self) -> PyResult<()> {

@@ -5,11 +5,13 @@
 //! returns too; a tree looks them up when it is created.
 
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
 use super::convert::{
-    as_u64, cache_err, count, guard, leading_token_ids_arg, table_block_ids, to_py, token_ids_arg,
-    value_err,
+    as_u64, cache_err, count, guard, leading_token_ids_arg, reserve, table_block_ids, to_py,
+    token_ids_arg, value_err,
 };
+use super::out::{int, int_list, object_list, tuple, vec_list};
 use crate::radix::RadixTree;
 
 #[pyclass(name = "RadixTree", module = "enginekit._native")]
@@ -60,7 +62,7 @@ impl PyRadixTree {
     fn num_evictable_among(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<u64> {
         guard(|| {
             let blocks = table_block_ids(block_ids)?;
-            Ok(self.inner.num_evictable_among(&blocks))
+            Ok(self.inner.num_evictable_among(&blocks)?)
         })
     }
 
@@ -77,12 +79,16 @@ impl PyRadixTree {
                 None => usize::MAX,
             };
             let tokens = leading_token_ids_arg(token_ids, limit)?;
-            let m = self.inner.match_prefix(&tokens);
-            Ok(self
-                .match_type
-                .bind(py)
-                .call1((m.num_tokens, m.block_ids, m.node_id))?
-                .unbind())
+            let m = self.inner.match_prefix(&tokens)?;
+            let fields = tuple(
+                py,
+                [
+                    int(py, m.num_tokens)?,
+                    vec_list(py, m.block_ids)?.into_any(),
+                    int(py, m.node_id)?,
+                ],
+            )?;
+            Ok(self.match_type.bind(py).call1(fields)?.unbind())
         })
     }
 
@@ -95,17 +101,21 @@ impl PyRadixTree {
         guard(|| {
             let tokens = token_ids_arg(token_ids)?;
             let blocks = table_block_ids(block_ids)?;
-            let r = self.inner.insert(&tokens, &blocks).map_err(to_py)?;
-            Ok(self
-                .insert_type
-                .bind(py)
-                .call1((
-                    r.num_new_tokens,
-                    r.new_block_refs,
-                    r.node_id,
-                    r.released_block_refs,
-                ))?
-                .unbind())
+            // The result is made before the tree changes: a MemoryError changes nothing.
+            let insert_type = self.insert_type.bind(py);
+            let (result, _) = self.inner.insert_then(&tokens, &blocks, |r| {
+                let fields = tuple(
+                    py,
+                    [
+                        int(py, r.num_new_tokens)?,
+                        int_list(py, r.new_block_refs.iter().copied())?.into_any(),
+                        int(py, r.node_id)?,
+                        int_list(py, r.released_block_refs.iter().copied())?.into_any(),
+                    ],
+                )?;
+                Ok::<_, PyErr>(insert_type.call1(fields)?.unbind())
+            })?;
+            Ok(result)
         })
     }
 
@@ -123,31 +133,42 @@ impl PyRadixTree {
         })
     }
 
-    fn evict(&mut self, num_blocks: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    fn evict<'py>(
+        &mut self,
+        py: Python<'py>,
+        num_blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let n = count(num_blocks, "num_blocks")?;
-            Ok(self.inner.evict(n))
+            vec_list(py, self.inner.evict(n)?)
         })
     }
 
-    fn nodes(&self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+    fn nodes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let node_type = self.node_type.bind(py);
-            self.inner
-                .nodes()
-                .into_iter()
-                .map(|n| {
-                    let fields = (
-                        n.node_id,
-                        n.parent_id,
-                        n.token_ids,
-                        n.block_ids,
-                        n.lock_count,
-                        n.stamp,
-                    );
-                    Ok(node_type.call1(fields)?.unbind())
-                })
-                .collect()
+            let nodes = self.inner.nodes()?;
+            let mut objects = Vec::new();
+            reserve(&mut objects, nodes.len(), "the nodes")?;
+            for n in nodes {
+                let parent = match n.parent_id {
+                    Some(p) => int(py, p)?,
+                    None => py.None().into_bound(py),
+                };
+                let fields = tuple(
+                    py,
+                    [
+                        int(py, n.node_id)?,
+                        parent,
+                        vec_list(py, n.token_ids)?.into_any(),
+                        vec_list(py, n.block_ids)?.into_any(),
+                        int(py, n.lock_count)?,
+                        int(py, n.stamp)?,
+                    ],
+                )?;
+                objects.push(node_type.call1(fields)?);
+            }
+            object_list(py, objects)
         })
     }
 

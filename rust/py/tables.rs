@@ -2,16 +2,22 @@
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
 use super::convert::{
     as_i32, as_u64, bad_table_block, block_hashes_arg, cache_err, count, empty_tuple,
-    exact_counts_in, for_each_item, guard, int_default, new_seq_arg, seq_arg, seq_ids_into,
-    table_block_ids, to_py, typed_buffer, value_err,
+    exact_counts_in, for_each_item, guard, int_default, new_seq_arg, reserve, seq_arg,
+    seq_ids_into, table_block_ids, to_py, typed_buffer, value_err,
 };
+use super::out::{int_list, u128_int, vec_list};
 use super::pool::PyBlockPool;
 use super::room::PyLruRoom;
 use crate::block_table::{BlockTables, HOLE};
-use crate::error::MAX_BLOCK_ID;
+use crate::error::{try_collect, MAX_BLOCK_ID};
+
+/// Most items the reused scratch vectors keep room for between calls: a larger batch's
+/// room is given back to the host when it returns.
+const SCRATCH_KEPT: usize = 1 << 16;
 
 /// A table entry as Python sees it: a block id, or -1 for a hole.
 fn entry(b: u32) -> i32 {
@@ -31,10 +37,11 @@ fn int64_array_into(
     out: &mut Vec<u64>,
     negative: impl Fn(i64) -> PyErr,
 ) -> PyResult<bool> {
-    let Some(values) = typed_buffer::<i64>(obj, &[]) else {
+    let Some(values) = typed_buffer::<i64>(obj, &[], usize::MAX)? else {
         return Ok(false);
     };
     out.clear();
+    reserve(out, values.len(), "the batch")?;
     for v in values {
         if v < 0 {
             return Err(negative(v));
@@ -45,14 +52,27 @@ fn int64_array_into(
 }
 
 /// Fills `out` (cleared first) with the non-negative counts of the list or tuple `obj`
-/// (argument `what`; see [`count`]).
-fn counts_into(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<u64>) -> PyResult<()> {
-    if exact_counts_in(obj, out) {
+/// (argument `what`; see [`count`]): one past u64 reads as u64::MAX where `saturate`, and
+/// is a ValueError otherwise.
+fn counts_into(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    out: &mut Vec<u64>,
+    saturate: bool,
+) -> PyResult<()> {
+    if exact_counts_in(obj, out)? {
         return Ok(());
     }
     out.clear();
     for_each_item(obj, what, |x| {
-        out.push(count(x, what)?);
+        if out.len() == out.capacity() {
+            reserve(out, 1, what)?;
+        }
+        let n = count(x, what)?;
+        if n == u64::MAX && !saturate && as_u64(x)?.is_none() {
+            return Err(value_err(format!("{what} {x} is not in [0, 2**64)")));
+        }
+        out.push(n);
         Ok(())
     })
 }
@@ -99,7 +119,16 @@ impl PyBlockTables {
         if int64_array_into(num_tokens, &mut self.toks, negative)? {
             return Ok(());
         }
-        counts_into(num_tokens, "num_tokens", &mut self.toks)
+        counts_into(num_tokens, "num_tokens", &mut self.toks, false)
+    }
+
+    /// Gives back the scratch vectors' room after a batch larger than [`SCRATCH_KEPT`].
+    fn trim_scratch(&mut self) {
+        for v in [&mut self.seqs, &mut self.toks] {
+            if v.capacity() > SCRATCH_KEPT {
+                *v = Vec::new();
+            }
+        }
     }
 
     /// Writes the tables of the scratch `seqs` into `out` (see `export_into`), in place.
@@ -171,10 +200,14 @@ impl PyBlockTables {
         })
     }
 
-    fn remove_sequence(&mut self, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    fn remove_sequence<'py>(
+        &mut self,
+        py: Python<'py>,
+        seq_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let s = seq_arg(seq_id)?;
-            self.inner.remove_sequence(s).map_err(to_py)
+            self.inner.remove_sequence_then(s, |ids| vec_list(py, ids))
         })
     }
 
@@ -201,17 +234,19 @@ impl PyBlockTables {
         })
     }
 
-    fn release_range(
+    fn release_range<'py>(
         &mut self,
-        seq_id: &Bound<'_, PyAny>,
-        first: &Bound<'_, PyAny>,
-        end: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<u32>> {
+        py: Python<'py>,
+        seq_id: &Bound<'py, PyAny>,
+        first: &Bound<'py, PyAny>,
+        end: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let s = self.existing_seq_arg(seq_id)?;
             let first = count(first, "first")?;
             let end = count(end, "end")?;
-            self.inner.release_range(s, first, end).map_err(to_py)
+            self.inner
+                .release_range_then(s, first, end, |ids| vec_list(py, ids))
         })
     }
 
@@ -239,15 +274,16 @@ impl PyBlockTables {
         })
     }
 
-    fn fork(
+    fn fork<'py>(
         &mut self,
-        parent_id: &Bound<'_, PyAny>,
-        child_id: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<u32>> {
+        py: Python<'py>,
+        parent_id: &Bound<'py, PyAny>,
+        child_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let p = self.existing_seq_arg(parent_id)?;
             let c = new_seq_arg(child_id)?;
-            self.inner.fork(p, c).map_err(to_py)
+            self.inner.fork_then(p, c, |ids| vec_list(py, ids))
         })
     }
 
@@ -274,11 +310,15 @@ impl PyBlockTables {
         })
     }
 
-    fn block_ids(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<Vec<i32>> {
+    fn block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let s = seq_arg(seq_id)?;
             let t = self.inner.block_ids(s).map_err(to_py)?;
-            Ok(t.iter().map(|&b| entry(b)).collect())
+            int_list(py, t.iter().map(|&b| entry(b)))
         })
     }
 
@@ -297,16 +337,19 @@ impl PyBlockTables {
         })
     }
 
-    fn num_blocks_to_grow(
+    fn num_blocks_to_grow<'py>(
         &mut self,
-        seq_ids: &Bound<'_, PyAny>,
-        num_tokens: &Bound<'_, PyAny>,
-    ) -> PyResult<u64> {
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        num_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         guard(|| {
-            self.batch_args(seq_ids, num_tokens)?;
-            self.inner
-                .num_blocks_to_grow(&self.seqs, &self.toks)
-                .map_err(to_py)
+            let r = self.batch_args(seq_ids, num_tokens).and_then(|()| {
+                let n = self.inner.num_blocks_to_grow(&self.seqs, &self.toks)?;
+                u128_int(py, n)
+            });
+            self.trim_scratch();
+            r
         })
     }
 
@@ -317,10 +360,11 @@ impl PyBlockTables {
         num_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
         guard(|| {
-            self.batch_args(seq_ids, num_tokens)?;
-            self.inner
-                .grow(&mut pool.inner, &self.seqs, &self.toks)
-                .map_err(to_py)
+            let r = self
+                .batch_args(seq_ids, num_tokens)
+                .and_then(|()| Ok(self.inner.grow(&mut pool.inner, &self.seqs, &self.toks)?));
+            self.trim_scratch();
+            r
         })
     }
 
@@ -329,7 +373,8 @@ impl PyBlockTables {
     /// changing nothing, if `make_room` returns false. The batch is read once, before the
     /// call back, and only the part of it that needs blocks is grown after it; no borrow of
     /// the tables or the pool is held during it. An `LruRoom` is run as its call would run
-    /// it (on its own pool), without a call into Python.
+    /// it (on its own pool), without a call into Python; it cannot make room for more than
+    /// 2**64 - 1 blocks.
     fn grow_with(
         slf: &Bound<'_, Self>,
         pool: &Bound<'_, PyBlockPool>,
@@ -342,22 +387,29 @@ impl PyBlockTables {
             // another batch method may overwrite.
             let (seqs, toks, needed) = {
                 let mut this = slf.try_borrow_mut()?;
-                this.batch_args(seq_ids, num_tokens)?;
-                let mut growing = Vec::new();
-                let needed = this
-                    .inner
-                    .positions_to_grow(&this.seqs, &this.toks, &mut growing)
-                    .map_err(to_py)?;
-                if needed == 0 {
-                    return Ok(Some(0));
-                }
-                let seqs: Vec<u64> = growing.iter().map(|&i| this.seqs[i]).collect();
-                let toks: Vec<u64> = growing.iter().map(|&i| this.toks[i]).collect();
-                (seqs, toks, needed)
+                let growing = this.batch_args(seq_ids, num_tokens).and_then(|()| {
+                    let mut growing = Vec::new();
+                    let needed =
+                        this.inner
+                            .positions_to_grow(&this.seqs, &this.toks, &mut growing)?;
+                    let seqs = try_collect(growing.iter().map(|&i| this.seqs[i]), "the batch")?;
+                    let toks = try_collect(growing.iter().map(|&i| this.toks[i]), "the batch")?;
+                    Ok((seqs, toks, needed))
+                });
+                this.trim_scratch();
+                growing?
             };
+            if needed == 0 {
+                return Ok(Some(0));
+            }
             let made = match make_room.downcast::<PyLruRoom>() {
-                Ok(room) => room.get().make_room(slf.py(), needed)?,
-                _ => make_room.call1((needed,))?.is_truthy()?,
+                Ok(room) => match u64::try_from(needed) {
+                    Ok(n) => room.get().make_room(slf.py(), n)?,
+                    Err(_) => false,
+                },
+                _ => make_room
+                    .call1((u128_int(slf.py(), needed)?,))?
+                    .is_truthy()?,
             };
             if !made {
                 return Ok(None);
@@ -396,19 +448,28 @@ impl PyBlockTables {
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
         guard(|| {
-            seq_ids_into(seq_ids, &mut self.seqs)?;
-            counts_into(block_indices, "block_indices", &mut self.toks)?;
-            let hashes = block_hashes_arg(block_hashes)?;
-            self.inner
-                .cache_blocks_at(&mut pool.inner, &self.seqs, &self.toks, &hashes)
-                .map_err(to_py)
+            let r = seq_ids_into(seq_ids, &mut self.seqs)
+                .and_then(|()| counts_into(block_indices, "block_indices", &mut self.toks, true))
+                .and_then(|()| {
+                    let hashes = block_hashes_arg(block_hashes)?;
+                    Ok(self.inner.cache_blocks_at(
+                        &mut pool.inner,
+                        &self.seqs,
+                        &self.toks,
+                        &hashes,
+                    )?)
+                });
+            self.trim_scratch();
+            r
         })
     }
 
     fn max_num_blocks(&mut self, seq_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
         guard(|| {
-            seq_ids_into(seq_ids, &mut self.seqs)?;
-            self.inner.max_num_blocks(&self.seqs).map_err(to_py)
+            let r = seq_ids_into(seq_ids, &mut self.seqs)
+                .and_then(|()| Ok(self.inner.max_num_blocks(&self.seqs)?));
+            self.trim_scratch();
+            r
         })
     }
 
@@ -425,25 +486,14 @@ impl PyBlockTables {
         pad: Py<PyAny>,
     ) -> PyResult<()> {
         guard(|| {
-            seq_ids_into(seq_ids, &mut self.seqs)?;
-            let width = match as_u64(width)?.and_then(|w| usize::try_from(w).ok()) {
-                Some(w) => w,
-                None => {
-                    return Err(value_err(format!(
-                        "width must be non-negative, got {width}"
-                    )))
-                }
-            };
-            let pad = match as_i32(pad.bind(py))? {
-                Some(v) => v,
-                None => return Err(value_err(format!("pad {pad} is not in [-2**31, 2**31)"))),
-            };
-            self.export_rows(py, out, width, pad)
+            let r = self.export_args(py, seq_ids, out, width, pad);
+            self.trim_scratch();
+            r
         })
     }
 
-    fn seq_ids(&self) -> PyResult<Vec<u64>> {
-        guard(|| Ok(self.inner.seq_ids()))
+    fn seq_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| vec_list(py, self.inner.seq_ids()?))
     }
 
     #[pyo3(signature = (pool = None))]
@@ -453,5 +503,32 @@ impl PyBlockTables {
                 .check_integrity(pool.as_ref().map(|p| &p.inner))
                 .map_err(to_py)
         })
+    }
+}
+
+impl PyBlockTables {
+    /// `export_into` with its arguments read: see there.
+    fn export_args(
+        &mut self,
+        py: Python<'_>,
+        seq_ids: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        width: &Bound<'_, PyAny>,
+        pad: Py<PyAny>,
+    ) -> PyResult<()> {
+        seq_ids_into(seq_ids, &mut self.seqs)?;
+        let width = match as_u64(width)?.and_then(|w| usize::try_from(w).ok()) {
+            Some(w) => w,
+            None => {
+                return Err(value_err(format!(
+                    "width must be non-negative, got {width}"
+                )))
+            }
+        };
+        let pad = match as_i32(pad.bind(py))? {
+            Some(v) => v,
+            None => return Err(value_err(format!("pad {pad} is not in [-2**31, 2**31)"))),
+        };
+        self.export_rows(py, out, width, pad)
     }
 }

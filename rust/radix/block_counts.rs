@@ -12,12 +12,15 @@ pub(super) struct BlockRefs {
     pub(super) locked: u64,
 }
 
-/// Per distinct block, its [`BlockRefs`]; and how many of those blocks no locked node
-/// references. Invariant: a block is in the map iff some node references it.
+/// Per distinct block, its [`BlockRefs`]; how many of those blocks no locked node
+/// references; and how many references unlocked nodes hold in all. Invariant: a block is in
+/// the map iff some node references it.
 #[derive(Debug, Clone, Default)]
 pub(super) struct BlockCounts {
     pub(super) map: HashMap<u32, BlockRefs, FastBuild>,
     pub(super) num_unlocked_only: u64,
+    /// The sum over blocks of `refs - locked`: what evicting every unlocked node releases.
+    pub(super) num_unlocked_refs: u64,
 }
 
 impl BlockCounts {
@@ -25,8 +28,10 @@ impl BlockCounts {
     pub(super) fn update(&mut self, b: u32, f: impl FnOnce(&mut BlockRefs)) {
         let e = self.map.entry(b).or_default();
         let was = e.refs > 0 && e.locked == 0;
+        let unlocked_before = e.refs - e.locked;
         f(e);
         let is = e.refs > 0 && e.locked == 0;
+        self.num_unlocked_refs = self.num_unlocked_refs + (e.refs - e.locked) - unlocked_before;
         if e.refs == 0 {
             self.map.remove(&b);
         }

@@ -106,6 +106,13 @@ impl RadixTree {
         if counted != block_refs {
             return fail("the per-block reference counts disagree with the nodes".into());
         }
+        let unlocked_refs: u64 = block_refs.values().map(|e| e.refs - e.locked).sum();
+        if unlocked_refs != self.block_counts.num_unlocked_refs {
+            return fail(format!(
+                "unlocked nodes hold {unlocked_refs} references but the count says {}",
+                self.block_counts.num_unlocked_refs
+            ));
+        }
         let unlocked_only = block_refs.values().filter(|e| e.locked == 0).count() as u64;
         if unlocked_only != self.block_counts.num_unlocked_only {
             return fail(format!(

@@ -2,6 +2,7 @@
 //! [`EvictKey`](super::EvictKey) order.
 
 use super::RadixTree;
+use crate::error::{try_with_capacity, KvResult};
 
 impl RadixTree {
     /// Releases tree references at block granularity until `num_blocks` distinct blocks have
@@ -16,20 +17,23 @@ impl RadixTree {
     /// own stamp. A trimmed leaf keeps its stamp, so it stays in its place in the order until
     /// it is gone: a released sequence loses its tail before its prefix, as a block LRU list
     /// gives blocks back. Returns every released reference in release order (the caller frees
-    /// each once).
-    pub fn evict(&mut self, num_blocks: u64) -> Vec<u32> {
-        let mut released = Vec::new();
-        let target = self
-            .block_counts
-            .num_unlocked_only
-            .saturating_sub(num_blocks);
+    /// each once). The room for them is reserved first: a `Memory` error changes nothing.
+    pub fn evict(&mut self, num_blocks: u64) -> KvResult<Vec<u32>> {
+        let counts = &self.block_counts;
+        let target = counts.num_unlocked_only.saturating_sub(num_blocks);
+        // Each round releases one reference of an unlocked node; those that free no counted
+        // block are at most the unlocked references beyond one per counted block.
+        let most = counts.num_unlocked_refs - counts.num_unlocked_only
+            + (counts.num_unlocked_only - target);
+        let most = usize::try_from(most).unwrap_or(usize::MAX);
+        let mut released = try_with_capacity(most, "the released block references")?;
         while self.block_counts.num_unlocked_only > target {
             let Some(&(_, _, id)) = self.evictable.first() else {
                 break;
             };
             released.push(self.trim_last_block(id));
         }
-        released
+        Ok(released)
     }
 
     /// Cuts the edge of the unlocked leaf `id` back to the start of its last block and drops

@@ -34,7 +34,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::error::{cache_err, KvError, KvResult};
+use crate::error::{cache_err, try_collect, try_reserve, try_to_vec, KvError, KvResult};
 use crate::hash::FastBuild;
 use block_counts::BlockCounts;
 
@@ -165,14 +165,16 @@ impl RadixTree {
     }
 
     /// How many distinct blocks of `block_ids` `num_evictable_blocks` counts (a sequence
-    /// that shares them takes them out of what eviction can free). Pure.
-    pub fn num_evictable_among(&self, block_ids: &[u32]) -> u64 {
-        let mut ids = block_ids.to_vec();
+    /// that shares them takes them out of what eviction can free). Pure; errors (`Memory`)
+    /// if the host cannot hold a copy of `block_ids`.
+    pub fn num_evictable_among(&self, block_ids: &[u32]) -> KvResult<u64> {
+        let mut ids = try_to_vec(block_ids, "a copy of the block ids")?;
         ids.sort_unstable();
         ids.dedup();
-        ids.iter()
+        Ok(ids
+            .iter()
             .filter(|b| self.block_counts.map.get(b).is_some_and(|e| e.locked == 0))
-            .count() as u64
+            .count() as u64)
     }
 
     fn node(&self, id: u64) -> &Node {
@@ -242,8 +244,9 @@ impl RadixTree {
         }
     }
 
-    /// The longest prefix of `token_ids` stored in the tree, at token granularity. Pure.
-    pub fn match_prefix(&self, token_ids: &[u32]) -> RadixMatch {
+    /// The longest prefix of `token_ids` stored in the tree, at token granularity. Pure;
+    /// errors (`Memory`) if the host cannot hold the matched blocks' ids.
+    pub fn match_prefix(&self, token_ids: &[u32]) -> KvResult<RadixMatch> {
         let mut node_id = ROOT;
         let mut pos = 0usize;
         let mut block_ids: Vec<u32> = Vec::new();
@@ -255,6 +258,7 @@ impl RadixTree {
             let k = common_prefix(&n.tokens, &token_ids[pos..]);
             let first = self.block_index(n.start) as usize;
             let count = self.span(n.start, n.start + k as u64);
+            try_reserve(&mut block_ids, count, "the matched block ids")?;
             // Where a block straddles the boundary, the deeper node's block holds the
             // positions of both nodes for this sequence, so it wins.
             for (j, &b) in n.blocks[..count].iter().enumerate() {
@@ -269,11 +273,11 @@ impl RadixTree {
                 break;
             }
         }
-        RadixMatch {
+        Ok(RadixMatch {
             num_tokens: pos as u64,
             block_ids,
             node_id,
-        }
+        })
     }
 
     fn check_node(&self, node_id: u64) -> KvResult<()> {
@@ -329,23 +333,24 @@ impl RadixTree {
         Ok(())
     }
 
-    /// Every node, sorted by id.
-    pub fn nodes(&self) -> Vec<RadixNode> {
-        let mut ids: Vec<u64> = self.nodes.keys().copied().collect();
+    /// Every node, sorted by id (`Memory` error if the host cannot hold the copy).
+    pub fn nodes(&self) -> KvResult<Vec<RadixNode>> {
+        let mut ids = try_collect(self.nodes.keys().copied(), "the node ids")?;
         ids.sort_unstable();
-        ids.into_iter()
-            .map(|id| {
-                let n = self.node(id);
-                RadixNode {
-                    node_id: id,
-                    parent_id: (id != ROOT).then_some(n.parent),
-                    token_ids: n.tokens.clone(),
-                    block_ids: n.blocks.clone(),
-                    lock_count: n.lock_count,
-                    stamp: n.stamp,
-                }
-            })
-            .collect()
+        let mut out = Vec::new();
+        try_reserve(&mut out, ids.len(), "the nodes")?;
+        for id in ids {
+            let n = self.node(id);
+            out.push(RadixNode {
+                node_id: id,
+                parent_id: (id != ROOT).then_some(n.parent),
+                token_ids: try_to_vec(&n.tokens, "a node's tokens")?,
+                block_ids: try_to_vec(&n.blocks, "a node's blocks")?,
+                lock_count: n.lock_count,
+                stamp: n.stamp,
+            });
+        }
+        Ok(out)
     }
 }
 

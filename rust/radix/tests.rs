@@ -43,7 +43,7 @@ fn m(num_tokens: u64, block_ids: &[u32], node_id: u64) -> RadixMatch {
 /// Nodes (the root included), tokens and block references of the tree, counted from its
 /// nodes.
 fn totals(t: &RadixTree) -> (usize, u64, u64) {
-    let nodes = t.nodes();
+    let nodes = t.nodes().unwrap();
     let tokens = nodes.iter().map(|n| n.token_ids.len() as u64).sum();
     let refs = nodes.iter().map(|n| n.block_ids.len() as u64).sum();
     (nodes.len(), tokens, refs)
@@ -52,6 +52,7 @@ fn totals(t: &RadixTree) -> (usize, u64, u64) {
 /// References `evict` could release: those of non-root nodes with lock_count 0.
 fn evictable_refs(t: &RadixTree) -> u64 {
     t.nodes()
+        .unwrap()
         .iter()
         .filter(|n| n.parent_id.is_some() && n.lock_count == 0)
         .map(|n| n.block_ids.len() as u64)
@@ -102,8 +103,8 @@ fn new_tree() {
     assert_eq!(t.block_size(), 4);
     assert_eq!(totals(&t), (1, 0, 0));
     assert_eq!(evictable_refs(&t), 0);
-    assert_eq!(t.nodes(), vec![node(0, None, &[], &[], 0, 0)]);
-    assert_eq!(t.match_prefix(&[1, 2]), m(0, &[], 0));
+    assert_eq!(t.nodes().unwrap(), vec![node(0, None, &[], &[], 0, 0)]);
+    assert_eq!(t.match_prefix(&[1, 2]).unwrap(), m(0, &[], 0));
     assert!(t.nodes.contains_key(&0) && !t.nodes.contains_key(&1));
     t.check_integrity().unwrap();
     assert_eq!(
@@ -117,7 +118,7 @@ fn mid_block_split() {
     let (a, b) = seqs();
     let mut t = split_example();
     assert_eq!(
-        t.nodes(),
+        t.nodes().unwrap(),
         vec![
             node(0, None, &[], &[], 0, 2),
             node(1, Some(2), &a[6..], &[8, 9], 0, 1),
@@ -127,25 +128,25 @@ fn mid_block_split() {
     );
     assert_eq!(totals(&t), (4, 16, 6));
     assert_eq!(evictable_refs(&t), 6);
-    assert_eq!(t.match_prefix(&a), m(10, &[7, 8, 9], 1));
-    assert_eq!(t.match_prefix(&b), m(12, &[7, 20, 21], 3));
-    assert_eq!(t.match_prefix(&a[..5]), m(5, &[7, 20], 2));
-    assert_eq!(t.match_prefix(&b[..7]), m(7, &[7, 20], 3));
-    assert_eq!(t.match_prefix(&a[..4]), m(4, &[7], 2));
+    assert_eq!(t.match_prefix(&a).unwrap(), m(10, &[7, 8, 9], 1));
+    assert_eq!(t.match_prefix(&b).unwrap(), m(12, &[7, 20, 21], 3));
+    assert_eq!(t.match_prefix(&a[..5]).unwrap(), m(5, &[7, 20], 2));
+    assert_eq!(t.match_prefix(&b[..7]).unwrap(), m(7, &[7, 20], 3));
+    assert_eq!(t.match_prefix(&a[..4]).unwrap(), m(4, &[7], 2));
     let mut longer = a.clone();
     longer.extend([1, 2, 3]);
-    assert_eq!(t.match_prefix(&longer), m(10, &[7, 8, 9], 1));
-    assert_eq!(t.match_prefix(&[0, 1, 2, 99]), m(3, &[7], 2));
-    assert_eq!(t.match_prefix(&[5]), m(0, &[], 0));
-    assert_eq!(t.match_prefix(&[]), m(0, &[], 0));
+    assert_eq!(t.match_prefix(&longer).unwrap(), m(10, &[7, 8, 9], 1));
+    assert_eq!(t.match_prefix(&[0, 1, 2, 99]).unwrap(), m(3, &[7], 2));
+    assert_eq!(t.match_prefix(&[5]).unwrap(), m(0, &[], 0));
+    assert_eq!(t.match_prefix(&[]).unwrap(), m(0, &[], 0));
     // Oldest leaf first: node 1 (stamp 1) loses its last block, 9, and keeps [6, 8).
-    assert_eq!(t.evict(1), vec![9]);
-    assert_eq!(t.match_prefix(&a), m(8, &[7, 8], 1));
+    assert_eq!(t.evict(1).unwrap(), vec![9]);
+    assert_eq!(t.match_prefix(&a).unwrap(), m(8, &[7, 8], 1));
     t.check_integrity().unwrap();
     // Then node 1's block 8, node 3 tail first (its 20 frees no block: node 2 references it
     // too, so eviction goes on), and its parent 2, which became a leaf.
-    assert_eq!(t.evict(100), vec![8, 21, 20, 20, 7]);
-    assert_eq!(t.nodes(), vec![node(0, None, &[], &[], 0, 2)]);
+    assert_eq!(t.evict(100).unwrap(), vec![8, 21, 20, 20, 7]);
+    assert_eq!(t.nodes().unwrap(), vec![node(0, None, &[], &[], 0, 2)]);
     assert_eq!((totals(&t).1, totals(&t).2), (0, 0));
     t.check_integrity().unwrap();
 }
@@ -160,7 +161,7 @@ fn split_on_a_block_boundary_adds_no_reference() {
     let r = t.insert(&b, &[1, 2, 4]).unwrap();
     assert_eq!(r.new_block_refs, vec![4]);
     assert_eq!(r.num_new_tokens, 1);
-    let ns = t.nodes();
+    let ns = t.nodes().unwrap();
     assert_eq!(ns[1].block_ids, vec![3]);
     assert_eq!(ns[2].block_ids, vec![1, 2]);
     assert_eq!(totals(&t).2, 4);
@@ -183,10 +184,10 @@ fn insert_existing_or_prefix_adds_nothing_but_stamps() {
         }
     );
     assert_eq!(totals(&t).0, 2); // no split for a sequence ending inside an edge
-    assert_eq!(t.nodes()[1].stamp, 2);
+    assert_eq!(t.nodes().unwrap()[1].stamp, 2);
     let r = t.insert(&[], &[]).unwrap();
     assert_eq!(r.node_id, ROOT);
-    assert_eq!(t.nodes()[0].stamp, 3);
+    assert_eq!(t.nodes().unwrap()[0].stamp, 3);
     // Extending a leaf adds a child, not a longer edge; the caller's blocks for the new range.
     // The child starts inside block 2, whose copy 30 holds the leaf's positions [8, 10) too:
     // node 1 takes it and releases its own 9.
@@ -196,15 +197,15 @@ fn insert_existing_or_prefix_adds_nothing_but_stamps() {
     assert_eq!(r.new_block_refs, vec![30, 31, 30]);
     assert_eq!(r.released_block_refs, vec![9]);
     assert_eq!(r.node_id, 2);
-    assert_eq!(t.nodes()[1].block_ids, vec![7, 8, 30]);
-    assert_eq!(t.match_prefix(&longer), m(13, &[7, 8, 30, 31], 2));
+    assert_eq!(t.nodes().unwrap()[1].block_ids, vec![7, 8, 30]);
+    assert_eq!(t.match_prefix(&longer).unwrap(), m(13, &[7, 8, 30, 31], 2));
     t.check_integrity().unwrap();
 }
 
 #[test]
 fn insert_errors_change_nothing() {
     let mut t = split_example();
-    let before = t.nodes();
+    let before = t.nodes().unwrap();
     assert_eq!(
         value_msg(t.insert(&[1, 2, 3, 4, 5], &[1])),
         "block_ids holds 1 blocks, fewer than the 2 that 5 tokens need"
@@ -213,7 +214,7 @@ fn insert_errors_change_nothing() {
         value_msg(t.insert(&[1], &[MAX_BLOCK_ID + 1])),
         "block id 2147483648 is not in [0, 2**31)"
     );
-    assert_eq!(t.nodes(), before);
+    assert_eq!(t.nodes().unwrap(), before);
     // Extra blocks are ignored.
     t.insert(&[1], &[5, 6]).unwrap();
     t.check_integrity().unwrap();
@@ -224,7 +225,7 @@ fn locks_protect_and_propagate() {
     let (a, b) = seqs();
     let mut t = split_example();
     t.lock(3).unwrap();
-    let ns = t.nodes();
+    let ns = t.nodes().unwrap();
     assert_eq!(
         (ns[0].lock_count, ns[2].lock_count, ns[3].lock_count),
         (1, 1, 1)
@@ -234,10 +235,10 @@ fn locks_protect_and_propagate() {
     assert_eq!(evictable_refs(&t), 2);
     // Only node 1 can go, tail first.
     assert_eq!(t.num_evictable_blocks(), 2);
-    assert_eq!(t.evict(10), vec![9, 8]);
-    assert_eq!(t.evict(10), Vec::<u32>::new());
-    assert_eq!(t.match_prefix(&a), m(6, &[7, 20], 2));
-    assert_eq!(t.match_prefix(&b).num_tokens, 12);
+    assert_eq!(t.evict(10).unwrap(), vec![9, 8]);
+    assert_eq!(t.evict(10).unwrap(), Vec::<u32>::new());
+    assert_eq!(t.match_prefix(&a).unwrap(), m(6, &[7, 20], 2));
+    assert_eq!(t.match_prefix(&b).unwrap().num_tokens, 12);
     assert_eq!(
         cache_msg(t.unlock(2)),
         "node 2 is not locked: cannot unlock"
@@ -270,7 +271,12 @@ fn locks_protect_and_propagate() {
     let r = t.insert(&c, &[60]).unwrap();
     assert_eq!(r.new_block_refs, vec![7, 60]);
     assert_eq!(r.released_block_refs, Vec::<u32>::new());
-    let upper = t.nodes().into_iter().find(|n| n.node_id == 5).unwrap();
+    let upper = t
+        .nodes()
+        .unwrap()
+        .into_iter()
+        .find(|n| n.node_id == 5)
+        .unwrap();
     assert_eq!((upper.token_ids, upper.lock_count), (vec![0, 1, 2], 1));
     assert_eq!(evictable_refs(&t), 3); // node 3 (20, 21) and node 6 (60)
     t.check_integrity().unwrap();
@@ -287,9 +293,9 @@ fn evict_order_is_stamp_then_id() {
     t.lock(1).unwrap(); // stamp 4
     t.unlock(1).unwrap(); // stamp 5: node 1 is now the most recent
     assert_eq!(evictable_refs(&t), 3);
-    assert_eq!(t.evict(2), vec![20, 30]);
-    assert_eq!(t.evict(0), Vec::<u32>::new());
-    assert_eq!(t.evict(u64::MAX), vec![10]);
+    assert_eq!(t.evict(2).unwrap(), vec![20, 30]);
+    assert_eq!(t.evict(0).unwrap(), Vec::<u32>::new());
+    assert_eq!(t.evict(u64::MAX).unwrap(), vec![10]);
     t.check_integrity().unwrap();
 }
 
@@ -299,13 +305,13 @@ fn evict_releases_exactly_what_was_asked_from_the_tail() {
     t.insert(&[1, 2, 3], &[4, 5, 6]).unwrap();
     t.insert(&[9], &[7]).unwrap();
     // The oldest leaf holds three blocks: a request for one trims its last one only.
-    assert_eq!(t.evict(1), vec![6]);
-    assert_eq!(t.match_prefix(&[1, 2, 3]), m(2, &[4, 5], 1));
+    assert_eq!(t.evict(1).unwrap(), vec![6]);
+    assert_eq!(t.match_prefix(&[1, 2, 3]).unwrap(), m(2, &[4, 5], 1));
     t.check_integrity().unwrap();
     // The trimmed leaf keeps its stamp, so it goes on first, tail first, before node 2.
-    assert_eq!(t.evict(2), vec![5, 4]);
-    assert_eq!(t.nodes().len(), 2);
-    assert_eq!(t.evict(1), vec![7]);
+    assert_eq!(t.evict(2).unwrap(), vec![5, 4]);
+    assert_eq!(t.nodes().unwrap().len(), 2);
+    assert_eq!(t.evict(1).unwrap(), vec![7]);
     t.check_integrity().unwrap();
 }
 
@@ -315,11 +321,11 @@ fn evict_cuts_an_edge_back_to_a_block_boundary() {
     // [0, 10) in blocks 7, 8, 9: a trim of block 9 leaves [0, 8); of 8, [0, 4).
     let a: Vec<u32> = (0..10).collect();
     t.insert(&a, &[7, 8, 9]).unwrap();
-    assert_eq!(t.evict(1), vec![9]);
-    assert_eq!(t.nodes()[1].token_ids, a[..8].to_vec());
-    assert_eq!(t.evict(1), vec![8]);
-    assert_eq!(t.nodes()[1].token_ids, a[..4].to_vec());
-    assert_eq!(t.match_prefix(&a), m(4, &[7], 1));
+    assert_eq!(t.evict(1).unwrap(), vec![9]);
+    assert_eq!(t.nodes().unwrap()[1].token_ids, a[..8].to_vec());
+    assert_eq!(t.evict(1).unwrap(), vec![8]);
+    assert_eq!(t.nodes().unwrap()[1].token_ids, a[..4].to_vec());
+    assert_eq!(t.match_prefix(&a).unwrap(), m(4, &[7], 1));
     t.check_integrity().unwrap();
     // A leaf starting inside a block: node 1 holds [0, 6) in blocks 7, 8, node 2 [6, 9) in
     // 8, 9. Trimming node 2 down to block 8, which its parent references too, releases that
@@ -329,10 +335,10 @@ fn evict_cuts_an_edge_back_to_a_block_boundary() {
     t.insert(&a[..6], &[7, 8]).unwrap();
     t.insert(&a[..9], &[7, 8, 9]).unwrap();
     assert_eq!(t.num_evictable_blocks(), 3);
-    assert_eq!(t.evict(1), vec![9]);
-    assert_eq!(t.evict(1), vec![8, 8]);
-    assert_eq!(t.nodes().len(), 2);
-    assert_eq!(t.match_prefix(&a), m(4, &[7], 1));
+    assert_eq!(t.evict(1).unwrap(), vec![9]);
+    assert_eq!(t.evict(1).unwrap(), vec![8, 8]);
+    assert_eq!(t.nodes().unwrap().len(), 2);
+    assert_eq!(t.match_prefix(&a).unwrap(), m(4, &[7], 1));
     t.check_integrity().unwrap();
     // With the parent locked, block 8 is not evictable: only 9 goes, node 2 keeps [6, 8).
     let mut t = tree(4);
@@ -340,9 +346,9 @@ fn evict_cuts_an_edge_back_to_a_block_boundary() {
     t.insert(&a[..9], &[7, 8, 9]).unwrap();
     t.lock(r.node_id).unwrap();
     assert_eq!(t.num_evictable_blocks(), 1);
-    assert_eq!(t.evict(5), vec![9]);
-    assert_eq!(t.match_prefix(&a), m(8, &[7, 8], 2));
-    assert_eq!(t.evict(5), Vec::<u32>::new());
+    assert_eq!(t.evict(5).unwrap(), vec![9]);
+    assert_eq!(t.match_prefix(&a).unwrap(), m(8, &[7, 8], 2));
+    assert_eq!(t.evict(5).unwrap(), Vec::<u32>::new());
     t.check_integrity().unwrap();
 }
 
@@ -371,7 +377,7 @@ fn evict_lowers_the_evictable_count_by_exactly_what_was_asked() {
         for n in [0u64, 1, 2, 3, 5, 8, 13, u64::MAX] {
             let before = t.num_evictable_blocks();
             let refs_before = totals(&t).2;
-            let released = t.evict(n);
+            let released = t.evict(n).unwrap();
             assert_eq!(
                 t.num_evictable_blocks(),
                 before - n.min(before),
@@ -385,7 +391,7 @@ fn evict_lowers_the_evictable_count_by_exactly_what_was_asked() {
             t.unlock(id).unwrap();
         }
         let refs = totals(&t).2;
-        assert_eq!(t.evict(u64::MAX).len() as u64, refs);
+        assert_eq!(t.evict(u64::MAX).unwrap().len() as u64, refs);
         assert_eq!(totals(&t).0, 1);
         t.check_integrity().unwrap();
     }
@@ -404,16 +410,16 @@ fn deep_paths_and_many_branches() {
         let r = t.insert(&s, &blocks).unwrap();
         refs += r.new_block_refs.len() as u64;
         t.check_integrity().unwrap();
-        assert_eq!(t.match_prefix(&s).num_tokens, s.len() as u64);
+        assert_eq!(t.match_prefix(&s).unwrap().num_tokens, s.len() as u64);
     }
     let blocks: Vec<u32> = (0..14).collect();
     let r = t.insert(&base, &blocks).unwrap();
     refs += r.new_block_refs.len() as u64;
     assert_eq!(totals(&t).2, refs);
-    let got = t.match_prefix(&base);
+    let got = t.match_prefix(&base).unwrap();
     assert_eq!(got.num_tokens, 40);
     assert_eq!(got.block_ids.len(), 14);
-    let released = t.evict(u64::MAX);
+    let released = t.evict(u64::MAX).unwrap();
     assert_eq!(released.len() as u64, refs);
     assert_eq!(totals(&t).0, 1);
     t.check_integrity().unwrap();
@@ -430,7 +436,7 @@ fn large_inserts_are_fast() {
         let at = (i as usize * 7919) % 1000;
         s[at] = 5000 + i;
         t.insert(&s, &blocks).unwrap();
-        assert_eq!(t.match_prefix(&s).num_tokens, 1000);
+        assert_eq!(t.match_prefix(&s).unwrap().num_tokens, 1000);
     }
     t.check_integrity().unwrap();
 }
@@ -517,7 +523,7 @@ fn evictable_blocks_count_a_shared_block_once() {
     t.check_integrity().unwrap();
     t.unlock(r3.node_id).unwrap();
     assert_eq!(t.num_evictable_blocks(), 3);
-    let mut released = t.evict(u64::MAX);
+    let mut released = t.evict(u64::MAX).unwrap();
     released.sort_unstable();
     assert_eq!(released, vec![10, 11, 11, 12, 12]);
     assert_eq!(t.num_evictable_blocks(), 0);
@@ -537,12 +543,12 @@ fn a_leaf_starting_inside_a_block_lends_it_to_its_ancestors() {
     let r = t.insert(&[1, 2, 3, 4, 5, 6], &[11]).unwrap();
     assert_eq!(r.new_block_refs, vec![11, 11, 11]);
     assert_eq!(r.released_block_refs, vec![10, 10]);
-    let ns = t.nodes();
+    let ns = t.nodes().unwrap();
     assert_eq!(
         (&ns[1].block_ids, &ns[2].block_ids, &ns[3].block_ids),
         (&vec![11], &vec![11], &vec![11])
     );
-    assert_eq!(t.match_prefix(&[1, 2]), m(2, &[11], 1));
+    assert_eq!(t.match_prefix(&[1, 2]).unwrap(), m(2, &[11], 1));
     assert_eq!(t.num_evictable_blocks(), 1);
     t.check_integrity().unwrap();
     // A lock on the parent itself keeps its copy: its request holds that block.
@@ -554,7 +560,7 @@ fn a_leaf_starting_inside_a_block_lends_it_to_its_ancestors() {
         (r.new_block_refs, r.released_block_refs),
         (vec![11], vec![])
     );
-    assert_eq!(t.nodes()[1].block_ids, vec![10]);
+    assert_eq!(t.nodes().unwrap()[1].block_ids, vec![10]);
     t.check_integrity().unwrap();
     // So does a lock below a child that starts with that copy; one below a child with
     // another copy does not.
@@ -564,7 +570,7 @@ fn a_leaf_starting_inside_a_block_lends_it_to_its_ancestors() {
     t.lock(r.node_id).unwrap();
     let r = t.insert(&[1, 2, 3, 5], &[11]).unwrap(); // node 3
     assert_eq!(r.released_block_refs, Vec::<u32>::new());
-    assert_eq!(t.nodes()[1].block_ids, vec![10]);
+    assert_eq!(t.nodes().unwrap()[1].block_ids, vec![10]);
     t.unlock(2).unwrap();
     t.lock(r.node_id).unwrap();
     let r = t.insert(&[1, 2, 3, 6], &[12]).unwrap(); // node 4: node 3's lock needs 11, not 10
@@ -572,7 +578,7 @@ fn a_leaf_starting_inside_a_block_lends_it_to_its_ancestors() {
         (r.new_block_refs, r.released_block_refs),
         (vec![12, 12], vec![10])
     );
-    assert_eq!(t.nodes()[1].block_ids, vec![12]);
+    assert_eq!(t.nodes().unwrap()[1].block_ids, vec![12]);
     // Nothing is lent across a block boundary, nor where the leaf holds the same block.
     let mut t = tree(4);
     t.insert(&[1, 2, 3, 4], &[10]).unwrap();
@@ -592,11 +598,11 @@ fn evict_takes_partly_filled_last_blocks_first() {
     t.insert(&[3, 3, 3], &[30]).unwrap(); // node 3, stamp 3, ends inside block 30
                                           // The partly filled blocks go first, least recent first, though node 1 is older; then
                                           // the least recent leaf, node 1, whose blocks are all full, before node 2's full block.
-    assert_eq!(t.evict(1), vec![21]);
-    assert_eq!(t.evict(1), vec![30]);
-    assert_eq!(t.evict(2), vec![11, 10]);
-    assert_eq!(t.evict(1), vec![20]);
-    assert_eq!(t.nodes().len(), 1);
+    assert_eq!(t.evict(1).unwrap(), vec![21]);
+    assert_eq!(t.evict(1).unwrap(), vec![30]);
+    assert_eq!(t.evict(2).unwrap(), vec![11, 10]);
+    assert_eq!(t.evict(1).unwrap(), vec![20]);
+    assert_eq!(t.nodes().unwrap().len(), 1);
     t.check_integrity().unwrap();
     // A corrupted order is caught.
     let mut t = tree(4);

@@ -435,7 +435,8 @@ class Fuzz:
 
     def op_chains_publish(self) -> None:
         seq = self.seq_id()
-        end = self.b.int(-1, self.python.chains.num_names(seq) + 1)
+        num_names = self.python.chains.num_names(seq) if 0 <= seq < 2**64 else 0
+        end = self.b.int(-1, num_names + 1)
         self.call(
             f"chains.publish({seq}, {end})",
             lambda w: w.chains.publish(w.tables, w.pool, seq, end),

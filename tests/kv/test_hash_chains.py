@@ -54,7 +54,10 @@ def test_extend_names_only_the_blocks_not_named_yet(impl):
     assert chains.extend(1, [], 3) == 4  # never fewer
     assert chains.extend(2, array("I", tokens(8)), 2, b"tenant") == 2
     assert chains.names(2) == hash_blocks(tokens(8), 4, b"tenant")
-    assert (chains.num_names(3), chains.names(3), chains.num_published(-1)) == (0, [], 0)
+    assert (chains.num_names(3), chains.names(3), chains.num_published(3)) == (0, [], 0)
+    for no_sequence in (-1, 2**64):  # no sequence has such an id: refused, not read as none
+        with pytest.raises(ValueError, match="is not in"):
+            chains.num_published(no_sequence)
     assert chains.seq_ids() == [1, 2]
 
 
@@ -238,7 +241,7 @@ class ChainTwins(RuleBasedStateMachine):
     @rule(seq_id=st.sampled_from([*SEQS, -1]), more=st.sampled_from([-1, 0, 0, 0, 1]))
     def publish(self, seq_id: int, more: int) -> None:
         """Publishes up to its names, give or take."""
-        end = self.sides[1][2].num_names(seq_id) + more
+        end = (self.sides[1][2].num_names(seq_id) if seq_id >= 0 else 0) + more
         self.both(lambda s: s[2].publish(s[1], s[0], seq_id, end))
 
     @rule(

@@ -3,8 +3,10 @@
 A list of ids, counts, hashes or tokens is a ``list`` or ``tuple`` of ints (``operator.index``
 decides what an int is). Anything else is a TypeError: ``bytes`` (which iterates as ints),
 ``str``, a dict (which iterates as its keys), a set, a generator, None. The batch calls of
-the block tables (``num_blocks_to_grow``, ``grow``) also take a 1-D C-contiguous int64 numpy
-array (``int_batch``). An extra key is ``bytes`` or None.
+the block tables (``num_blocks_to_grow``, ``grow``) also take a 1-D C-contiguous buffer of
+int64 (a numpy array, ``int_batch``); token ids may also come as a 1-D C-contiguous buffer
+of u32 (an ``array("I")``, ``token_batch``). An extra key is ``bytes`` or None; a pool or
+block tables argument is an object of the twins' class (``instance_arg``).
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from enginekit.errors import KVCacheError
 
 __all__ = [
     "extra_key_arg",
+    "instance_arg",
     "int_batch",
     "int_list",
+    "is_token_batch",
     "known_seq_id",
     "new_seq_id",
     "u32_buffer",
@@ -44,15 +46,10 @@ def int_list(obj: Any, what: str, check: Callable[[int], int] | None = None) -> 
 
 
 def int_batch(obj: Any, what: str, check: Callable[[int], int] | None = None) -> list[int]:
-    """``int_list``, or the values of a 1-D C-contiguous int64 numpy array, each through
-    ``check`` in order."""
-    if (
-        isinstance(obj, np.ndarray)
-        and obj.dtype == np.int64
-        and obj.ndim == 1
-        and obj.flags.c_contiguous
-    ):
-        values: list[int] = obj.tolist()
+    """``int_list``, or the values of a 1-D C-contiguous buffer of int64 (a numpy array, an
+    ``array("q")``), each through ``check`` in order."""
+    values = _typed_buffer(obj, 8, ("q", "l"))
+    if values is not None:
         return values if check is None else [check(v) for v in values]
     return int_list(obj, what, check)
 
@@ -69,20 +66,45 @@ def u32_buffer(obj: Any) -> list[int] | None:
     return _typed_buffer(obj, 4, ("I",))
 
 
-def _typed_buffer(obj: Any, itemsize: int, formats: tuple[str, ...]) -> list[int] | None:
+def is_token_batch(obj: Any) -> bool:
+    """Whether ``obj`` is a list, a tuple or a 1-D C-contiguous buffer of u32 (its items
+    unread)."""
+    return isinstance(obj, (list, tuple)) or _buffer_view(obj, 4, ("I",)) is not None
+
+
+def _buffer_view(obj: Any, itemsize: int, formats: tuple[str, ...]) -> memoryview | None:
+    """A view of ``obj`` if it is a 1-D C-contiguous buffer of ``itemsize``-byte items in one
+    of ``formats`` (native byte order), else None (lists and tuples included)."""
     if isinstance(obj, (list, tuple)):
         return None
     try:
         view = memoryview(obj)
     except TypeError:
         return None
+    if view.ndim != 1 or view.itemsize != itemsize or view.format.lstrip("@=") not in formats:
+        view.release()
+        return None
+    if not view.c_contiguous:
+        view.release()
+        return None
+    return view
+
+
+def _typed_buffer(obj: Any, itemsize: int, formats: tuple[str, ...]) -> list[int] | None:
+    view = _buffer_view(obj, itemsize, formats)
+    if view is None:
+        return None
     with view:
-        if view.ndim != 1 or view.itemsize != itemsize or view.format.lstrip("@=") not in formats:
-            return None
-        if not view.c_contiguous:
-            return None
         values: list[int] = view.tolist()
     return values
+
+
+def instance_arg(obj: Any, what: str, cls: type) -> Any:
+    """``obj`` itself if it is a ``cls`` (a pool or block tables of the twins); else
+    TypeError, as the Rust bindings refuse any object but their own classes."""
+    if not isinstance(obj, cls):
+        raise TypeError(f"{what} must be a {cls.__name__}, got {type(obj).__name__}")
+    return obj
 
 
 def extra_key_arg(extra_key: Any) -> bytes | None:

@@ -5,9 +5,12 @@ how many of them are published in the pool's hash map: the memo of block-hash pr
 caching. A chain is created by a sequence's first ``extend`` and lives until ``remove``; the
 sequence's extra key is the caller's to pass alike each time.
 
-A sequence id to look up (``num_names``, ``names``, ``lookup``...) may be any int: one
-outside [0, 2**64) has no chain. Token ranges are read by slicing the caller's sequence, so
-only the tokens of the blocks to name are converted and checked.
+A sequence id to look up (``num_names``, ``names``, ``lookup``...) is an int in
+[0, 2**64): ValueError for one outside it, which no sequence can have; one without a chain
+reads as no names. Token ranges are read by slicing the caller's sequence, so only the
+tokens of the blocks to name are converted and checked; the sequence's type is checked
+whole (a list, a tuple or an ``array("I")``: TypeError otherwise) even where no token is
+read. A pool or block tables argument is one of the twins (TypeError otherwise).
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from typing import Any
 
 from enginekit.errors import KVCacheError
 from enginekit.interfaces.structures import TokenBatch
-from enginekit.kv.pyref.args import extra_key_arg, int_list, known_seq_id, new_seq_id
+from enginekit.kv.pyref.args import (
+    extra_key_arg,
+    instance_arg,
+    int_list,
+    is_token_batch,
+    known_seq_id,
+    new_seq_id,
+)
 from enginekit.kv.pyref.hashing import ROOT_HASH, hash_block, hash_blocks
 from enginekit.kv.pyref.pool import _MAX_HASH, PyBlockPool, _check_count
 from enginekit.kv.pyref.radix_node import token_list
@@ -33,6 +43,13 @@ def _items(obj: Any, what: str) -> list[Any]:
     return list(obj)
 
 
+def _check_token_batch(obj: Any, what: str) -> None:
+    if not is_token_batch(obj):
+        raise TypeError(
+            f'{what} must be a list, tuple or array("I") of token ids, got {type(obj).__name__}'
+        )
+
+
 class _Chain:
     __slots__ = ("names", "num_published")
 
@@ -45,10 +62,12 @@ class PyHashChains:
     """See the module docstring; every method as the Rust class's."""
 
     def __init__(self, block_size: int, root_hash: int | None = None) -> None:
-        block_size = _check_count("block_size", block_size)
+        """No chains. Raises ValueError if block_size is not in [1, 2**64) or root_hash
+        (``ROOT_HASH`` if None) not in [0, 2**64)."""
+        block_size = operator.index(block_size)
+        if not 1 <= block_size <= _MAX_HASH:
+            raise ValueError(f"block_size must be in [1, 2**64), got {block_size}")
         root = ROOT_HASH if root_hash is None else _check_root(root_hash)
-        if block_size == 0:
-            raise ValueError("block_size must be >= 1, got 0")
         self._block_size = block_size
         self._root_hash = root
         self._chains: dict[int, _Chain] = {}
@@ -58,7 +77,9 @@ class PyHashChains:
         return self._block_size
 
     def _chain(self, seq_id: int) -> _Chain | None:
-        return self._chains.get(operator.index(seq_id))
+        """The sequence's chain (None if it has none); ValueError for an id outside
+        [0, 2**64)."""
+        return self._chains.get(new_seq_id(seq_id))
 
     def num_names(self, seq_id: int) -> int:
         """Names the sequence has (0 for one without a chain)."""
@@ -83,10 +104,11 @@ class PyHashChains:
         and they must all be there (ValueError otherwise, changing nothing). Returns
         ``num_names(seq_id)`` after (never fewer than before). Checked in the order seq_id
         (ValueError outside [0, 2**64)), num_blocks (ValueError if negative), extra_key
-        (TypeError), then the tokens read."""
+        (TypeError), token_ids' type (TypeError), then the tokens read."""
         seq_id = new_seq_id(seq_id)
         num_blocks = min(_check_count("num_blocks", num_blocks), _MAX_HASH)
         extra = extra_key_arg(extra_key)
+        _check_token_batch(token_ids, "token_ids")
         chain = self._chains.get(seq_id)
         have = 0 if chain is None else len(chain.names)
         if num_blocks <= have:
@@ -111,6 +133,7 @@ class PyHashChains:
     def lookup(self, pool: PyBlockPool, seq_id: int, num_blocks: int) -> list[int]:
         """The pool's blocks for the longest run of the sequence's first ``num_blocks`` names
         that the pool holds (fewer names: all of them; no chain: none)."""
+        pool = instance_arg(pool, "pool", PyBlockPool)
         num_blocks = _check_count("num_blocks", num_blocks)
         chain = self._chain(seq_id)
         if chain is None:
@@ -118,7 +141,9 @@ class PyHashChains:
         return pool.lookup_prefix(chain.names[:num_blocks])
 
     def is_cached(self, pool: PyBlockPool, seq_id: int, index: int) -> bool:
-        """Whether the sequence has a name at ``index`` and the pool holds it."""
+        """Whether the sequence has a name at ``index`` and the pool holds it (False past
+        its names)."""
+        pool = instance_arg(pool, "pool", PyBlockPool)
         index = _check_count("index", index)
         chain = self._chain(seq_id)
         if chain is None or index >= len(chain.names):
@@ -132,6 +157,8 @@ class PyHashChains:
         [0, 2**64), ValueError for a negative ``end`` or one past its names (no chain: none),
         KVCacheError if the table is unknown or shorter than ``end`` or a recording is
         refused; every error changes nothing."""
+        tables = instance_arg(tables, "tables", PyBlockTables)
+        pool = instance_arg(pool, "pool", PyBlockPool)
         seq_id = known_seq_id(seq_id)
         end = min(_check_count("end", end), _MAX_HASH)
         num_names = self.num_names(seq_id)
@@ -184,7 +211,8 @@ class PyHashChains:
         its last name with ``extra_keys[i]``, and publishes it through the table. Returns
         the positions of the others, ascending (the caller publishes those its own way).
         Checked first, in order: seq_ids (KVCacheError for one outside [0, 2**64)),
-        token_lists (TypeError), num_tokens (ValueError outside [0, 2**64)), extra_keys
+        token_lists (TypeError unless a list or tuple of lists, tuples or ``array("I")``s,
+        all of them, filling or not), num_tokens (ValueError outside [0, 2**64)), extra_keys
         (TypeError), their lengths (ValueError), the tokens of each filling decode
         (ValueError if fewer than ``num_tokens[i]``), each filling decode's extra key
         (TypeError), a sequence filling twice (ValueError); then the tables record all the
@@ -196,8 +224,12 @@ class PyHashChains:
                 raise ValueError(f"num_tokens {n} is not in [0, 2**64)")
             return n
 
+        tables = instance_arg(tables, "tables", PyBlockTables)
+        pool = instance_arg(pool, "pool", PyBlockPool)
         seqs = int_list(seq_ids, "seq_ids", known_seq_id)
         lists = _items(token_lists, "token_lists")
+        for i, tokens in enumerate(lists):
+            _check_token_batch(tokens, f"token_lists[{i}]")
         counts = int_list(num_tokens, "num_tokens", check_count)
         keys = _items(extra_keys, "extra_keys")
         if not len(seqs) == len(lists) == len(counts) == len(keys):
@@ -242,7 +274,7 @@ class PyHashChains:
 
     def remove(self, seq_id: int) -> None:
         """Forgets the sequence's chain (nothing if it has none)."""
-        self._chains.pop(operator.index(seq_id), None)
+        self._chains.pop(new_seq_id(seq_id), None)
 
     def seq_ids(self) -> list[int]:
         """The sequences that have a chain, ascending."""

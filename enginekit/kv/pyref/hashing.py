@@ -20,7 +20,7 @@ import operator
 import struct
 from collections.abc import Sequence
 
-from enginekit.kv.pyref.args import extra_key_arg, int_list
+from enginekit.kv.pyref.args import extra_key_arg, int_list, u32_buffer
 
 __all__ = ["ROOT_HASH", "hash_block", "hash_blocks", "xxh64"]
 
@@ -115,7 +115,9 @@ def _token_bytes(token_ids: Sequence[int]) -> bytes:
             raise ValueError(f"token id {t} is not in [0, 2**32)")
         return t
 
-    tokens = int_list(token_ids, "token_ids", check)
+    tokens = u32_buffer(token_ids)
+    if tokens is None:
+        tokens = int_list(token_ids, "token_ids", check)
     return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
@@ -132,8 +134,8 @@ def hash_block(parent_hash: int, token_ids: Sequence[int], extra_key: bytes | No
     """Chained 64-bit hash of one block: XXH64 of (parent, extra key, tokens) as described above.
 
     Raises ValueError if parent_hash is not in [0, 2**64) or a token id is not in [0, 2**32);
-    TypeError if token_ids is not a list or tuple of ints or extra_key not bytes or None.
-    Checked in that order.
+    TypeError if token_ids is not a list or tuple of ints (or a 1-D buffer of u32, an
+    ``array("I")``) or extra_key not bytes or None. Checked in that order.
     """
     parent = _check_parent(parent_hash)
     body = _token_bytes(token_ids)
@@ -150,13 +152,13 @@ def hash_blocks(
 
     Block i's parent is block i-1's hash (``parent_hash`` for block 0); every block carries the
     same ``extra_key``. Raises as hash_block (every token is checked, including those of an
-    ignored trailing partial block), and ValueError if block_size < 1; checked in the order
-    token_ids, block_size, extra_key, parent_hash.
+    ignored trailing partial block), and ValueError if block_size is not in [1, 2**64);
+    checked in the order token_ids, block_size, extra_key, parent_hash.
     """
     body = _token_bytes(token_ids)
     block_size = operator.index(block_size)
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if not 1 <= block_size <= _MASK64:
+        raise ValueError(f"block_size must be in [1, 2**64), got {block_size}")
     prefix = _extra_prefix(extra_key)
     parent = _check_parent(parent_hash)
     stride = 4 * block_size

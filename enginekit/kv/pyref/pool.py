@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.interfaces.structures import FreeBlockReserve
-from enginekit.kv.pyref.args import int_list, u64_buffer
+from enginekit.kv.pyref.args import instance_arg, int_list, u64_buffer
 
 __all__ = ["MAX_BLOCKS", "PyBlockPool", "PyLruRoom"]
 
@@ -403,10 +403,11 @@ class PyLruRoom:
     """Twin of ``enginekit._native.LruRoom``: the make-room call back of a pool whose room
     is made by evicting in its own LRU order. ``room(num_blocks)`` is
     ``pool.make_room_lru(num_blocks, reserve.total)``, ``reserve.total`` read at each call
-    (the free blocks its owner keeps, such as prefill promises)."""
+    (the free blocks its owner keeps, such as prefill promises). A pool that is no
+    PyBlockPool is a TypeError."""
 
     def __init__(self, pool: PyBlockPool, reserve: FreeBlockReserve) -> None:
-        self._pool = pool
+        self._pool = instance_arg(pool, "pool", PyBlockPool)
         self._reserve = reserve
 
     def __call__(self, num_blocks: int) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.interfaces.structures import IntBatch
-from enginekit.kv.pyref.args import int_batch, int_list, known_seq_id, new_seq_id
+from enginekit.kv.pyref.args import instance_arg, int_batch, int_list, known_seq_id, new_seq_id
 from enginekit.kv.pyref.buffer import HOLE, int32_view, write_rows
 from enginekit.kv.pyref.pool import (
     _INT32_MAX,
@@ -44,7 +44,8 @@ class PyBlockTables:
     - table entries are block ids in [0, 2**31), so that any table exports to int32; another
       value raises ValueError. Whether they lie inside a pool is check_integrity's business.
     - arguments are checked in order, left to right, before the state is looked at; a bad
-      count (negative num_tokens, width, first or end) raises ValueError.
+      count (negative num_tokens, width, first or end; a num_tokens of 2**64 or more) raises
+      ValueError; a pool that is no PyBlockPool raises TypeError.
 
     Holes: release_range turns entries into holes
     (HOLE, i.e. -1), for a sliding window that drops blocks a sequence can no longer attend
@@ -56,10 +57,10 @@ class PyBlockTables:
     """
 
     def __init__(self, block_size: int) -> None:
-        """Raises ValueError if block_size < 1."""
+        """Raises ValueError if block_size is not in [1, 2**64)."""
         block_size = operator.index(block_size)
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not 1 <= block_size <= _MAX_HASH:
+            raise ValueError(f"block_size must be in [1, 2**64), got {block_size}")
         self._block_size = block_size
         self._tables: dict[int, list[int]] = {}
         self._num_holes: dict[int, int] = {}  # seq_id -> HOLE entries in its table
@@ -106,10 +107,17 @@ class PyBlockTables:
 
     def _batch(self, seq_ids: IntBatch, num_tokens: IntBatch) -> list[tuple[int, int]]:
         """(seq_id, blocks wanted) pairs (each argument a list, a tuple or an int64 array);
-        ValueError for a negative num_tokens or lengths that differ, then KVCacheError for
-        an unknown seq_id."""
+        ValueError for a num_tokens outside [0, 2**64) or lengths that differ, then
+        KVCacheError for an unknown seq_id."""
+
+        def check_tokens(n: int) -> int:
+            n = _check_count("num_tokens", n)
+            if n > _MAX_HASH:
+                raise ValueError(f"num_tokens {n} is not in [0, 2**64)")
+            return n
+
         seqs = self._seq_ids(seq_ids, int_batch)
-        tokens = int_batch(num_tokens, "num_tokens", lambda n: _check_count("num_tokens", n))
+        tokens = int_batch(num_tokens, "num_tokens", check_tokens)
         if len(seqs) != len(tokens):
             raise ValueError(f"{len(seqs)} seq_ids but {len(tokens)} num_tokens in one batch")
         for s in seqs:
@@ -144,6 +152,7 @@ class PyBlockTables:
         returns how many: ``remove_sequence`` and ``pool.free`` of its blocks reversed. All
         or nothing: raises KVCacheError for an unknown seq_id or a block the pool holds no
         reference on, changing neither."""
+        pool = instance_arg(pool, "pool", PyBlockPool)
         block_ids = _held(self._table(seq_id))
         block_ids.reverse()
         pool.free(block_ids)
@@ -248,7 +257,8 @@ class PyBlockTables:
         """Sum over the batch of max(0, ceil(num_tokens / block_size) - num_blocks(seq)).
 
         A sequence listed twice counts twice (so this is an upper bound on what grow
-        allocates). Raises ValueError if the two sequences differ in length.
+        allocates); the sum is exact, past 2**64 too. Raises ValueError if the two
+        sequences differ in length.
         """
         return self._num_to_grow(self._batch(seq_ids, num_tokens))
 
@@ -264,6 +274,7 @@ class PyBlockTables:
         OutOfBlocksError if the batch needs more than pool.num_free_blocks, and KVCacheError
         for an unknown seq_id, changing nothing.
         """
+        pool = instance_arg(pool, "pool", PyBlockPool)
         return self._grow(pool, self._batch(seq_ids, num_tokens))
 
     def _grow(self, pool: PyBlockPool, batch: list[tuple[int, int]]) -> int:
@@ -294,6 +305,7 @@ class PyBlockTables:
         before the call back (which may use the tables and the pool); after it, only the
         sequences that needed blocks are read again and grown (``grow`` of that part of
         the batch: one that ``make_room`` removed raises KVCacheError, nothing grown)."""
+        pool = instance_arg(pool, "pool", PyBlockPool)
         tables = self._tables
         batch = self._batch(seq_ids, num_tokens)
         growing = [(s, want) for s, want in batch if want > len(tables[s])]
@@ -318,6 +330,7 @@ class PyBlockTables:
         recording raises midway (KVCacheError: a block with ref_count 0, outside the pool, or
         carrying another hash), the recordings this call made are undone before the exception
         propagates, so the call changes nothing."""
+        pool = instance_arg(pool, "pool", PyBlockPool)
         table = self._table(seq_id)
         first_index = operator.index(first_index)
         if not 0 <= first_index <= _MAX_HASH:
@@ -347,6 +360,7 @@ class PyBlockTables:
         negative index or a hash not in [0, 2**64)), ValueError if the three lengths differ,
         then per entry KVCacheError for an unknown sequence, an index past its table or a
         hole. A recording that raises midway undoes this call's recordings."""
+        pool = instance_arg(pool, "pool", PyBlockPool)
         seqs = self._seq_ids(seq_ids)
         indices = [
             min(v, _MAX_HASH)  # past u64 reads as u64's largest, as in the Rust binding
@@ -413,6 +427,8 @@ class PyBlockTables:
         """Raises KVCacheError if a table holds an id outside the pool or a block with
         ref_count 0; without a pool, checks only that ids are valid entries (in [0, 2**31)).
         Holes may sit anywhere, but each table's hole count must equal its holes."""
+        if pool is not None:
+            instance_arg(pool, "pool", PyBlockPool)
         for seq_id in sorted(self._tables):
             table = self._tables[seq_id]
             for index, block_id in enumerate(table):
