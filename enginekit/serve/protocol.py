@@ -165,6 +165,14 @@ class CompletionRequest(_Sampled):
         "suffix": (None, ""),
     }
 
+    @property
+    def num_prompts(self) -> int:
+        """How many prompts ``prompts`` holds (read without building them)."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+            return 1
+        return len(prompt)
+
     def prompts(self) -> list[str | list[int]]:
         """Each prompt of the request, text or token ids. Raises ApiError for none."""
         prompt = self.prompt

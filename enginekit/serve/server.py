@@ -92,7 +92,10 @@ class Server:
 
     def check_request(self, body: CompletionRequest | ChatCompletionRequest) -> None:
         """Raises ApiError: 404 for another model, 400 for a field enginekit does not
-        implement, 503 while the server stops or after its engine loop failed."""
+        implement or a size no request can have (``n`` past the sequences the engine runs
+        at once, more prompts than may wait), 503 while the server stops or after its
+        engine loop failed. Checked before anything is built for the request, so that a
+        huge size costs nothing."""
         if body.model != self.model_name:
             raise ApiError(
                 404,
@@ -103,6 +106,22 @@ class Server:
         unsupported = body.unsupported()
         if unsupported is not None:
             raise unsupported
+        max_num_seqs = self.engine.limits.max_num_seqs
+        if body.n > max_num_seqs:
+            raise ApiError(
+                400,
+                f"n={body.n} exceeds the {max_num_seqs} sequences this server runs at once "
+                "(scheduler.max_num_seqs)",
+                param="n",
+            )
+        num_prompts = body.num_prompts if isinstance(body, CompletionRequest) else 1
+        if num_prompts > self.config.max_waiting:
+            raise ApiError(
+                400,
+                f"{num_prompts} prompts in one request; at most {self.config.max_waiting} may "
+                "wait (serve.max_waiting)",
+                param="prompt",
+            )
         if not self.is_healthy:
             raise ApiError(503, "the server is shutting down or its engine has failed")
 

@@ -183,3 +183,33 @@ def test_the_engine_calls_the_server_relies_on_finish_and_release():
     assert summary["generation_tokens_total"] == 8 + 3
     assert engine.kv_usage().num_used_blocks == 0
     assert [o.request_id for o in engine.outputs()] == [other]
+
+
+@pytest.mark.parametrize("n", [10**6, 2**64])
+def test_a_huge_n_is_refused_before_anything_is_built_and_the_server_keeps_answering(n):
+    """``n`` past the sequences the engine runs at once can never be served: 400 naming
+    it, answered at once (nothing per sample is built first), and /health answers."""
+    with serve("scheduler.max_num_seqs=8") as running:
+        started = time.monotonic()
+        reply = httpx.post(
+            f"{running.url}/v1/completions",
+            json={"model": "tiny", "prompt": [5, 6], "max_tokens": 2, "n": n},
+            timeout=30,
+        )
+        assert time.monotonic() - started < 2
+        assert reply.status_code == 400
+        error = reply.json()["error"]
+        assert error["param"] == "n"
+        assert "scheduler.max_num_seqs" in error["message"]
+        assert httpx.get(f"{running.url}/health", timeout=5).status_code == 200
+
+
+def test_more_prompts_than_may_wait_are_refused_with_400_not_a_retry():
+    with serve("serve.max_waiting=2") as running:
+        body = {"model": "tiny", "prompt": [[5], [6], [7]], "max_tokens": 2}
+        reply = httpx.post(f"{running.url}/v1/completions", json=body, timeout=30)
+        assert reply.status_code == 400
+        assert reply.json()["error"]["param"] == "prompt"
+        assert "serve.max_waiting" in reply.json()["error"]["message"]
+        body["prompt"] = [[5], [6]]
+        assert httpx.post(f"{running.url}/v1/completions", json=body, timeout=30).is_success
