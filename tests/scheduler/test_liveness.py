@@ -1,22 +1,29 @@
-"""Liveness under memory pressure: every request admission accepts finishes, under every
-valid plugin combination, with every cache invariant intact after every step and no block
-left behind.
+"""Liveness under memory pressure: every request admission accepts finishes (or ends as
+its caller aborts it) under every valid plugin combination, with every cache invariant
+intact after every step and no block left behind.
 
 A property-based test drives random tight workloads (ragged prompts sharing random
-prefixes, parallel samples and beams where the allocator can fork, blocks of 4 and 16,
-watermark 0, pools between what the longest request needs and twice that) through the
-simulator over every valid combination of allocator × prefix cache × eviction (window,
-sinks, strict bound) × preemption × quantizer × Rust or Python structures. A smaller run
-drives the torch executor on the tiny model, so the executor's side of the step contract
-is covered too.
+prefixes, parallel samples and beams where the allocator can fork, stop tokens, aborts
+between steps, blocks of 4 and 16, watermark 0, pools between what the longest request
+needs and twice that) through the simulator over every valid combination of allocator ×
+prefix cache × eviction (window, sinks, strict bound) × preemption × quantizer × Rust or
+Python structures; a quarter of the examples are beam groups under radix in pools their
+beams just fill. A smaller run drives the torch executor on the tiny model, so the
+executor's side of the step contract is covered too. A run fails at a stall: too many
+steps in a row that produce no token (``step_to_the_end``), however busy the scheduler.
 
 Sizing: run against the scheduler as it was before this test existed, the simulator
 property as derandomized here (hypothesis' generate phase) met its first scheduler stall
 ("no progress") at example 15 and its second at example 27; with random seeds the first
 came at example 206 for seed 0 and not within 3,000 for seed 1. Its first failure of any
 kind there (the radix cache's usage counting a block twice) came within 5-89 examples
-over 8 seeds. ``SIM_EXAMPLES`` runs 500 on every CI run (about
-25 s); ``ENGINEKIT_LIVENESS_EXAMPLES`` runs more.
+over 8 seeds. Later, against the code before beam groups were admitted whole, the default
+run failed on each of the three faults in turn (fixing one to find the next): a beam group
+under radix preempted and readmitted forever, the simulator losing the beam width of a
+beam forked from a parent finishing in the same step, an aborted request reporting its
+first sample's reason. ``SIM_EXAMPLES`` runs 500 on every CI run (about 40 s);
+``ENGINEKIT_LIVENESS_EXAMPLES`` runs more, and ``ENGINEKIT_LIVENESS_SEED`` draws them from
+a seed instead of the fixed derandomized sequence (a soak: one process per seed).
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ import dataclasses
 import itertools
 import os
 import random
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from enginekit import Engine, SamplingParams
@@ -45,6 +53,7 @@ from enginekit.plugins import load_plugin
 
 SIM_EXAMPLES = int(os.environ.get("ENGINEKIT_LIVENESS_EXAMPLES", "500"))
 TORCH_EXAMPLES = int(os.environ.get("ENGINEKIT_LIVENESS_TORCH_EXAMPLES", "25"))
+SOAK_SEED = os.environ.get("ENGINEKIT_LIVENESS_SEED")
 STALL_SLACK_STEPS = 64  # steps beyond the recomputation bound before a stall is declared
 
 CHOICES = {
@@ -332,14 +341,21 @@ def assert_finished_and_nothing_leaked(
     assert kv.swap_space.num_used_blocks == 0
 
 
-def _examples(num_examples: int) -> settings:
-    """Derandomized, so every CI run drives the same workloads (a failure reproduces)."""
-    return settings(
-        max_examples=num_examples,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        derandomize=True,
-    )
+def _examples(num_examples: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Derandomized, so every CI run drives the same workloads (a failure reproduces);
+    drawn from ``ENGINEKIT_LIVENESS_SEED`` instead where it is set (a soak run by hand
+    spreads its examples over processes with a seed each)."""
+
+    def apply(test: Callable[..., None]) -> Callable[..., None]:
+        test = settings(
+            max_examples=num_examples,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+            derandomize=SOAK_SEED is None,
+        )(test)
+        return test if SOAK_SEED is None else seed(int(SOAK_SEED))(test)
+
+    return apply
 
 
 @_examples(SIM_EXAMPLES)
