@@ -434,3 +434,111 @@ def test_set_up_says_what_a_new_machine_needs_before_its_commands():
     assert f"Python ≥ {python['requires-python'].lstrip('>=')}" in before
     assert re.search(r"\d+(\.\d+)? GB", before) and re.search(r"\d+ minutes", before)
     assert "python3 -m pip install -e . -e ./plugins" in before  # the install without torch
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def test_the_main_jobs_figures_are_what_their_configs_run():
+    """Set up's sentences on the two main jobs: the tiny chat's requests and system prompt,
+    the default's model, hardware, requests and system prompt, as their configs hold them."""
+    from enginekit.app import compose_config
+
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    chat = re.search(r"serving ([\d,]+) chat requests that share a ([\d,]+)-token system", text)
+    assert chat, "the tiny chat's sentence"
+    cfg = compose_config(["+experiment=tiny_chat"])
+    assert (cfg.executor, cfg.model.name) == ("torch", "tiny")
+    assert cfg.workload.num_requests == _number(chat[1])
+    assert cfg.workload.shared_prefix_len == _number(chat[2])
+    default = re.search(
+        r"runs the simulator's default: Llama-3-8B on an H200 serving ([\d,]+) such requests "
+        r"with a ([\d,]+)-token system prompt",
+        text,
+    )
+    assert default, "the default job's sentence"
+    cfg = compose_config([])
+    assert (cfg.executor, cfg.model.name, cfg.hardware.name) == ("sim", "llama-3-8b", "h200")
+    assert cfg.workload.name == "shared_prefix"
+    assert cfg.workload.num_requests == _number(default[1])
+    assert cfg.workload.shared_prefix_len == _number(default[2])
+
+
+def _cpu_seconds(args: list[str], cwd: Path) -> float:
+    """CPU seconds (user + system) of ``python3 -m enginekit <args>`` in a subprocess, which
+    must succeed: what its wall time is on an idle core, less sensitive to a busy machine."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = run_cli(args, cwd)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert result.returncode == 0, result.stderr
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def test_the_default_job_takes_about_the_time_the_readme_says(tmp_path):
+    """``python3 -m enginekit``, run as the README shows it: it serves the requests the
+    README says, and its CPU time and that of Python's start-up alone (``--cfg job``
+    composes and exits) are within a factor of two of the README's figures."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    figures = re.search(r"in about ([\d.]+) s \(about ([\d.]+) s of it Python start-up\)", text)
+    assert figures, "the default job's time"
+    whole, start_up = float(figures[1]), float(figures[2])
+    run_s = _cpu_seconds([], tmp_path)
+    (report,) = tmp_path.glob("outputs/*/*/report.json")
+    summary = json.loads(report.read_text())["summary"]
+    requests = re.search(r"serving ([\d,]+) such requests", text)
+    assert requests and summary["num_requests_finished"] == _number(requests[1])
+    assert whole / 2 <= run_s <= whole * 2, run_s
+    start_up_s = _cpu_seconds(["--cfg", "job"], tmp_path)
+    assert start_up / 2 <= start_up_s <= start_up * 2, start_up_s
+
+
+def test_the_readme_lists_every_preset_ablation_and_ci_step_as_they_are():
+    from enginekit.app import conf_names, preset_names
+
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    presets = re.search(r"Presets: `model=` (.+?); `hardware=` (.+?); `workload=` (.+?)\. ", text)
+    assert presets
+    listed = [
+        [name.replace(" (default)", "").strip() for name in group.split(",")]
+        for group in presets.groups()
+    ]
+    names = preset_names()
+    for group, shown in zip(("model", "hardware", "workload"), listed, strict=True):
+        assert sorted(shown) == names[group], group
+    assert "llama-3-8b (default)" in presets[1]
+    ablations = re.search(r"`\+ablation=` (.+?) \(every group crossed", text)
+    assert ablations
+    shown = re.findall(r"`(\w+)`", ablations[1])
+    assert sorted(shown) == conf_names("ablation")
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    seconds = re.search(r"and the fuzz command below for (\d+) s", text)
+    assert seconds and f"-max_total_time={seconds[1]}\n" in ci
+    steps = ("cargo test", "ruff check .", "ruff format --check .", "lint-imports")
+    assert all(step in text and step in ci for step in steps)
+    assert "mypy enginekit\n" in ci and "mypy plugins/enginekit_plugins\n" in ci
+
+
+def test_the_simulator_tables_are_what_their_commands_run(monkeypatch):
+    """Each simulator table of docs/results.md is headed by the bench_simulator.py command
+    that prints it: the workload the heading names (the benchmark's default is ShareGPT,
+    so the default job's table names ``--workload shared_prefix``) and a row per count."""
+    results = _results(monkeypatch)
+    import bench_simulator
+
+    document = RESULTS_MD.read_text(encoding="utf-8")
+    for heading, workload in (
+        (results.SIMULATOR_HEADING, "shared_prefix"),
+        (results.SHAREGPT_HEADING, "sharegpt"),
+    ):
+        section = document.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+        command = re.search(r"`python3 benchmarks/bench_simulator\.py([^`]*)`", section)
+        assert command, heading
+        args = command[1].split()
+        options = dict(zip(args[::2], args[1::2], strict=True))
+        assert options.get("--workload", bench_simulator.DEFAULT_WORKLOAD) == workload, heading
+        counts = [int(c) for c in options["--counts"].split(",")]
+        rows = [line for line in section.splitlines() if re.match(r"\| [\d,]+ \|", line)]
+        assert [_number(row.split("|")[1]) for row in rows] == counts, heading
