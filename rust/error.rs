@@ -126,8 +126,10 @@ pub(crate) mod test_alloc {
 
     struct Limited;
 
+    /// Whether an allocation of `size` bytes may go ahead: always while the thread panics,
+    /// so that a failing test reports its panic.
     fn allowed(size: usize) -> bool {
-        LIMIT.try_with(|l| size <= l.get()).unwrap_or(true)
+        std::thread::panicking() || LIMIT.try_with(|l| size <= l.get()).unwrap_or(true)
     }
 
     // SAFETY: every call is passed on to `System` unchanged, or refused with null, which
@@ -165,12 +167,19 @@ pub(crate) mod test_alloc {
     #[global_allocator]
     static GLOBAL: Limited = Limited;
 
+    /// Lifts the limit when `with_alloc_limit` returns or unwinds.
+    struct Restore(usize);
+
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LIMIT.with(|l| l.set(self.0));
+        }
+    }
+
     /// `f()` with every allocation of more than `max_bytes` on this thread failing.
     pub(crate) fn with_alloc_limit<R>(max_bytes: usize, f: impl FnOnce() -> R) -> R {
-        let before = LIMIT.with(|l| l.replace(max_bytes));
-        let r = f();
-        LIMIT.with(|l| l.set(before));
-        r
+        let _restore = Restore(LIMIT.with(|l| l.replace(max_bytes)));
+        f()
     }
 }
 

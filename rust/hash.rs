@@ -211,6 +211,31 @@ mod tests {
     }
 
     #[test]
+    fn hashes_the_host_cannot_hold_are_memory_errors() {
+        use crate::error::test_alloc::with_alloc_limit;
+        use crate::error::KvError;
+        let tokens = vec![1u32; 1 << 20]; // 4 MiB as one block's bytes, 8 MiB of hashes
+        with_alloc_limit(1 << 20, || {
+            assert!(matches!(
+                hash_block(ROOT_HASH, &tokens, None),
+                Err(KvError::Memory(_))
+            ));
+            assert!(matches!(
+                hash_blocks(&tokens, 1, None, ROOT_HASH),
+                Err(KvError::Memory(_))
+            ));
+            assert!(matches!(
+                hash_blocks(&tokens, 1 << 20, None, ROOT_HASH),
+                Err(KvError::Memory(_))
+            ));
+            assert_eq!(
+                hash_blocks(&tokens, 1 << 10, None, 0).unwrap().len(),
+                1 << 10
+            );
+        });
+    }
+
+    #[test]
     #[should_panic(expected = "block_size")]
     fn zero_block_size_panics() {
         hash_blocks(&[1], 0, None, ROOT_HASH).unwrap();

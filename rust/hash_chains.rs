@@ -337,4 +337,27 @@ mod tests {
         c.remove(1);
         assert_eq!(c.seq_ids().unwrap(), Vec::<u64>::new());
     }
+
+    #[test]
+    fn names_the_host_cannot_hold_are_memory_errors_that_change_nothing() {
+        use crate::error::test_alloc::with_alloc_limit;
+        let mut c = HashChains::new(1, ROOT_HASH).unwrap();
+        let many = tokens(1 << 18); // 2 MiB of names
+        with_alloc_limit(1 << 20, || {
+            assert!(matches!(
+                c.extend(7, &many, 1 << 18, None),
+                Err(KvError::Memory(_))
+            ));
+            assert_eq!(c.seq_ids().unwrap(), Vec::<u64>::new());
+            assert_eq!(c.extend(7, &many, 3, None).unwrap(), 3);
+            assert!(matches!(
+                c.extend(7, &many[3..], 1 << 18, None),
+                Err(KvError::Memory(_))
+            ));
+        });
+        assert_eq!(
+            c.names(7),
+            &hash_blocks(&many[..3], 1, None, ROOT_HASH).unwrap()[..]
+        );
+    }
 }

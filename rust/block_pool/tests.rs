@@ -401,3 +401,49 @@ fn num_unreferenced_counts_free_and_evictable_listed_blocks() {
     assert_eq!(pool.num_unreferenced(&[]).unwrap(), 0);
     assert!(pool.num_unreferenced(&[ids[2], 4]).is_err());
 }
+
+fn is_memory<T: fmt::Debug>(r: KvResult<T>) -> bool {
+    matches!(r, Err(KvError::Memory(_)))
+}
+
+#[test]
+fn calls_the_host_cannot_hold_are_memory_errors_that_change_nothing() {
+    use crate::error::test_alloc::with_alloc_limit;
+    let n = 1u32 << 20; // every id list of the pool is 4 MiB
+    let mut p = pool(n);
+    let hashes = vec![0u64; n as usize];
+    with_alloc_limit(1 << 19, || {
+        assert!(is_memory(p.allocate(u64::from(n))));
+        assert!(is_memory(p.allocate_run(u64::from(n))));
+        assert!(is_memory(p.free_block_ids()));
+        assert!(is_memory(p.lookup_prefix(&hashes)));
+        assert!(is_memory(p.check_integrity()));
+        // What fits is not refused.
+        assert_eq!(p.allocate(2).unwrap(), [0, 1]);
+    });
+    assert_eq!(p.num_free_blocks(), n - 2);
+    assert_eq!(p.free_ids().take(2).collect::<Vec<_>>(), [2, 3]);
+    p.free(&[0, 1]).unwrap();
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn an_emit_that_fails_changes_nothing() {
+    let mut p = mixed();
+    let before = (
+        p.free_block_ids().unwrap(),
+        p.evictable_block_ids().unwrap(),
+    );
+    let refuse = || Err::<(), _>(KvError::Memory("refused".into()));
+    assert!(is_memory(p.allocate_then(2, |_| refuse())));
+    assert!(is_memory(p.allocate_run_then(2, |_| refuse())));
+    assert!(is_memory(p.evict_lru_then(2, |_| refuse())));
+    assert_eq!(
+        (
+            p.free_block_ids().unwrap(),
+            p.evictable_block_ids().unwrap()
+        ),
+        before
+    );
+    p.check_integrity().unwrap();
+}

@@ -462,3 +462,49 @@ fn cache_blocks_at_records_one_block_per_entry_and_rolls_back() {
         .is_err());
     assert!(pool.lookup_prefix(&[21]).unwrap().is_empty());
 }
+
+fn is_memory<T: std::fmt::Debug>(r: KvResult<T>) -> bool {
+    matches!(r, Err(KvError::Memory(_)))
+}
+
+#[test]
+fn calls_the_host_cannot_hold_are_memory_errors_that_change_nothing() {
+    use crate::error::test_alloc::with_alloc_limit;
+    let big = vec![7u32; 1 << 20]; // 4 MiB of entries
+    let (mut bt, pool) = setup();
+    bt.add_sequence(4, &big).unwrap();
+    let mut large_pool = BlockPool::new(1 << 20).unwrap();
+    with_alloc_limit(1 << 20, || {
+        assert!(is_memory(bt.add_sequence(5, &big)));
+        assert!(is_memory(bt.append_blocks(1, &big)));
+        assert!(is_memory(bt.fork(4, 6)));
+        assert!(is_memory(bt.remove_sequence(4)));
+        assert!(is_memory(bt.release_range(4, 0, 1 << 20)));
+        assert!(is_memory(bt.grow(&mut large_pool, &[3], &[4 << 20])));
+        assert!(is_memory(bt.append_holes(1, 1 << 20)));
+    });
+    assert_eq!(bt.seq_ids().unwrap(), [1, 2, 3, 4]);
+    assert_eq!(bt.block_ids(1).unwrap(), &[0, 1]);
+    assert_eq!(bt.block_ids(3).unwrap(), &[] as &[u32]);
+    assert_eq!(
+        (bt.num_blocks(4).unwrap(), bt.num_holes(4).unwrap()),
+        (1 << 20, 0)
+    );
+    assert_eq!(large_pool.num_free_blocks(), 1 << 20);
+    bt.remove_sequence(4).unwrap();
+    bt.check_integrity(Some(&pool)).unwrap();
+    pool.check_integrity().unwrap();
+}
+
+#[test]
+fn an_emit_that_fails_changes_nothing() {
+    let (mut bt, pool) = setup();
+    let refuse = |_| Err::<(), _>(KvError::Memory("refused".into()));
+    assert!(is_memory(bt.remove_sequence_then(1, refuse)));
+    assert!(is_memory(bt.release_range_then(1, 0, 2, refuse)));
+    assert!(is_memory(bt.fork_then(1, 7, refuse)));
+    assert_eq!(bt.seq_ids().unwrap(), [1, 2, 3]);
+    assert_eq!(bt.block_ids(1).unwrap(), &[0, 1]);
+    assert_eq!(bt.num_holes(1).unwrap(), 0);
+    bt.check_integrity(Some(&pool)).unwrap();
+}

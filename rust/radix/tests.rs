@@ -612,3 +612,61 @@ fn evict_takes_partly_filled_last_blocks_first() {
     t.block_counts.remove(&[21], false);
     assert!(cache_msg(t.check_integrity()).contains("eviction set"));
 }
+
+fn is_memory<T: std::fmt::Debug>(r: KvResult<T>) -> bool {
+    matches!(r, Err(KvError::Memory(_)))
+}
+
+#[test]
+fn an_insert_the_host_cannot_hold_changes_nothing() {
+    use crate::error::test_alloc::with_alloc_limit;
+    let mut t = tree(4);
+    t.insert(&[1, 2, 3, 4, 5, 6], &[10, 11]).unwrap();
+    t.lock(1).unwrap();
+    let before = (t.nodes().unwrap(), t.num_evictable_blocks());
+    // A long new leaf after a split inside a block (straddle, lending): its edge is 4 MiB.
+    let mut long: Vec<u32> = vec![1, 2, 3, 9];
+    long.extend(0..1 << 20);
+    let blocks: Vec<u32> = (100..100 + (long.len() as u32).div_ceil(4)).collect();
+    assert!(with_alloc_limit(1 << 20, || is_memory(
+        t.insert(&long, &blocks)
+    )));
+    assert_eq!((t.nodes().unwrap(), t.num_evictable_blocks()), before);
+    t.check_integrity().unwrap();
+    // With the memory, the same insert succeeds.
+    let r = t.insert(&long, &blocks).unwrap();
+    assert_eq!(r.num_new_tokens, (1 << 20) + 1);
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn an_eviction_the_host_cannot_hold_changes_nothing() {
+    use crate::error::test_alloc::with_alloc_limit;
+    let mut t = tree(1);
+    let tokens: Vec<u32> = (0..1 << 19).collect();
+    let blocks: Vec<u32> = (0..1 << 19).collect();
+    t.insert(&tokens, &blocks).unwrap();
+    let before = (t.nodes().unwrap(), t.num_evictable_blocks());
+    // The released references (2 MiB) are reserved before anything is trimmed.
+    assert!(with_alloc_limit(1 << 20, || is_memory(t.evict(u64::MAX))));
+    assert_eq!((t.nodes().unwrap(), t.num_evictable_blocks()), before);
+    // A few blocks fit.
+    let released = with_alloc_limit(1 << 20, || t.evict(3)).unwrap();
+    assert_eq!(released, [(1 << 19) - 1, (1 << 19) - 2, (1 << 19) - 3]);
+    t.check_integrity().unwrap();
+}
+
+#[test]
+fn a_match_the_host_cannot_hold_is_a_memory_error() {
+    use crate::error::test_alloc::with_alloc_limit;
+    let mut t = tree(1);
+    let tokens: Vec<u32> = (0..1 << 19).collect();
+    t.insert(&tokens, &tokens).unwrap();
+    assert!(with_alloc_limit(1 << 20, || is_memory(
+        t.match_prefix(&tokens)
+    )));
+    assert!(with_alloc_limit(1 << 20, || is_memory(
+        t.num_evictable_among(&tokens)
+    )));
+    assert_eq!(t.match_prefix(&tokens).unwrap().num_tokens, 1 << 19);
+}
