@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from enginekit.errors import ConfigError
 from enginekit.executor.base import Executor
+from enginekit.extras import require
 from enginekit.spec.hardware import HardwareSpec
 from enginekit.spec.kv import KVSpec, swap_space_num_blocks
 from enginekit.spec.model import ModelShape, model_preset
@@ -48,12 +49,15 @@ def build_executor(
     ``cache.num_blocks`` if set, else the blocks ``cache.memory_gib`` holds if set, else
     what the device's memory holds. The host swap pool has ``swap_space_gib`` GiB (what
     the preemption plugin asks for: ``Preemption.swap_space_gib``), sized by the rule
-    the cache manager's swap space follows (``swap_space_num_blocks``)."""
+    the cache manager's swap space follows (``swap_space_num_blocks``). Raises
+    MissingExtraError (a ConfigError naming the extra) for ``executor=torch`` without the
+    torch extra."""
     if cfg.executor not in EXECUTORS:
         raise ConfigError(
             f"executor={cfg.executor!r} is not available; choose: {', '.join(EXECUTORS)}"
         )
     if cfg.executor == "torch":
+        require("executor=torch", extras=["torch"])  # one line naming the extra, from Python too
         from enginekit.executor.torch.factory import build_torch_executor
 
         return build_torch_executor(cfg, shape, kv_spec, swap_space_gib)

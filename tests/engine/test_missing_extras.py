@@ -133,3 +133,25 @@ def test_the_extras_and_their_modules_are_pyproject_s():
     for modules in LAUNCHER_MODULES.values():
         assert set(modules) <= set(EXTRA_MODULES["launchers"])
     assert "httpx" in {r.split(">")[0] for r in extras["serve"]}  # the serving benchmark's
+
+
+def test_the_python_api_names_the_torch_extra_it_misses(tmp_path):
+    """``Engine.from_overrides(["executor=torch"])`` in a Python without torch raises the
+    same one-line error (a ConfigError), not a ModuleNotFoundError from deep inside."""
+    folder = block_modules(tmp_path / "site", TORCH)
+    script = (
+        "from enginekit import Engine\n"
+        "from enginekit.errors import ConfigError\n"
+        "try:\n"
+        "    Engine.from_overrides(['executor=torch', 'model=tiny'])\n"
+        "except ConfigError as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("MissingExtraError executor=torch: "), result.stdout
+    assert result.stdout.strip().endswith(install_hint(["torch"]))
