@@ -320,11 +320,6 @@ class KVCacheManager:
             num_blocks = min(num_blocks, self._window.max_blocks_per_sequence)
         return num_blocks
 
-    def _num_blocks_to_admit_alone(self, request: Request) -> int:
-        """Free blocks admitting ``request`` without any prefix hit takes or promises (a
-        windowed sequence: at most its bound). Pure."""
-        return self._plan(request, NO_MATCH).num_new
-
     def _can_admit(self, request: Request, match: PrefixMatch) -> bool:
         """True if admitting ``request`` with ``match`` (or restoring it, if it is swapped
         out: ``match`` is then NO_MATCH) leaves at least the watermark of blocks
