@@ -53,6 +53,7 @@ pub(crate) fn cache_err<T>(msg: String) -> KvResult<T> {
 }
 
 /// The `Memory` error of a failed reservation of `what`.
+#[cold]
 pub(crate) fn memory_err(what: &str, e: TryReserveError) -> KvError {
     KvError::Memory(format!("cannot allocate {what}: {e}"))
 }
@@ -70,6 +71,7 @@ pub(crate) fn try_with_capacity<T>(n: usize, what: &str) -> KvResult<Vec<T>> {
 
 /// Room in `v` for `additional` more items (growing as `Vec::reserve` does), or a `Memory`
 /// error, `v` unchanged.
+#[inline]
 pub(crate) fn try_reserve<T>(v: &mut Vec<T>, additional: usize, what: &str) -> KvResult<()> {
     v.try_reserve(additional).map_err(|e| memory_err(what, e))
 }

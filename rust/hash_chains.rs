@@ -180,6 +180,7 @@ impl HashChains {
     /// the block that comes right after its names, all published: `num_tokens` is a
     /// positive multiple of the block size and the sequence has `num_tokens / block_size -
     /// 1` names, all published.
+    #[inline(always)]
     pub fn fills_next(&self, seq_id: u64, num_tokens: u64) -> bool {
         let bs = self.block_size as u64;
         if num_tokens == 0 || num_tokens % bs != 0 {

@@ -4,7 +4,10 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 
-use super::{held, lengths_match, BlockTables, HOLE};
+use super::{held, lengths_match, unknown, BlockTables, HOLE};
+
+/// Most positions the scratch of `grow` keeps room for between calls.
+const GROWING_KEPT: usize = 1 << 16;
 use crate::block_pool::BlockPool;
 use crate::error::{cache_err, try_reserve, try_reserve_map, try_with_capacity};
 use crate::error::{KvError, KvResult};
@@ -15,7 +18,29 @@ impl BlockTables {
     /// sequence listed twice counts twice. Exact: a batch of at most 2**64 entries of at
     /// most 2**64 - 1 blocks each sums below 2**128.
     pub fn num_blocks_to_grow(&self, seq_ids: &[u64], num_tokens: &[u64]) -> KvResult<u128> {
-        self.count_growth(seq_ids, num_tokens, |_| {})
+        lengths_match(seq_ids, num_tokens)?;
+        let mut total = 0u64;
+        for (&s, &n) in seq_ids.iter().zip(num_tokens) {
+            let have = self.table(s)?.len() as u64;
+            total = total.saturating_add(self.blocks_for_tokens(n).saturating_sub(have));
+        }
+        if total < u64::MAX {
+            return Ok(u128::from(total));
+        }
+        Ok(self.exact_sum(seq_ids, num_tokens))
+    }
+
+    /// `num_blocks_to_grow` of a batch already checked, summed in u128: the loops sum in
+    /// u64 (saturating) and come here only past it (a batch no pool can grow).
+    fn exact_sum(&self, seq_ids: &[u64], num_tokens: &[u64]) -> u128 {
+        seq_ids
+            .iter()
+            .zip(num_tokens)
+            .map(|(s, &n)| {
+                let have = self.tables[s].len() as u64;
+                u128::from(self.blocks_for_tokens(n).saturating_sub(have))
+            })
+            .sum()
     }
 
     /// `num_blocks_to_grow`, also listing in `growing` (cleared first) the batch positions
@@ -28,27 +53,35 @@ impl BlockTables {
         growing: &mut Vec<usize>,
     ) -> KvResult<u128> {
         growing.clear();
-        try_reserve(growing, seq_ids.len(), "the growing positions")?;
-        self.count_growth(seq_ids, num_tokens, |i| growing.push(i))
+        self.count_growth(seq_ids, num_tokens, |i| {
+            if growing.len() == growing.capacity() {
+                try_reserve(growing, 1, "the growing positions")?;
+            }
+            growing.push(i);
+            Ok(())
+        })
     }
 
     fn count_growth(
         &self,
         seq_ids: &[u64],
         num_tokens: &[u64],
-        mut on_growing: impl FnMut(usize),
+        mut on_growing: impl FnMut(usize) -> KvResult<()>,
     ) -> KvResult<u128> {
         lengths_match(seq_ids, num_tokens)?;
-        let mut total = 0u128;
+        let mut total = 0u64;
         for (i, (&s, &n)) in seq_ids.iter().zip(num_tokens).enumerate() {
             let have = self.table(s)?.len() as u64;
             let need = self.blocks_for_tokens(n).saturating_sub(have);
             if need > 0 {
-                on_growing(i);
-                total += u128::from(need);
+                on_growing(i)?;
+                total = total.saturating_add(need);
             }
         }
-        Ok(total)
+        if total < u64::MAX {
+            return Ok(u128::from(total));
+        }
+        Ok(self.exact_sum(seq_ids, num_tokens))
     }
 
     /// Exact blocks `grow` allocates: a sequence listed twice grows to its largest target
@@ -67,17 +100,53 @@ impl BlockTables {
 
     /// Allocates from `pool` and appends so that each sequence holds at least
     /// ceil(num_tokens / block_size) blocks, in batch order; returns the number allocated.
-    /// All or nothing.
+    /// All or nothing: the tables' room is reserved while the batch is checked, before any
+    /// block is allocated (`Memory` error, nothing grown).
     pub fn grow(
         &mut self,
         pool: &mut BlockPool,
         seq_ids: &[u64],
         num_tokens: &[u64],
     ) -> KvResult<u64> {
-        // Upper bound (exact unless a sequence is listed twice); validates every id.
-        let bound = self.num_blocks_to_grow(seq_ids, num_tokens)?;
+        let mut growing = std::mem::take(&mut self.growing);
+        let r = self.grow_with_scratch(pool, seq_ids, num_tokens, &mut growing);
+        if growing.capacity() <= GROWING_KEPT {
+            self.growing = growing;
+        }
+        r
+    }
+
+    fn grow_with_scratch(
+        &mut self,
+        pool: &mut BlockPool,
+        seq_ids: &[u64],
+        num_tokens: &[u64],
+        growing: &mut Vec<usize>,
+    ) -> KvResult<u64> {
+        lengths_match(seq_ids, num_tokens)?;
+        // Validates every id and finds the positions that need blocks (only those can need
+        // any below: tables only grow), reserving each one's room: at most the free blocks,
+        // since a batch that needs more is refused below anyway.
+        growing.clear();
         let free = pool.num_free_blocks();
-        if bound > u128::from(free) {
+        let mut bound = 0u64; // exact unless a sequence is listed twice (saturating)
+        for (i, (&s, &n)) in seq_ids.iter().zip(num_tokens).enumerate() {
+            let want = self.blocks_for_tokens(n);
+            let Some(t) = self.tables.get_mut(&s) else {
+                return unknown(s);
+            };
+            let need = want.saturating_sub(t.len() as u64);
+            if need > 0 {
+                let room = need.min(u64::from(free)) as usize;
+                try_reserve(&mut t.entries, room, "the grown entries")?;
+                if growing.len() == growing.capacity() {
+                    try_reserve(growing, 1, "the growing positions")?;
+                }
+                growing.push(i);
+                bound = bound.saturating_add(need);
+            }
+        }
+        if bound > u64::from(free) {
             let exact = self.exact_blocks_to_grow(seq_ids, num_tokens)?;
             if exact > u128::from(free) {
                 return Err(KvError::OutOfBlocks(format!(
@@ -85,16 +154,9 @@ impl BlockTables {
                 )));
             }
         }
-        // Every table's room first, so that no allocation below can fail halfway: each need
-        // is at most the free blocks.
-        for (&s, &n) in seq_ids.iter().zip(num_tokens) {
-            let want = self.blocks_for_tokens(n);
-            let t = self.tables.get_mut(&s).expect("validated above");
-            let need = want.saturating_sub(t.len() as u64) as usize;
-            try_reserve(&mut t.entries, need, "the grown entries")?;
-        }
         let mut total = 0u64;
-        for (&s, &n) in seq_ids.iter().zip(num_tokens) {
+        for &i in growing.iter() {
+            let (s, n) = (seq_ids[i], num_tokens[i]);
             let want = self.blocks_for_tokens(n);
             let t = self
                 .tables

@@ -55,8 +55,11 @@ impl Table {
 pub struct BlockTables {
     block_size: u64,
     tables: HashMap<u64, Table, FastBuild>,
+    /// Scratch of `grow`: the batch positions that need blocks, reused across calls.
+    growing: Vec<usize>,
 }
 
+#[cold]
 fn unknown<T>(seq_id: u64) -> KvResult<T> {
     cache_err(format!("unknown sequence {seq_id}"))
 }
@@ -90,6 +93,7 @@ impl BlockTables {
         Ok(BlockTables {
             block_size,
             tables: HashMap::default(),
+            growing: Vec::new(),
         })
     }
 

@@ -41,8 +41,20 @@ impl From<KvError> for PyErr {
 }
 
 /// Room in `out` for `additional` more items, or MemoryError.
+#[inline]
 pub(super) fn reserve<T>(out: &mut Vec<T>, additional: usize, what: &str) -> PyResult<()> {
     try_reserve(out, additional, what).map_err(to_py)
+}
+
+/// Pushes `x` onto `out`, growing it (as `Vec::push` does) fallibly: MemoryError if the
+/// host cannot hold it.
+#[inline]
+pub(super) fn push<T>(out: &mut Vec<T>, x: T, what: &str) -> PyResult<()> {
+    if out.len() == out.capacity() {
+        reserve(out, 1, what)?;
+    }
+    out.push(x);
+    Ok(())
 }
 
 /// The items of a list or tuple (None for another type).
@@ -414,6 +426,39 @@ pub(super) fn typed_buffer<T: Element + Copy + Default>(
         return Ok(None);
     }
     buffer_copy(obj.py(), &buf, limit).map(Some)
+}
+
+/// `read(items)` on the items of `obj` if it exposes a 1-D C-contiguous buffer of `T`,
+/// borrowed in place (no copy); None, `read` not called, for anything else (as
+/// [`typed_buffer`], an empty buffer in one of `empty_formats` included).
+pub(super) fn with_typed_buffer<T: Element + Copy, R>(
+    obj: &Bound<'_, PyAny>,
+    empty_formats: &[&str],
+    read: impl FnOnce(&[T]) -> PyResult<R>,
+) -> PyResult<Option<R>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return Ok(None);
+    }
+    let Ok(buf) = PyBuffer::<T>::get(obj) else {
+        let size = std::mem::size_of::<T>();
+        if is_empty_buffer(obj, size, empty_formats) {
+            return read(&[]).map(Some);
+        }
+        return Ok(None);
+    };
+    if buf.dimensions() != 1 || !buf.is_c_contiguous() {
+        return Ok(None);
+    }
+    let n = buf.item_count();
+    let items = if n == 0 {
+        &[][..]
+    } else {
+        // SAFETY: the buffer is 1-D, C-contiguous and aligned for `T` (PyBuffer checks
+        // the alignment and the item format), held open until `buf` drops after `read`;
+        // the GIL is held and `read` runs no Python code that could change it.
+        unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const T, n) }
+    };
+    read(items).map(Some)
 }
 
 /// The first `limit` items of a 1-D C-contiguous buffer, copied into a vector reserved in

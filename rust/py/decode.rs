@@ -12,9 +12,9 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyInt, PyList, PyTuple};
 
-use super::convert::{buffer_copy, guard, reserve, type_err, value_err};
+use super::convert::{buffer_copy, guard, push, reserve, type_err, value_err};
 use super::out::{tuple, vec_list};
 
 /// The 1-D C-contiguous buffer of `T` (numpy's `dtype`) that argument `what` must be.
@@ -83,7 +83,6 @@ fn decode_context_lens<'py>(
             )));
         }
         let mut filled = Vec::new();
-        reserve(&mut filled, counts.len(), "the filled positions")?;
         // SAFETY: the GIL is held. The new list is owned (a Bound) as soon as it is made;
         // each of its items is set once, to a reference it takes over. Nothing here runs
         // Python code, so the table cannot change while it is read.
@@ -100,7 +99,7 @@ fn decode_context_lens<'py>(
                 ffi::Py_IncRef(count); // the context list's reference
                 ffi::PyList_SetItem(made, i as ffi::Py_ssize_t, count);
                 if n % block_size == 0 {
-                    filled.push(i);
+                    push(&mut filled, i, "the filled positions")?;
                 }
             }
             tuple(
@@ -136,7 +135,10 @@ fn append_decode_tokens<'py>(
             None => Eos::Never,
             Some(e) => match e.extract::<i64>() {
                 Ok(v) => Eos::Int(v),
-                Err(err) if err.is_instance_of::<PyOverflowError>(py) => Eos::Large(e.clone()),
+                // Kept as an exact int, which compares without running Python code.
+                Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
+                    Eos::Large(py.get_type::<PyInt>().call1((e,))?)
+                }
                 Err(_) => return Err(type_err("eos", "an int or None", e)),
             },
         };
@@ -155,68 +157,78 @@ fn append_decode_tokens<'py>(
         same_length("stops_at_eos", stops.item_count(), n)?;
         let stops = buffer_copy(py, &stops, usize::MAX)?;
         let (mut stopped, mut at_length, mut targets) = (Vec::new(), Vec::new(), Vec::new());
-        reserve(&mut stopped, n, "the stopped positions")?;
-        reserve(&mut at_length, n, "the positions at length")?;
         reserve(&mut targets, n, "the token lists")?;
         // SAFETY: the GIL is held, and no Python code runs in either loop (list checks,
-        // PyLong_AsLongLong on ints, list appends; nothing is released), so the borrowed
-        // items stay valid; every index is below the lengths checked above.
+        // PyLong_AsLongLong on ints, a comparison of two exact ints, list appends; nothing
+        // is released), so the borrowed items stay valid; every index is below the lengths
+        // checked above.
         unsafe {
             let (lists, tokens) = (token_lists.as_ptr(), token_ids.as_ptr());
-            // Checked whole first: every token list is a list.
-            for (i, &stops_here) in stops.iter().enumerate() {
-                let i = i as ffi::Py_ssize_t;
-                let target = ffi::PyList_GetItem(lists, i);
+            // Checked whole first, and the results found, before anything is written: every
+            // token list is a list.
+            for (i, (&stops_here, cell)) in stops.iter().zip(cells).enumerate() {
+                let target = ffi::PyList_GetItem(lists, i as ffi::Py_ssize_t);
                 if ffi::PyList_Check(target) == 0 {
                     return Err(PyTypeError::new_err(format!(
                         "token_lists[{i}] is not a list"
                     )));
                 }
                 targets.push(target);
-                // Only an int can be EOS.
-                let token = ffi::PyList_GetItem(tokens, i);
-                if stops_here != 0 && ffi::PyLong_Check(token) != 0 {
-                    let is_eos = match &eos {
-                        Eos::Never => false,
-                        Eos::Int(eos) => {
-                            let t = ffi::PyLong_AsLongLong(token);
-                            if t == -1 && !ffi::PyErr_Occurred().is_null() {
-                                ffi::PyErr_Clear(); // out of range: not this EOS
-                                false
-                            } else {
-                                t == *eos
-                            }
-                        }
-                        // Two ints compare without running Python code.
-                        Eos::Large(eos) => {
-                            ffi::PyObject_RichCompareBool(token, eos.as_ptr(), ffi::Py_EQ) == 1
-                        }
-                    };
-                    if is_eos {
-                        stopped.push(i as usize);
+                if stops_here != 0 && !matches!(eos, Eos::Never) {
+                    // Only an int can be EOS.
+                    let token = ffi::PyList_GetItem(tokens, i as ffi::Py_ssize_t);
+                    if is_eos(token, &eos) {
+                        push(&mut stopped, i, "the stopped positions")?;
                     }
                 }
+                if cell.get() + 1 >= limits[i] {
+                    push(&mut at_length, i, "the positions at length")?;
+                }
             }
+            let result = tuple(
+                py,
+                [
+                    vec_list(py, stopped)?.into_any(),
+                    vec_list(py, at_length)?.into_any(),
+                ],
+            )?;
             for (i, (cell, &target)) in cells.iter().zip(&targets).enumerate() {
                 let token = ffi::PyList_GetItem(tokens, i as ffi::Py_ssize_t);
                 if ffi::PyList_Append(target, token) < 0 {
                     return Err(PyErr::fetch(py));
                 }
-                let count = cell.get() + 1;
-                cell.set(count);
-                if count >= limits[i] {
-                    at_length.push(i);
-                }
+                cell.set(cell.get() + 1);
+            }
+            Ok(result)
+        }
+    })
+}
+
+/// Whether the borrowed `token` is the int `eos` (an int subclass past i64 never is).
+///
+/// # Safety
+/// The GIL is held and `token` is a valid object.
+unsafe fn is_eos(token: *mut ffi::PyObject, eos: &Eos<'_>) -> bool {
+    if ffi::PyLong_Check(token) == 0 {
+        return false;
+    }
+    match eos {
+        Eos::Never => false,
+        Eos::Int(eos) => {
+            let t = ffi::PyLong_AsLongLong(token);
+            if t == -1 && !ffi::PyErr_Occurred().is_null() {
+                ffi::PyErr_Clear(); // out of range: not this EOS
+                false
+            } else {
+                t == *eos
             }
         }
-        tuple(
-            py,
-            [
-                vec_list(py, stopped)?.into_any(),
-                vec_list(py, at_length)?.into_any(),
-            ],
-        )
-    })
+        // Two exact ints compare without running Python code.
+        Eos::Large(eos) => {
+            ffi::PyLong_CheckExact(token) != 0
+                && ffi::PyObject_RichCompareBool(token, eos.as_ptr(), ffi::Py_EQ) == 1
+        }
+    }
 }
 
 /// What `append_decode_tokens` stops at: no token, an int64, or a larger int.

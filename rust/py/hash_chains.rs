@@ -5,6 +5,7 @@
 //! type is checked whole (TypeError for anything else) even where no token is read.
 
 use pyo3::buffer::PyBuffer;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PySlice, PyTuple};
 
@@ -95,6 +96,42 @@ impl<'py> Items<'py> {
         match self {
             Self::List(list) => list.get_item(i),
             Self::Tuple(tuple) => tuple.get_item(i),
+        }
+    }
+
+    /// TypeError (naming `what[i]`) unless every item is a token batch. An exact list or
+    /// tuple item is recognised by its type alone, without a reference taken.
+    fn check_token_batches(&self, what: &str) -> PyResult<()> {
+        let (obj, get_item): (_, unsafe extern "C" fn(_, _) -> _) = match self {
+            Self::List(list) => (list.as_ptr(), ffi::PyList_GetItem),
+            Self::Tuple(tuple) => (tuple.as_ptr(), ffi::PyTuple_GetItem),
+        };
+        let n = self.len();
+        for i in 0..n {
+            // SAFETY: the GIL is held; the GetItem calls check the index (null past the
+            // end, should a call below have shortened the list), and the borrowed item is
+            // only read for its type before any Python code could run.
+            let is_exact = unsafe {
+                let item = get_item(obj, i as ffi::Py_ssize_t);
+                if item.is_null() {
+                    return Err(PyErr::fetch(self.py()));
+                }
+                ffi::PyList_CheckExact(item) != 0 || ffi::PyTuple_CheckExact(item) != 0
+            };
+            if !is_exact {
+                let item = self.get(i)?;
+                if !is_token_batch(&item) {
+                    return Err(not_token_batch(&format!("{what}[{i}]"), &item));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn py(&self) -> Python<'py> {
+        match self {
+            Self::List(list) => list.py(),
+            Self::Tuple(tuple) => tuple.py(),
         }
     }
 }
@@ -240,12 +277,7 @@ impl PyHashChains {
             let mut seqs = Vec::new();
             seq_ids_into(seq_ids, &mut seqs)?;
             let lists = Items::of(token_lists, "token_lists")?;
-            for i in 0..lists.len() {
-                let list = lists.get(i)?;
-                if !is_token_batch(&list) {
-                    return Err(not_token_batch(&format!("token_lists[{i}]"), &list));
-                }
-            }
+            lists.check_token_batches("token_lists")?;
             let mut counts: Vec<u64> = Vec::new();
             collect_ints(num_tokens, "num_tokens", &mut counts, u64::MAX, |x| {
                 value_err(format!("num_tokens {x} is not in [0, 2**64)"))

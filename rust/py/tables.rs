@@ -7,7 +7,7 @@ use pyo3::types::PyList;
 use super::convert::{
     as_i32, as_u64, bad_table_block, block_hashes_arg, cache_err, count, empty_tuple,
     exact_counts_in, for_each_item, guard, int_default, new_seq_arg, reserve, seq_arg,
-    seq_ids_into, table_block_ids, to_py, typed_buffer, value_err,
+    seq_ids_into, table_block_ids, to_py, value_err, with_typed_buffer,
 };
 use super::out::{int_list, u128_int, vec_list};
 use super::pool::PyBlockPool;
@@ -30,25 +30,25 @@ fn entry(b: u32) -> i32 {
 }
 
 /// Fills `out` (cleared first) from `obj` and returns true if `obj` is a 1-D C-contiguous
-/// int64 buffer (a numpy array: see [`typed_buffer`]); false, reading nothing, for anything
+/// int64 buffer (a numpy array: see [`with_typed_buffer`]); false, reading nothing, for anything
 /// else. `negative` builds the error for a value below 0.
 fn int64_array_into(
     obj: &Bound<'_, PyAny>,
     out: &mut Vec<u64>,
     negative: impl Fn(i64) -> PyErr,
 ) -> PyResult<bool> {
-    let Some(values) = typed_buffer::<i64>(obj, &[], usize::MAX)? else {
-        return Ok(false);
-    };
-    out.clear();
-    reserve(out, values.len(), "the batch")?;
-    for v in values {
-        if v < 0 {
-            return Err(negative(v));
+    let read = with_typed_buffer::<i64, ()>(obj, &[], |values| {
+        out.clear();
+        reserve(out, values.len(), "the batch")?;
+        for &v in values {
+            if v < 0 {
+                return Err(negative(v));
+            }
+            out.push(v as u64);
         }
-        out.push(v as u64);
-    }
-    Ok(true)
+        Ok(())
+    })?;
+    Ok(read.is_some())
 }
 
 /// Fills `out` (cleared first) with the non-negative counts of the list or tuple `obj`
