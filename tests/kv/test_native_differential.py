@@ -560,6 +560,11 @@ CALLABLES = [e for e in ENTRIES if e.key not in NO_TWIN]
 
 
 def test_every_entry_point_has_a_baseline_and_every_annotation_a_hostile_set() -> None:
+    twinless = sorted(
+        {e.owner for e in ENTRIES if e.owner is not None} - set(CLASS_TWINS)
+        | {e.name for e in ENTRIES if e.owner is None} - set(FUNCTION_TWINS) - set(NO_TWIN)
+    )
+    assert not twinless, f"add the twins of {twinless} to CLASS_TWINS or FUNCTION_TWINS"
     missing = [e.key for e in CALLABLES if e.key not in BASELINES and not e.is_property]
     assert not missing, f"add valid arguments for {missing} to BASELINES in this file"
     unknown = sorted(
