@@ -771,18 +771,25 @@ def test_a_windowed_hit_releases_the_matched_blocks_outside_the_window(native):
     assert free_and_evictable(manager) == (10, 3)
 
 
+def radix_with_a_released_prompt(native: bool, num_blocks: int) -> KVCacheManager:
+    """A radix manager of ``num_blocks`` blocks of 4 in which a 6-token prompt ran and was
+    released: block 0 (full) and block 1 (2 tokens) stay cached, the rest are free."""
+    manager = make_manager(native, num_blocks=num_blocks, prefix="radix")
+    gone = request(0, tokens(6))
+    admit(manager, gone)
+    prefill(manager, gone)
+    step_done(manager)
+    release(manager, gone)
+    return manager
+
+
 def test_a_group_is_admitted_whole_even_where_one_members_hit_would_leave_another_short(native):
     # 4 blocks of 4 tokens under radix. A released 6-token prompt left block 0 (full) and
     # block 1 (2 tokens) cached; 2 blocks are free. Alone, the first member's hit would
     # share block 0, copy block 1 into a fresh block and pin both: 1 free block left, and
     # the second member (2 blocks, no hit) would not fit. Together: the 4 blocks both need
     # without a hit are freed first, so both are admitted (the first without its hit).
-    manager = make_manager(native, num_blocks=4, prefix="radix")
-    gone = request(0, tokens(6))
-    admit(manager, gone)
-    prefill(manager, gone)
-    step_done(manager)
-    release(manager, gone)
+    manager = radix_with_a_released_prompt(native, num_blocks=4)
     assert (manager.pool.num_free_blocks, manager.num_reclaimable_blocks()) == (2, 4)
     first, second = request(1, tokens(6) + [9]), request(2, tokens(7, 100))
     assert match(manager, first).num_tokens == 6
@@ -804,12 +811,7 @@ def test_a_group_is_admitted_whole_even_where_one_members_hit_would_leave_anothe
 
 
 def test_a_group_member_takes_its_hit_when_the_free_blocks_cover_every_member(native):
-    manager = make_manager(native, num_blocks=8, prefix="radix")
-    gone = request(0, tokens(6))
-    admit(manager, gone)
-    prefill(manager, gone)
-    step_done(manager)
-    release(manager, gone)
+    manager = radix_with_a_released_prompt(native, num_blocks=8)
     first, second = request(1, tokens(6) + [9]), request(2, tokens(7, 100))
     assert manager.admit_together([first, second], step_has_work=False) == [
         Admission(False, 6, 0),  # shares block 0, copies block 1's 2 tokens

@@ -32,7 +32,7 @@ import dataclasses
 import itertools
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from hypothesis import HealthCheck, given, seed, settings
@@ -309,7 +309,7 @@ def run_to_the_end(
 def assert_finished_and_nothing_leaked(
     engine: Engine,
     accepted: dict[str, SamplingParams],
-    aborted: frozenset[str] | set[str] = frozenset(),
+    aborted: Collection[str] = (),
 ) -> None:
     """Every accepted request ended as it should: each sample at ``max_tokens`` (length)
     or at a stop token (stop), or, for an aborted one, ``abort`` with samples no longer;
