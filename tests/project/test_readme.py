@@ -465,34 +465,16 @@ def test_the_main_jobs_figures_are_what_their_configs_run():
     assert cfg.workload.shared_prefix_len == _number(default[2])
 
 
-def _cpu_seconds(args: list[str], cwd: Path) -> float:
-    """CPU seconds (user + system) of ``python3 -m enginekit <args>`` in a subprocess, which
-    must succeed: what its wall time is on an idle core, less sensitive to a busy machine."""
-    import resource
-
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = run_cli(args, cwd)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    assert result.returncode == 0, result.stderr
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
-def test_the_default_job_takes_about_the_time_the_readme_says(tmp_path):
-    """``python3 -m enginekit``, run as the README shows it: it serves the requests the
-    README says, and its CPU time and that of Python's start-up alone (``--cfg job``
-    composes and exits) are within a factor of two of the README's figures."""
+def test_the_default_job_serves_the_requests_the_readme_says(tmp_path):
+    """``python3 -m enginekit``, run as the README shows it, serves the number of requests
+    the README gives. (Its time is a benchmark's to measure, not a test's.)"""
     text = " ".join(README.read_text(encoding="utf-8").split())
-    figures = re.search(r"in about ([\d.]+) s \(about ([\d.]+) s of it Python start-up\)", text)
-    assert figures, "the default job's time"
-    whole, start_up = float(figures[1]), float(figures[2])
-    run_s = _cpu_seconds([], tmp_path)
+    result = run_cli([], tmp_path)
+    assert result.returncode == 0, result.stderr
     (report,) = tmp_path.glob("outputs/*/*/report.json")
     summary = json.loads(report.read_text())["summary"]
     requests = re.search(r"serving ([\d,]+) such requests", text)
     assert requests and summary["num_requests_finished"] == _number(requests[1])
-    assert whole / 2 <= run_s <= whole * 2, run_s
-    start_up_s = _cpu_seconds(["--cfg", "job"], tmp_path)
-    assert start_up / 2 <= start_up_s <= start_up * 2, start_up_s
 
 
 def test_the_readme_lists_every_preset_ablation_and_ci_step_as_they_are():
