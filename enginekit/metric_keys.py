@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 
+BYTES_PER_GIB = 1 << 30
+"""Bytes in a GiB, the unit of every size in the summary (the KV pool, its per-GiB rates)."""
+
 
 class Unit(Enum):
     """How a metric's value reads; a quantity's value is the symbol printed after it."""

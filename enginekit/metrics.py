@@ -24,7 +24,6 @@ import numpy as np
 from enginekit.errors import EngineKitError
 from enginekit.step import KVUsage
 
-GIB = 1 << 30  # bytes in a GiB, the unit of the KV pool's size
 LATENCY_KEYS: tuple[str, ...] = (
     "time_to_first_token_seconds",
     "time_per_output_token_seconds",
@@ -309,7 +308,7 @@ class RunMetrics:
             ),
             mk.KV_CACHE_NUM_BLOCKS.key: self.num_total_blocks,
             mk.KV_CACHE_BLOCK_BYTES.key: kv_bytes_per_block,
-            mk.KV_CACHE_POOL_GIB.key: pool_bytes / GIB,
+            mk.KV_CACHE_POOL_GIB.key: pool_bytes / mk.BYTES_PER_GIB,
             mk.KV_CACHE_USAGE_PERC_MEAN.key: usage_mean,
             mk.KV_CACHE_USAGE_PERC_PEAK.key: self.kv_cache_usage_peak,
             mk.KV_CACHE_UNUSED_SLOTS_MEAN.key: _ratio(self._unused_slots_sum, steps),
@@ -348,7 +347,7 @@ class RunMetrics:
             mk.OUTPUT_TOKENS_PER_S.key: output_tps,
             mk.TOTAL_TOKENS_PER_S.key: total_tps,
             mk.OUTPUT_TOKENS_PER_S_PER_KV_GIB.key: (
-                None if output_tps is None else _ratio(output_tps, pool_bytes / GIB)
+                None if output_tps is None else _ratio(output_tps, pool_bytes / mk.BYTES_PER_GIB)
             ),
         }
         return summary

@@ -200,7 +200,7 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
         f"  {'blocks':>12}{'GiB':>10}  {'hit rate':>10}",
     ]
     for blocks, rate in curve_rows(curve, pool):
-        gib = "-" if not block_bytes else f"{blocks * block_bytes / GIB:,.2f}"
+        gib = "-" if not block_bytes else f"{blocks * block_bytes / mk.BYTES_PER_GIB:,.2f}"
         mark = ""
         if blocks == pool:
             mark = "  <- this pool" + ("" if measured is None else f", measured {_perc(measured)}")
@@ -210,9 +210,6 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
         text = NOT_PREDICTED if rate is None else f"{_perc(rate):>10}"
         lines.append(f"  {blocks:>12,}{gib:>10}  {text}{mark}")
     return lines + [""]
-
-
-GIB = 1 << 30
 
 
 NOT_PREDICTED = "would queue or preempt: not predicted"

@@ -32,6 +32,7 @@ from typing import Any
 
 from enginekit.engine import Engine
 from enginekit.errors import EngineKitError
+from enginekit.metric_keys import BYTES_PER_GIB
 from enginekit.request import RequestOutput, SamplingParams
 from enginekit.serve.prometheus import ServeMetrics, Snapshot
 
@@ -377,7 +378,7 @@ class EngineLoop:
             kv_num_used_blocks=usage.num_used_blocks,
             kv_num_table_slots=usage.num_table_slots,
             kv_num_unused_slots=usage.num_unused_slots,
-            kv_pool_gib=usage.num_total_blocks * block_bytes / (1 << 30),
+            kv_pool_gib=usage.num_total_blocks * block_bytes / BYTES_PER_GIB,
             prefix_cache_queries=metrics.prefix_cache_queries,
             prefix_cache_hits=metrics.prefix_cache_hits,
             num_preemptions_by_kind=dict(metrics.num_preemptions_by_kind),
