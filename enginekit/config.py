@@ -1,6 +1,6 @@
 """The configuration schema: EngineConfig and one base config per plugin group.
 
-Plugin groups (allocator, prefix, quantizer, eviction, preemption) are typed with the
+Plugin groups (allocator, prefix, quantizer, eviction, preemption, tier) are typed with the
 group's base config and default to a name-only node. A plugin's own ``Config`` dataclass
 (a subclass of that base) is stored in Hydra's ConfigStore under the group, so
 ``+allocator=paged`` selects it; ``enginekit.plugins.complete_plugin_config`` fills a
@@ -13,13 +13,21 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-PLUGIN_GROUPS: tuple[str, ...] = ("allocator", "prefix", "quantizer", "eviction", "preemption")
+PLUGIN_GROUPS: tuple[str, ...] = (
+    "allocator",
+    "prefix",
+    "quantizer",
+    "eviction",
+    "preemption",
+    "tier",
+)
 DEFAULT_PLUGINS: dict[str, str] = {
     "allocator": "paged",
     "prefix": "block_hash",
     "quantizer": "none",
     "eviction": "lru",
     "preemption": "recompute",
+    "tier": "none",
 }
 
 
@@ -55,12 +63,38 @@ class PreemptionConfig(PluginConfig):
     pass
 
 
+@dataclass
+class TierConfig(PluginConfig):
+    """KV tiers below device memory (``enginekit.interfaces.tier``). ``+tier=host`` selects
+    one level; ``tier.levels=[host,disk]`` stacks several, fastest first (a block one level
+    evicts is written to the next). Every built-in level reads its keys from here.
+
+    ``write_policy``: when a device block is written down: ``on_evict`` (as the device pool
+    evicts it), ``write_through`` (as soon as the request that computed it lets it go) or
+    ``second_hit`` (on eviction, once two requests have used it). ``load_or_recompute``:
+    per request, a tier hit is loaded only where moving its bytes is faster than computing
+    its tokens again (the restore-cost model), else computed (counted as avoided loads).
+    """
+
+    levels: list[str] = field(default_factory=list)  # empty: the selected level alone
+    write_policy: str = "on_evict"  # on_evict | write_through | second_hit
+    load_or_recompute: bool = True
+    host_gib: float = 64.0  # host: pinned host memory (torch), modeled (sim)
+    disk_gib: float = 256.0  # disk: block files under disk_path
+    disk_path: str | None = None  # None: a folder of its own under the system's temp dir
+    disk_gb_per_s: float = 6.0  # disk: read/write bytes per second (GB/s), NVMe class
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_gib: float = 64.0  # redis: what this engine counts as the server's room
+    redis_gb_per_s: float = 5.0  # redis: bytes per second over the network (GB/s)
+
+
 PLUGIN_BASE_CONFIGS: dict[str, type[PluginConfig]] = {
     "allocator": AllocatorConfig,
     "prefix": PrefixConfig,
     "quantizer": QuantizerConfig,
     "eviction": EvictionConfig,
     "preemption": PreemptionConfig,
+    "tier": TierConfig,
 }
 
 
@@ -168,6 +202,7 @@ class EngineConfig:
     quantizer: QuantizerConfig = field(default_factory=lambda: QuantizerConfig(name="none"))
     eviction: EvictionConfig = field(default_factory=lambda: EvictionConfig(name="lru"))
     preemption: PreemptionConfig = field(default_factory=lambda: PreemptionConfig(name="recompute"))
+    tier: TierConfig = field(default_factory=lambda: TierConfig(name="none"))
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)

@@ -23,6 +23,25 @@ class BlockSwap(NamedTuple):
     host_block_id: int
 
 
+class TierSave(NamedTuple):
+    """Read device block ``device_block_id`` out for tier level ``level`` (an index into
+    the run's levels, fastest first); the executor returns its bytes in
+    ``ModelOutput.saved_payloads``."""
+
+    device_block_id: int
+    level: int
+
+
+class TierLoad(NamedTuple):
+    """Write ``payload`` (a block's bytes as a tier level returned them; None in the
+    simulator, which moves no data) into device block ``device_block_id``; ``level`` is
+    the level it came from, whose link the transfer takes."""
+
+    device_block_id: int
+    level: int
+    payload: object
+
+
 class Fork(NamedTuple):
     """A new sequence, sample ``sample_index`` of its parent's request: it starts with a copy
     of the parent's tokens and shares its KV blocks."""
@@ -42,9 +61,12 @@ class SchedulerOutput(NamedTuple):
     included). sample_seq_ids lists, in order, the sequences that get a new token this
     step: every decode, then every prefill whose chunk reaches the end of its tokens.
 
-    Before computing, the executor applies, in this order: ``swap_outs`` (device block to
-    host block), ``swap_ins`` (host block to device block), ``block_copies`` (copy-on-write),
-    so a device block freed by a swap-out can be reused by this very step.
+    Before computing, the executor applies, in this order: ``tier_saves`` (device blocks
+    read out for a KV tier), ``swap_outs`` (device block to host block), ``swap_ins`` (host
+    block to device block), ``tier_loads`` (a tier's bytes into a device block),
+    ``block_copies`` (copy-on-write), so a device block freed by a swap-out or written down
+    to a tier can be reused by this very step. The simulator overlaps tier transfers with
+    the step's compute (they move layer by layer ahead of it); swaps add to the step.
     ``block_tables`` (only for executors whose ``needs_block_tables`` is true) holds one
     int32 row per prefill sequence then per decode sequence, padded with -1.
 
@@ -77,6 +99,8 @@ class SchedulerOutput(NamedTuple):
     forks: Sequence[Fork] = ()
     prefill_token_ids: Sequence[Sequence[int]] = ()  # each chunk's tokens
     decode_token_ids: Sequence[int] = ()  # each decode's token (its last)
+    tier_saves: Sequence[TierSave] = ()
+    tier_loads: Sequence[TierLoad] = ()
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -95,11 +119,14 @@ class ModelOutput(NamedTuple):
     """next_token_ids[i] is the token sampled for sample_seq_ids[i]; step_time_s is the
     time the step took (simulated or measured). For a beam-search sequence
     (``sampling.beam_width`` > 1) candidates[i] holds its 2 × beam_width most likely next
-    tokens with their log-probabilities, most likely first (empty for other sequences)."""
+    tokens with their log-probabilities, most likely first (empty for other sequences).
+    saved_payloads[i] is the bytes of ``SchedulerOutput.tier_saves[i]``'s block (empty
+    from an executor that moves no data: the simulator)."""
 
     next_token_ids: list[int]
     step_time_s: float
     candidates: Sequence[Sequence[tuple[int, float]]] | None = None
+    saved_payloads: Sequence[object] = ()
 
 
 class KVUsage(NamedTuple):

@@ -32,6 +32,13 @@ from enginekit.interfaces.structures import (
     RadixNode,
     RadixTree,
 )
+from enginekit.interfaces.tier import (
+    KVTier,
+    LruIndex,
+    Payload,
+    TierContext,
+    TierLevelStats,
+)
 from enginekit.spec.kv import KVSpec
 from enginekit.spec.model import ModelShape
 from enginekit.spec.quant import FP8_SCALE_SOURCES, KVQuant
@@ -43,6 +50,7 @@ GROUP_INTERFACES: dict[str, type[Plugin]] = {
     "quantizer": Quantizer,
     "eviction": Eviction,
     "preemption": Preemption,
+    "tier": KVTier,
 }
 
 __all__ = [
@@ -65,6 +73,11 @@ __all__ = [
     "IntBatch",
     "IntList",
     "KVContext",
+    "KVTier",
+    "LruIndex",
+    "Payload",
+    "TierContext",
+    "TierLevelStats",
     "KVQuant",
     "KVSpec",
     "LruRoom",

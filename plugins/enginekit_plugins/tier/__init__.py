@@ -1,0 +1,1 @@
+"""Built-in KV tier levels: ``none``, ``host``, ``disk``, ``redis``."""
