@@ -79,7 +79,7 @@ class TierConfig(PluginConfig):
     levels: list[str] = field(default_factory=list)  # empty: the selected level alone
     write_policy: str = "on_evict"  # on_evict | write_through | second_hit
     load_or_recompute: bool = True
-    host_gib: float = 64.0  # host: pinned host memory (torch), modeled (sim)
+    host_gib: float = 4.0  # host: pinned host memory (torch), modeled (sim)
     disk_gib: float = 256.0  # disk: block files under disk_path
     disk_path: str | None = None  # None: a folder of its own under the system's temp dir
     disk_gb_per_s: float = 6.0  # disk: read/write bytes per second (GB/s), NVMe class

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import heapq
 import itertools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,15 +23,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from enginekit.admission import ServingLimits, check_arguments, check_servable
-from enginekit.config import PLUGIN_GROUPS, EngineConfig
+from enginekit.config import PLUGIN_GROUPS, EngineConfig, TierConfig
 from enginekit.errors import ConfigError, InvalidRequestError, RequestRejectedError
 from enginekit.executor.factory import build_executor, executor_eos_token_id, model_shape
 from enginekit.interfaces.backend import Backend
 from enginekit.interfaces.eviction import AttentionSpan
+from enginekit.interfaces.tier import KVTier, TierContext, check_tier_names, tier_names
 from enginekit.kv.backend import make_backend, make_context
 from enginekit.kv.manager import KVCacheManager
+from enginekit.kv.tiers import TierStack
 from enginekit.metrics import RunMetrics
-from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin
+from enginekit.plugins import PluginInfo, complete_plugin_config, find_plugin, load_plugin
 from enginekit.request import (
     Request,
     RequestOutput,
@@ -37,7 +41,7 @@ from enginekit.request import (
     SamplingParams,
 )
 from enginekit.scheduler.scheduler import Scheduler, StepUpdate
-from enginekit.spec.hardware import hardware_preset
+from enginekit.spec.hardware import HardwareSpec, hardware_preset
 from enginekit.spec.kv import KVSpec, swap_space_num_blocks
 from enginekit.spec.model import ModelShape, resolve_dtype
 from enginekit.spec.restore_cost import RestoreCost
@@ -98,6 +102,8 @@ class Engine:
         quantizer_cls, quantizer_cfg = plugins["quantizer"]
         eviction_cls, eviction_cfg = plugins["eviction"]
         preemption_cls, preemption_cfg = plugins["preemption"]
+        tier_cfg = plugins["tier"][1]
+        assert isinstance(tier_cfg, TierConfig)
 
         shape = model_shape(cfg.model)
         self.shape = _attending(shape, eviction_cls.attention(eviction_cfg, shape.sliding_window))
@@ -118,6 +124,11 @@ class Engine:
         )
         attention = AttentionSpan(self.shape.sliding_window, self.shape.attention_sinks)
         context = make_context(backend, num_blocks, self.kv_spec, self.max_model_len, attention)
+        hardware = hardware_preset(cfg.hardware.name)
+        costs = RestoreCost.of(hardware, self.shape, self.kv_spec)
+        tiers = _build_tiers(tier_cfg, cfg, self.kv_spec, backend, hardware, costs)
+        if tiers is not None:
+            self.executor.attach_tiers([level.bytes_per_s for level in tiers.levels])
         self.cache = KVCacheManager(
             context,
             allocator_cls(allocator_cfg, context),
@@ -127,8 +138,8 @@ class Engine:
             num_swap_blocks=swap_space_num_blocks(
                 swap_space_gib, self.kv_spec.bytes_per_block, num_blocks
             ),
+            tiers=tiers,
         )
-        costs = RestoreCost.of(hardware_preset(cfg.hardware.name), self.shape, self.kv_spec)
         self.scheduler = Scheduler(
             cfg.scheduler,
             self.cache,
@@ -269,9 +280,13 @@ class Engine:
         self._admit_arrivals()
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
+            if scheduled.tier_saves:
+                self.cache.cancel_tier_saves()
             self._wait_for_arrivals()
             return []
         output = self.executor.execute(scheduled)
+        if scheduled.tier_saves:
+            self.cache.complete_tier_saves(output.saved_payloads)
         self.clock += output.step_time_s
         update = self.scheduler.update(scheduled, output)
         finished = self._finish(update)
@@ -459,6 +474,63 @@ class Engine:
             )
         del self._requests[request_id]
         return RequestOutput.of(root)
+
+
+def _build_tiers(
+    tier_cfg: TierConfig,
+    cfg: DictConfig,
+    kv_spec: KVSpec,
+    backend: Backend,
+    hardware: HardwareSpec,
+    costs: RestoreCost,
+) -> TierStack | None:
+    """The KV tier levels ``tier_cfg`` asks for (None for ``none``), built through the
+    plugin registry, each checked as it is built (room, folder, server: ConfigError)."""
+    names = tier_names(tier_cfg)
+    check_tier_names(names)
+    if not names:
+        return None
+    moves_data = cfg.executor != "sim"
+    identity = "|".join(
+        str(part)
+        for part in (
+            cfg.model.name,
+            cfg.model.path,
+            cfg.model.seed,
+            cfg.model.dtype,
+            kv_spec,
+        )
+    )
+    digest = hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
+    context = TierContext(
+        block_bytes=kv_spec.bytes_per_block,
+        namespace=f"enginekit-{digest}",
+        moves_data=moves_data,
+        link_bytes_per_s=hardware.effective_pcie_bandwidth,
+        host_memory_bytes=_available_memory() if moves_data else hardware.host_memory,
+    )
+    levels: list[KVTier] = []
+    try:
+        for name in names:
+            levels.append(load_plugin("tier", name)(tier_cfg, context))
+    except BaseException:
+        for level in levels:
+            level.close()
+        raise
+    return TierStack(
+        levels,
+        names,
+        backend,
+        kv_spec.block_size,
+        kv_spec.bytes_per_block,
+        tier_cfg.write_policy,
+        costs if tier_cfg.load_or_recompute else None,
+    )
+
+
+def _available_memory() -> int:
+    """Bytes of memory this machine has available now."""
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _attending(shape: ModelShape, attention: AttentionSpan) -> ModelShape:

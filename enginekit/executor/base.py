@@ -33,6 +33,12 @@ class Executor(ABC):
         """Runs one step and returns one token per sample_seq_ids entry. Forgets the
         sequences in finished_seq_ids first."""
 
+    def attach_tiers(self, link_bytes_per_s: Sequence[float]) -> None:  # noqa: B027
+        """The run has KV tiers whose level ``i`` moves ``link_bytes_per_s[i]`` bytes per
+        second to or from the device (``SchedulerOutput.tier_saves`` / ``tier_loads``
+        name levels by that index). An executor that models transfer time keeps them;
+        one that moves real data measures its own. Default: nothing."""
+
     def describe(self) -> dict[str, object]:
         """What the report prints about where the run happened (device, model, ...)."""
         return {}

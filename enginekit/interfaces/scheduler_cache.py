@@ -36,15 +36,17 @@ if TYPE_CHECKING:
 
     from enginekit.interfaces.structures import IntBatch
     from enginekit.request import Request
-    from enginekit.step import BlockCopy, BlockSwap
+    from enginekit.step import BlockCopy, BlockSwap, TierLoad, TierSave
 
 
 class Admission(NamedTuple):
     """How ``SchedulerCache.admit`` let a request in."""
 
     restored: bool  # its swapped-out blocks were brought back (it keeps its computed tokens)
-    num_matched_tokens: int  # prompt tokens the prefix cache served (0 for a restore)
+    # prompt tokens served from cache (0 for a restore): the prefix cache's, then a tier's
+    num_matched_tokens: int
     num_blocks_swapped_in: int  # host blocks copied back (0 unless restored)
+    num_loaded_tokens: int = 0  # of num_matched_tokens, those loaded from a KV tier
 
 
 class StepBlocks(NamedTuple):
@@ -54,6 +56,8 @@ class StepBlocks(NamedTuple):
     swap_outs: list[BlockSwap]
     swap_ins: list[BlockSwap]
     block_tables: np.ndarray | None  # one row per asked sequence, or None if not asked
+    tier_saves: Sequence[TierSave] = ()  # device blocks to read out for a KV tier
+    tier_loads: Sequence[TierLoad] = ()  # a KV tier's payloads into device blocks
 
 
 class SchedulerCache(Protocol):
@@ -73,9 +77,11 @@ class SchedulerCache(Protocol):
         blocks it evicted while trying (they stay evicted). A swapped-out request is
         restored (its blocks copied back, holes where they were); any other is admitted
         with its cached prefix, or with none if only that fits, and its
-        ``num_computed_tokens`` is set to the tokens matched. ``step_has_work``: the step
-        already schedules something, so a match whose last tokens this very step computes
-        waits for the next step (None)."""
+        ``num_computed_tokens`` is set to the tokens matched. With KV tiers, the prompt's
+        blocks after that prefix that a tier holds are loaded (queued for the executor)
+        and count as matched, where loading is faster than computing them.
+        ``step_has_work``: the step already schedules something, so a match whose last
+        tokens this very step computes waits for the next step (None)."""
         ...
 
     def admit_together(

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from enginekit.config import TierConfig
 from enginekit.errors import ConfigError, KVCacheError
-from enginekit.interfaces.base import Plugin
+from enginekit.interfaces.base import Plugin, plugin_name
+from enginekit.interfaces.eviction import Eviction
 
 Payload = Any  # a block's bytes (buffer protocol), or None where no data moves
 
@@ -108,6 +109,22 @@ class KVTier(Plugin, ABC):
         self.config = config
         self.context = context
         self.num_failures = 0
+
+    @classmethod
+    def check_compatible(cls, selected: Mapping[str, type[Plugin]]) -> None:
+        """A tier keeps whole prompts' blocks by their prefix: an eviction policy that
+        gives blocks back out of a window (it overrides ``ranges_out_of_window``) leaves
+        no such prefix."""
+        eviction = selected.get("eviction")
+        if (
+            eviction is not None
+            and getattr(eviction, "ranges_out_of_window", None) is not Eviction.ranges_out_of_window
+        ):
+            raise ConfigError(
+                f"+tier={plugin_name(cls)} keeps whole prompts' blocks, but "
+                f"+eviction={plugin_name(eviction)} releases blocks out of a window; "
+                "use +tier=none with it"
+            )
 
     @property
     @abstractmethod

@@ -22,9 +22,13 @@ from enginekit.kv.block_ops import BlockOps
 from enginekit.kv.forks import SharedTails
 from enginekit.kv.promises import PrefillPromises
 from enginekit.kv.swap_space import SwapSpace
+from enginekit.kv.tiers import TierStack
 from enginekit.request import Request
 from enginekit.spec.kv import KVSpec
 from enginekit.step import KVUsage
+
+if TYPE_CHECKING:
+    from enginekit.interfaces.tier import Payload, TierLevelStats
 
 if TYPE_CHECKING:
     from enginekit.interfaces import Allocator
@@ -83,6 +87,7 @@ class KVCacheManager:
         eviction: Eviction,
         watermark: float,
         num_swap_blocks: int = 0,
+        tiers: TierStack | None = None,
     ) -> None:
         self.context = context
         self.pool = context.pool
@@ -96,6 +101,15 @@ class KVCacheManager:
         self._promises = PrefillPromises()
         self._shared_tails = SharedTails(self.pool, self.tables, allocator, self._block_ops)
         self.swap_space = SwapSpace(num_swap_blocks)
+        # The KV tiers below the pool, or None. Without a window only: a windowed
+        # sequence's blocks are not its prompt's prefix.
+        self.tiers = tiers if tiers is not None and tiers.levels else None
+        if self.tiers is not None and isinstance(eviction, WindowedEviction):
+            raise KVCacheError(
+                f"KV tiers need a whole prompt's blocks; eviction {eviction.config.name!r} "
+                "releases them out of a window"
+            )
+        self._hears_tier_evictions = self.tiers is not None and self.tiers.hears_evictions
         # A policy that bounds the blocks a sequence holds (sliding_window), or None.
         self._window = eviction if isinstance(eviction, WindowedEviction) else None
         # The allocator, if it can leave holes in a table (checked once: a Protocol
@@ -118,6 +132,7 @@ class KVCacheManager:
             _overrides(eviction, Eviction, "evict")
             or self._hears_evictions
             or self._cache_holds_blocks
+            or self._hears_tier_evictions
         )
         self._make_room_to_grow: Callable[[int], bool] = (
             context.backend.new_lru_room(self.pool, self._promises)
@@ -209,7 +224,8 @@ class KVCacheManager:
                 self._admit_match(request, admissible)
             except OutOfBlocksError:
                 continue  # the room _admissible estimated was not all reclaimable
-            return Admission(False, admissible.num_tokens, 0)
+            num_loaded = 0 if self.tiers is None else self._load_from_tiers(request)
+            return Admission(False, admissible.num_tokens + num_loaded, 0, num_loaded)
         return None
 
     def admit_together(
@@ -261,7 +277,11 @@ class KVCacheManager:
             self.prefix.on_decodes_computed(filled, num_computed_tokens)
         copies, swap_outs, swap_ins = self._block_ops.take()
         tables = None if table_seq_ids is None else self._export_tables(table_seq_ids)
-        return StepBlocks(copies, swap_outs, swap_ins, tables)
+        if self.tiers is None:
+            return StepBlocks(copies, swap_outs, swap_ins, tables)
+        saves = self.tiers.take_saves()
+        loads = self._block_ops.take_tier_loads()
+        return StepBlocks(copies, swap_outs, swap_ins, tables, saves, loads)
 
     def release(self, request: Request, swap_out: bool = False) -> int | None:
         """See ``SchedulerCache.release``."""
@@ -532,9 +552,15 @@ class KVCacheManager:
             evicted = self.eviction.evict(min(shortfall, num_evictable))
             if self._hears_evictions:
                 self.prefix.on_evicted(evicted)
+            if self._hears_tier_evictions:
+                self.tiers.on_evicted(evicted, [True] * len(evicted))  # type: ignore[union-attr]
             shortfall = num_free_blocks - pool.num_free_blocks
         while shortfall > 0 and self._num_cache_only_blocks():
-            pool.free(self.prefix.evict(shortfall))
+            released = self.prefix.evict(shortfall)
+            pool.free(released)
+            if self._hears_tier_evictions:
+                is_free = [pool.ref_count(b) == 0 for b in released]
+                self.tiers.on_evicted(released, is_free)  # type: ignore[union-attr]
             shortfall = num_free_blocks - pool.num_free_blocks
         return shortfall <= 0
 
@@ -549,6 +575,8 @@ class KVCacheManager:
         """Drops every block reference of the request, and its prefill promise; returns how
         many blocks its table spans. Published blocks stay resident as evictable cache."""
         num_blocks: int = self.tables.num_blocks(request.seq_id)
+        if self.tiers is not None:
+            self.tiers.on_released(request, self.tables.block_ids(request.seq_id))
         self._promises.drop(request.seq_id)
         self._shared_tails.forget(request.seq_id)
         self.prefix.on_released(request)  # first: it may still publish the request's blocks
@@ -622,6 +650,50 @@ class KVCacheManager:
         allocator = self.allocator
         num_blocks = allocator.num_reserved_blocks() + allocator.num_hole_blocks()  # holes
         return num_blocks * self._block_size - num_computed_tokens
+
+    # -- KV tiers ------------------------------------------------------------------------
+
+    def _load_from_tiers(self, request: Request) -> int:
+        """Right after ``request``'s admission with its cached prefix: loads the prompt's
+        next full blocks that the tiers hold (up to its last token, which is computed to
+        give logits), if moving them beats computing them; they are taken from its
+        promise as a prefill chunk would take them, published to the prefix cache, and
+        queued for the executor. Returns the tokens loaded (its ``num_computed_tokens``
+        grows by them)."""
+        tiers = self.tiers
+        assert tiers is not None
+        block_size = self._block_size
+        start = request.num_computed_tokens
+        if start % block_size:
+            return 0  # the match ends inside a block; a tier holds whole blocks only
+        first = start // block_size
+        runs = tiers.find(request, first, (request.num_tokens - 1) // block_size)
+        if not runs or not tiers.worth_loading(runs, start):
+            return 0
+        read = tiers.load(request, first, runs)
+        if not read.num_blocks:
+            return 0
+        num_tokens = self.reserve_prefill(request, read.num_blocks * block_size)
+        block_ids = self.tables.block_ids(request.seq_id)[first : first + read.num_blocks]
+        self._block_ops.tier_load(read.load_ops(block_ids))
+        request.num_computed_tokens = start + num_tokens
+        return num_tokens
+
+    def complete_tier_saves(self, payloads: Sequence[Payload]) -> None:
+        """The executor ran the step: ``payloads`` are the blocks its tier saves read out
+        (empty from one that moves no data); the tiers store them."""
+        if self.tiers is not None:
+            self.tiers.complete_saves(payloads)
+
+    def cancel_tier_saves(self) -> None:
+        """The step last scheduled was not run (nothing to compute): its tier saves wait
+        for the next one."""
+        if self.tiers is not None:
+            self.tiers.cancel_saves()
+
+    def tier_stats(self) -> list[TierLevelStats]:
+        """What each KV tier level did so far, fastest first (none without tiers)."""
+        return [] if self.tiers is None else self.tiers.stats()
 
     # -- forks ---------------------------------------------------------------------------
 
@@ -720,6 +792,8 @@ class KVCacheManager:
         if self._refusal is not None and self._refusal.seq_id == request.seq_id:
             self._refusal = None
         self.prefix.on_released(request)
+        if self.tiers is not None:
+            self.tiers.forget(request)
 
     # -- checks --------------------------------------------------------------------------
 
@@ -751,6 +825,8 @@ class KVCacheManager:
         held = {s: self.num_held_blocks(s) for s in tables.seq_ids()}
         self._promises.check(pool.num_free_blocks, held)
         self.swap_space.check_integrity()
+        if self.tiers is not None:
+            self.tiers.check_integrity(pool.num_blocks)
         holders = (
             table_refs
             + Counter(self._block_ops.pinned_block_ids)

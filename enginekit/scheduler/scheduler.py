@@ -323,10 +323,12 @@ class Scheduler:
         preempted, self._preempted_seq_ids = self._preempted_seq_ids, []
         self._num_steps += 1
         prefill_seq_ids = plan.prefill_seq_ids
-        copies, swap_outs, swap_ins, block_tables = self.cache.take_step_blocks(
-            filled_requests,
-            filled_lens,
-            prefill_seq_ids + decode_seq_ids if self.export_block_tables else None,
+        copies, swap_outs, swap_ins, block_tables, tier_saves, tier_loads = (
+            self.cache.take_step_blocks(
+                filled_requests,
+                filled_lens,
+                prefill_seq_ids + decode_seq_ids if self.export_block_tables else None,
+            )
         )
         # Positional, in the fields' order: a call by keyword costs twice as much, every step.
         return SchedulerOutput(
@@ -347,6 +349,8 @@ class Scheduler:
             forks,
             plan.prefill_token_ids,
             decode_token_ids,
+            tier_saves,
+            tier_loads,
         )
 
     def _append(

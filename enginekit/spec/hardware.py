@@ -46,6 +46,9 @@ class HardwareSpec:
     # Fixed cost of one block's host<->device copy (a copy call per block), which is why
     # swapping small blocks loses to recomputing them (PagedAttention, section 7.3).
     pcie_latency_s: float = 10e-6
+    # Host memory one accelerator may use (KV tiers in host memory are checked against
+    # it): a DGX H100 / H200 node's 2 TiB shared by its 8 GPUs.
+    host_memory: int = 256 * _GIB
 
     def block_transfer_s(self, num_bytes: int) -> float:
         """One block of ``num_bytes`` over PCIe, one direction, latency included."""

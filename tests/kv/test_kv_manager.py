@@ -116,7 +116,7 @@ def prefill(manager: KVCacheManager, r: Request, num_tokens: int | None = None) 
 
 def take_ops(manager: KVCacheManager) -> tuple[list[BlockCopy], list[BlockSwap], list[BlockSwap]]:
     """The block operations queued since the last step: (copies, swap-outs, swap-ins)."""
-    copies, swap_outs, swap_ins, tables = manager.take_step_blocks([], [], None)
+    copies, swap_outs, swap_ins, tables, *_ = manager.take_step_blocks([], [], None)
     assert tables is None
     return copies, swap_outs, swap_ins
 

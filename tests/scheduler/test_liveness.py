@@ -62,6 +62,7 @@ CHOICES = {
     "eviction": ("lru", "sliding_window"),
     "preemption": ("recompute", "swap"),
     "quantizer": ("none", "fp8", "int4"),
+    "tier": ("none", "host"),
 }
 
 
@@ -92,8 +93,9 @@ def test_the_combinations_cover_every_plugin_and_leave_out_only_refused_ones():
     for group, names in CHOICES.items():
         assert {c[group] for c in VALID} == set(names)
     # paged: 3 prefix caches with lru, 2 with sliding_window (not radix); contiguous: no
-    # prefix cache, lru only; each with 2 preemptions and 3 quantizers
-    assert len(VALID) == (3 + 2) * 2 * 3 + 1 * 2 * 3
+    # prefix cache, lru only; each with 2 preemptions and 3 quantizers; a host tier is
+    # refused with sliding_window only
+    assert len(VALID) == (3 + 2) * 2 * 3 + 1 * 2 * 3 + (3 * 2 * 3 + 1 * 2 * 3)
 
 
 def _plugin_config(group: str, name: str, **keys: Any) -> Any:
@@ -149,6 +151,8 @@ def workloads(draw: Any, executor: str) -> dict[str, Any]:
             "sink_tokens": draw(st.sampled_from((0, 4))),
             "strict_bound": draw(st.booleans()),
         }
+    if combination["tier"] == "host":  # a few blocks, so the tier evicts too
+        plugin_keys["tier"] = {"host_gib": draw(st.sampled_from((1e-4, 1e-3, 0.1)))}
     if combination["preemption"] == "swap":
         plugin_keys["preemption"] = {"swap_space_gib": draw(st.sampled_from((0.0, 1e-5, 1.0)))}
     max_num_seqs = draw(st.sampled_from((4, 2, 8)))

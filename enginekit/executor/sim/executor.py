@@ -135,6 +135,7 @@ class SimExecutor(Executor):
         self._effective_bandwidth = hw.effective_bandwidth
         self._vocab_size = shape.vocab_size
         self._block_transfer_s = hw.block_transfer_s(kv_spec.bytes_per_block)
+        self._tier_block_s: list[float] = []  # one block over each KV tier level's link
         self._tokens = ScriptedTokens(shape.vocab_size)
         self._beam_widths: dict[int, int] = {}  # beam-search sequences: their beam width
         self.last_cost: StepCost = _EMPTY_COST
@@ -205,8 +206,24 @@ class SimExecutor(Executor):
         is_compute_bound = compute_s > memory_s
         num_swapped = len(scheduled.swap_outs) + len(scheduled.swap_ins)
         swap_s = num_swapped * self._block_transfer_s
-        step_s = (compute_s if is_compute_bound else memory_s) + swap_s + STEP_OVERHEAD_S
+        roofline_s = compute_s if is_compute_bound else memory_s
+        if scheduled.tier_loads or scheduled.tier_saves:
+            roofline_s = max(roofline_s, self._tier_transfer_s(scheduled))
+        step_s = roofline_s + swap_s + STEP_OVERHEAD_S
         return StepCost(flops, num_bytes, compute_s, memory_s, step_s, is_compute_bound)
+
+    def attach_tiers(self, link_bytes_per_s: Sequence[float]) -> None:
+        block_bytes = self.kv_spec.bytes_per_block
+        self._tier_block_s = [block_bytes / speed for speed in link_bytes_per_s]
+
+    def _tier_transfer_s(self, scheduled: SchedulerOutput) -> float:
+        """The time of the step's tier loads (to the device) and saves (from it), each
+        direction on its own, which the step's compute hides up to its own length: a
+        transfer moves layer by layer ahead of the layers computing with it."""
+        block_s = self._tier_block_s
+        load_s = sum(block_s[load.level] for load in scheduled.tier_loads)
+        save_s = sum(block_s[save.level] for save in scheduled.tier_saves)
+        return max(load_s, save_s)
 
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
         """Registers the step's forks, then forgets ``finished_seq_ids`` (unknown ids are

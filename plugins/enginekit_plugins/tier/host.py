@@ -40,8 +40,7 @@ class HostTier(KVTier):
         capacity = num_bytes // context.block_bytes
         if capacity < 1:
             raise ConfigError(
-                f"tier.host_gib={config.host_gib:g} holds no block of {context.block_bytes} "
-                "bytes"
+                f"tier.host_gib={config.host_gib:g} holds no block of {context.block_bytes} bytes"
             )
         self._index = LruIndex(capacity)
 

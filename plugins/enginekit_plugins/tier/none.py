@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from enginekit.config import TierConfig
 from enginekit.errors import ConfigError
+from enginekit.interfaces.base import Plugin
 from enginekit.interfaces.tier import KVTier, Payload, TierContext
 
 
@@ -20,6 +21,10 @@ class NoTier(KVTier):
     constructing one is a configuration error."""
 
     Config = NoTierConfig
+
+    @classmethod
+    def check_compatible(cls, selected: Mapping[str, type[Plugin]]) -> None:
+        """No level: works with every combination."""
 
     def __init__(self, config: TierConfig, context: TierContext) -> None:
         raise ConfigError("tier 'none' is no level: leave it out of tier.levels")
