@@ -282,3 +282,26 @@ def test_a_host_level_larger_than_the_host_is_refused() -> None:
     small_host = CONTEXT._replace(host_memory_bytes=1 << 30)
     with pytest.raises(ConfigError, match="more than the host's memory"):
         HostTier(HostTier.Config(host_gib=2.0), small_host)
+
+
+@pytest.mark.parametrize("prefix", ["block_hash", "radix"])
+def test_two_requests_admitted_in_one_step_load_their_shared_blocks_once(prefix: str) -> None:
+    manager = make_manager([host(8)], prefix=prefix)
+    labels: dict[int, str] = {}
+    fill_then_evict(manager, labels)
+    first, second = request(2, PROMPT_A), request(3, PROMPT_A + [7, 7, 7, 7])
+    admitted = manager.admit(first, step_has_work=False)
+    assert admitted is not None and admitted.num_loaded_tokens == 12
+    first.num_computed_tokens += manager.reserve_prefill(first, 1)
+    # the second waits for the step that loads them (its match is deferred), or shares
+    # them at once; it never loads them again
+    again = manager.admit(second, step_has_work=True)
+    assert again is None or again.num_loaded_tokens == 0
+    _, loads = step(manager, labels)
+    assert len(loads) == 3
+    if again is None:
+        again = manager.admit(second, step_has_work=False)
+        assert again is not None
+    assert again.num_loaded_tokens == 0 and again.num_matched_tokens >= 12
+    _, loads = step(manager, labels)
+    assert loads == []
