@@ -337,7 +337,9 @@ def _grid(params: dict[str, str]) -> list[list[str]]:
 
 
 def test_conf_files_are_listed():
-    assert {"allocator", "prefix", "quantizer", "eviction", "preemption", "all"} <= set(ABLATIONS)
+    assert {"allocator", "prefix", "quantizer", "eviction", "preemption", "tier", "all"} <= set(
+        ABLATIONS
+    )
     assert {"tiny_chat", "memory_pressure", "long_context"} <= set(EXPERIMENTS)
 
 
@@ -364,7 +366,7 @@ def test_ablation_all_crosses_every_group_and_only_documented_refusals_fail():
     params = _sweep_params("all")
     assert {k.lstrip("+") for k in params} == set(PLUGIN_GROUPS)
     jobs = _grid(params)
-    assert len(jobs) == 2 * 3 * 3 * 2 * 2
+    assert len(jobs) == 2 * 3 * 3 * 2 * 2 * 2
     with initialize(version_base=None, config_path=None):
         for job in (jobs[0], jobs[-1]):  # each value is also built by its group ablation
             cfg = compose(CONFIG_NAME, ["+ablation=all", *job])
@@ -372,9 +374,13 @@ def test_ablation_all_crosses_every_group_and_only_documented_refusals_fail():
     refused = 0
     for job in jobs:
         selected = dict(parse_override(item) for item in job)
-        allocator, prefix, eviction = (selected[g] for g in ("allocator", "prefix", "eviction"))
-        documented = (allocator == "contiguous" and (prefix != "none" or eviction != "lru")) or (
-            eviction == "sliding_window" and prefix == "radix"
+        allocator, prefix, eviction, tier = (
+            selected[g] for g in ("allocator", "prefix", "eviction", "tier")
+        )
+        documented = (
+            (allocator == "contiguous" and (prefix != "none" or eviction != "lru"))
+            or (eviction == "sliding_window" and prefix == "radix")
+            or (eviction == "sliding_window" and tier != "none")
         )
         assert (refusal(selected) is not None) == documented, job
         refused += documented
