@@ -262,6 +262,10 @@ class TierStack:
         until ``complete_saves``."""
         if not self._queued:
             return []
+        if self._in_flight:
+            raise KVCacheError(
+                "tier saves taken for a step before the last step's were completed or cancelled"
+            )
         saves = [TierSave(block_id, 0) for block_id in self._queued]
         self._in_flight, self._queued = self._queued, {}
         return saves

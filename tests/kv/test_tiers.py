@@ -14,6 +14,8 @@ from enginekit_plugins.eviction.lru import LRUConfig, LRUEviction
 from enginekit_plugins.prefix.block_hash import BlockHashConfig, BlockHashPrefixCache
 from enginekit_plugins.prefix.radix import RadixConfig, RadixPrefixCache
 from enginekit_plugins.tier.host import HostTier
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from enginekit.config import TierConfig
 from enginekit.errors import ConfigError
@@ -305,3 +307,86 @@ def test_two_requests_admitted_in_one_step_load_their_shared_blocks_once(prefix:
     assert again.num_loaded_tokens == 0 and again.num_matched_tokens >= 12
     _, loads = step(manager, labels)
     assert loads == []
+
+
+class CheckingTier(DictTier):
+    """A level whose payloads are the keys of the content the executor read out: storing
+    a payload under another key means a block was written down under a wrong name."""
+
+    def store(self, key: int, payload: Payload) -> list[tuple[int, Payload]]:
+        assert payload == key, f"block content {payload!r} written under key {key}"
+        return super().store(key, payload)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_every_block_written_down_and_loaded_back_holds_its_key_s_content(data) -> None:
+    """Random admissions (prompts drawn from a few shared prefixes), prefills and releases
+    under every write policy, both prefix caches and one or two levels, executed as an
+    executor does (saves read before the step's loads, copies and compute write): every
+    payload written is its key's content, every load puts a prompt block's own content in
+    its place, and the cache's invariants hold after every operation."""
+    prefix = data.draw(st.sampled_from(["block_hash", "radix"]))
+    policy = data.draw(st.sampled_from(["on_evict", "write_through", "second_hit"]))
+    levels = [CheckingTier(data.draw(st.integers(1, 6)))]
+    if data.draw(st.booleans()):
+        levels.append(CheckingTier(data.draw(st.integers(1, 12))))
+    manager = make_manager(levels, write_policy=policy, prefix=prefix, num_blocks=8)
+    backend = make_backend(True)
+    stems = [[s * 50 + t for t in range(20)] for s in range(2)]
+    content: dict[int, object] = {}  # device block -> the key of what it holds (or a tag)
+    computed: list[tuple[int, object]] = []  # writes the step being scheduled computes
+    running: list[Request] = []
+    seq_ids = iter(range(10**6))
+
+    def run_step() -> None:
+        blocks = manager.take_step_blocks([], [], None)
+        payloads = [content.get(save.device_block_id) for save in blocks.tier_saves]
+        manager.complete_tier_saves(payloads)
+        for load in blocks.tier_loads:
+            content[load.device_block_id] = load.payload
+        for copy in blocks.copies:
+            content[copy.dst_block_id] = content.get(copy.src_block_id)
+        for block_id, label in computed:
+            content[block_id] = label
+        computed.clear()
+        manager.finish_step([], running)
+        manager.check_integrity()
+
+    for _ in range(data.draw(st.integers(8, 40))):
+        action = data.draw(st.sampled_from(["admit", "admit", "release", "step"]))
+        if action == "admit":
+            stem = data.draw(st.sampled_from(stems))
+            length = data.draw(st.integers(2, 20))
+            tail = data.draw(st.lists(st.integers(1000, 1003), max_size=9))
+            r = request(next(seq_ids), stem[:length] + tail)
+            num_loads_before = len(manager._block_ops._tier_loads)
+            admission = manager.admit(r, step_has_work=False)
+            manager.check_integrity()
+            if admission is None:
+                continue
+            keys = backend.hash_blocks(list(r.token_ids), BLOCK, None)
+            table = manager.tables.block_ids(r.seq_id)
+            for load in manager._block_ops._tier_loads[num_loads_before:]:
+                if load.device_block_id in table:
+                    index = table.index(load.device_block_id)
+                    assert load.payload == keys[index], "a load put other content in a block"
+            start = r.num_computed_tokens
+            r.num_computed_tokens += manager.reserve_prefill(r, r.num_tokens - start)
+            manager.check_integrity()
+            table = manager.tables.block_ids(r.seq_id)
+            for index in range(start // BLOCK, len(table)):
+                full = (index + 1) * BLOCK <= r.num_computed_tokens
+                computed.append((table[index], keys[index] if full else ("partial", r.seq_id)))
+            running.append(r)
+        elif action == "release" and running:
+            r = running.pop(data.draw(st.integers(0, len(running) - 1)))
+            run_step()  # its compute has run before it finishes
+            manager.release(r)
+            manager.check_integrity()
+        else:
+            run_step()
+    run_step()
+    stats = manager.tier_stats()
+    event(f"blocks written: {min(sum(s.num_written_blocks for s in stats), 3)}+")
+    event(f"blocks loaded: {min(sum(s.num_hit_blocks for s in stats), 3)}+")
