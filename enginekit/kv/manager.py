@@ -28,10 +28,8 @@ from enginekit.spec.kv import KVSpec
 from enginekit.step import KVUsage
 
 if TYPE_CHECKING:
-    from enginekit.interfaces.tier import Payload, TierLevelStats
-
-if TYPE_CHECKING:
     from enginekit.interfaces import Allocator
+    from enginekit.interfaces.tier import Payload, TierLevelStats
 
 
 def _overrides(plugin: object, base: type, method: str) -> bool:
@@ -71,7 +69,8 @@ class KVCacheManager:
     writer writes into it.
 
     Owns: the plugins' shared structures (``context``), the prefill promises, the block
-    operations queued for the next step, the shared tails of forks and the swap space.
+    operations queued for the next step, the shared tails of forks, the swap space and the
+    KV tiers below the pool (``enginekit.kv.tiers``), if any.
 
     Invariants between calls (checked by ``check_integrity``): every block's reference
     count equals the references held on it by block tables, copy-on-write pins and the
@@ -109,7 +108,8 @@ class KVCacheManager:
                 f"KV tiers need a whole prompt's blocks; eviction {eviction.config.name!r} "
                 "releases them out of a window"
             )
-        self._hears_tier_evictions = self.tiers is not None and self.tiers.hears_evictions
+        # The tiers again, where they write blocks down as the pool evicts them.
+        self._tiers_on_evict = self.tiers if tiers is not None and tiers.hears_evictions else None
         # A policy that bounds the blocks a sequence holds (sliding_window), or None.
         self._window = eviction if isinstance(eviction, WindowedEviction) else None
         # The allocator, if it can leave holes in a table (checked once: a Protocol
@@ -132,7 +132,7 @@ class KVCacheManager:
             _overrides(eviction, Eviction, "evict")
             or self._hears_evictions
             or self._cache_holds_blocks
-            or self._hears_tier_evictions
+            or self._tiers_on_evict is not None
         )
         self._make_room_to_grow: Callable[[int], bool] = (
             context.backend.new_lru_room(self.pool, self._promises)
@@ -552,15 +552,15 @@ class KVCacheManager:
             evicted = self.eviction.evict(min(shortfall, num_evictable))
             if self._hears_evictions:
                 self.prefix.on_evicted(evicted)
-            if self._hears_tier_evictions:
-                self.tiers.on_evicted(evicted, [True] * len(evicted))  # type: ignore[union-attr]
+            if self._tiers_on_evict is not None:
+                self._tiers_on_evict.on_evicted(evicted, [True] * len(evicted))
             shortfall = num_free_blocks - pool.num_free_blocks
         while shortfall > 0 and self._num_cache_only_blocks():
             released = self.prefix.evict(shortfall)
             pool.free(released)
-            if self._hears_tier_evictions:
+            if self._tiers_on_evict is not None:  # a block a table still holds stays
                 is_free = [pool.ref_count(b) == 0 for b in released]
-                self.tiers.on_evicted(released, is_free)  # type: ignore[union-attr]
+                self._tiers_on_evict.on_evicted(released, is_free)
             shortfall = num_free_blocks - pool.num_free_blocks
         return shortfall <= 0
 
