@@ -253,8 +253,9 @@ class TierStack:
                 self._queue(block_id, record.key)
 
     def _queue(self, block_id: int, key: int) -> None:
-        if self.levels[0].num_present((key,)):
-            return  # written down already
+        level = self.levels[0]
+        if not level.is_shared and level.num_present((key,)):
+            return  # written down already (a shared level is not asked: a round trip each)
         self._queued[block_id] = key
 
     def take_saves(self) -> list[TierSave]:
