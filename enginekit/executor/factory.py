@@ -12,7 +12,7 @@ from enginekit.executor.base import Executor
 from enginekit.extras import require
 from enginekit.spec.hardware import HardwareSpec
 from enginekit.spec.kv import KVSpec, swap_space_num_blocks
-from enginekit.spec.model import ModelShape, model_preset
+from enginekit.spec.model import MODEL_PRESETS, ModelShape, model_preset
 
 EXECUTORS = ("sim", "torch")
 
@@ -30,12 +30,30 @@ def model_shape(model: DictConfig) -> ModelShape:
     max_len = model.max_model_len
     if max_len is None:
         return shape
-    if not 1 <= max_len <= shape.max_model_len:
+    if max_len > shape.max_model_len:
+        longer = longer_context_presets(shape, max_len)
+        choices = " or ".join(f"model={name}" for name in longer)
+        hint = f"; for this shape with a longer context choose {choices}" if longer else ""
         raise ConfigError(
-            f"model.max_model_len must be in [1, {shape.max_model_len}] for {shape.name}, "
-            f"got {max_len}"
+            f"model.max_model_len={max_len} is more than {shape.name}'s own context of "
+            f"{shape.max_model_len} tokens (model.max_model_len must be in [1, "
+            f"{shape.max_model_len}]){hint}"
         )
+    if max_len < 1:
+        raise ConfigError(f"model.max_model_len must be >= 1, got {max_len}")
     return replace(shape, max_model_len=max_len)
+
+
+def longer_context_presets(shape: ModelShape, max_len: int) -> list[str]:
+    """The presets of ``shape``'s sizes (every field but the name and the context) whose
+    own context holds ``max_len`` tokens: what a user who asked ``shape`` for more than
+    its context may have meant (llama-3.1-8b for llama-3-8b at 128K)."""
+    return [
+        name
+        for name, preset in MODEL_PRESETS.items()
+        if preset.max_model_len >= max_len
+        and replace(preset, name=shape.name, max_model_len=shape.max_model_len) == shape
+    ]
 
 
 def build_executor(

@@ -153,6 +153,11 @@ def load_hf_folder(
     path: str | Path, dtype: torch.dtype, device: torch.device | str
 ) -> tuple[ModelArch, LlamaWeights]:
     """Architecture and weights of the Hugging Face folder ``path`` (shape named after the
-    folder)."""
-    arch = ModelArch.from_hf_config(read_hf_config(path), name=Path(path).name)
+    folder). A config.json the forward cannot run (another activation, a rope type not
+    implemented) is a ConfigError naming the folder, raised before any weight is read."""
+    config = read_hf_config(path)
+    try:
+        arch = ModelArch.from_hf_config(config, name=Path(path).name)
+    except ConfigError as exc:
+        raise ConfigError(f"model.path={str(path)!r}: {exc}") from None
     return arch, weights_from_state_dict(arch, read_safetensors(path), dtype, device)

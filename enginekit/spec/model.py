@@ -133,6 +133,17 @@ def _hf_dtype(config: Mapping[str, Any]) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+LLAMA_3_1_ROPE_SCALING: dict[str, Any] = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+"""Llama 3.1's ``rope_scaling`` as its config.json writes it: Llama 3's rotary
+frequencies, trained at 8,192 positions, stretched to 131,072 (low frequencies divided by
+``factor``, high ones kept, a blend between; ``enginekit.models.rope`` implements it)."""
+
 MODEL_PRESETS: dict[str, ModelShape] = {
     shape.name: shape
     for shape in (
@@ -157,6 +168,30 @@ MODEL_PRESETS: dict[str, ModelShape] = {
             intermediate_size=28672,
             vocab_size=128256,
             max_model_len=8192,
+        ),
+        # Llama 3.1: Llama 3's shapes at a 128K context, reached by rope scaling
+        # (PRESET_ROPE; a shape does not carry it).
+        ModelShape(
+            name="llama-3.1-8b",
+            num_layers=32,
+            hidden_size=4096,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=14336,
+            vocab_size=128256,
+            max_model_len=131072,
+        ),
+        ModelShape(
+            name="llama-3.1-70b",
+            num_layers=80,
+            hidden_size=8192,
+            num_heads=64,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=28672,
+            vocab_size=128256,
+            max_model_len=131072,
         ),
         ModelShape(
             name="mistral-7b",  # v0.1: a 4,096-token sliding window
@@ -200,6 +235,21 @@ MODEL_PRESETS: dict[str, ModelShape] = {
         ),
     )
 }
+
+
+PRESET_ROPE: dict[str, dict[str, Any]] = {
+    "llama-3-8b": {"rope_theta": 500000.0},
+    "llama-3-70b": {"rope_theta": 500000.0},
+    "llama-3.1-8b": {"rope_theta": 500000.0, "rope_scaling": LLAMA_3_1_ROPE_SCALING},
+    "llama-3.1-70b": {"rope_theta": 500000.0, "rope_scaling": LLAMA_3_1_ROPE_SCALING},
+    "mistral-7b": {"rope_theta": 10000.0},
+    "llama-2-7b": {"rope_theta": 10000.0},
+    "tiny": {"rope_theta": 10000.0},
+}
+"""The rotary settings of each preset's published config.json (``rope_theta``, and
+``rope_scaling`` where the model has one), to be added to a config.json built from the
+preset's shape. The simulator needs none of them (positions cost nothing); the torch
+executor reads them from a model folder's own config.json."""
 
 
 def model_preset(name: str) -> ModelShape:
