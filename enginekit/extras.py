@@ -7,7 +7,9 @@ that needs one names it in one line when it is missing, before it starts its wor
 - ``data``: ``workload=sharegpt`` (the data set and the SentencePiece vocabulary), the
   claims, the ShareGPT benchmarks;
 - ``launchers``: ``hydra/launcher=joblib`` (jobs of a sweep in parallel on this machine),
-  ``submitit_local``, ``submitit_slurm`` and ``slurm`` (SLURM job arrays).
+  ``submitit_local``, ``submitit_slurm`` and ``slurm`` (SLURM job arrays);
+- ``tiers``: the ``redis`` KV tier level (``+tier=redis``, or ``redis`` in
+  ``tier.levels``).
 
 ``require`` raises ``MissingExtraError`` naming every missing extra and the pip line that
 installs them all (``config_needs`` says what a composed config needs);
@@ -35,6 +37,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
         "hydra_plugins.hydra_submitit_launcher",
         "submitit",
     ),
+    "tiers": ("redis",),
 }
 """Each extra -> the modules it brings that enginekit imports, all of which a command
 needing the extra needs."""
@@ -141,10 +144,16 @@ def config_needs(cfg: Any) -> dict[str, str]:
     """What a composed run config needs beyond the core: extra -> the setting that needs
     it (``executor=torch`` the torch extra; ``workload=sharegpt`` the data extra, unless
     both ``workload.path`` and ``model.path`` stand in for the data set and the
-    vocabulary)."""
+    vocabulary; a ``redis`` tier level the tiers extra)."""
     needs: dict[str, str] = {}
     if str(cfg.get("executor")) == "torch":
         needs["torch"] = "executor=torch"
+    tier = cfg.get("tier") or {}
+    levels = [str(name) for name in tier.get("levels") or ()]
+    if "redis" in levels:
+        needs["tiers"] = f"tier.levels=[{','.join(levels)}]"
+    elif not levels and tier.get("name") == "redis":
+        needs["tiers"] = "+tier=redis"
     workload, model = cfg.get("workload") or {}, cfg.get("model") or {}
     if workload.get("name") == "sharegpt" and not (workload.get("path") and model.get("path")):
         needs["data"] = "workload=sharegpt"

