@@ -48,6 +48,8 @@ FORMATS = ("auto", "jsonl", "mooncake")
 MOONCAKE_BLOCK = 512
 _MASK64 = (1 << 64) - 1
 _OUTPUT_SALT = 0x5DEECE66D  # keeps generated outputs apart from Mooncake's prompt blocks
+_KEY_MULTIPLIER = 0x100000001B3  # spreads consecutive keys' positions apart
+_BLOCK_POSITIONS = np.arange(MOONCAKE_BLOCK, dtype=np.uint64)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -60,17 +62,26 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def pseudo_random_tokens(key: int, count: int, vocab_size: int) -> np.ndarray:
-    """``count`` token ids in [0, vocab_size) drawn from ``key`` alone (int32)."""
-    base = np.uint64((key * 0x100000001B3) & _MASK64)
+    """``count`` token ids in [0, vocab_size) drawn from ``key`` alone (int32): the
+    token at position ``i`` is ``splitmix64(key * 0x100000001B3 + i) % vocab_size``
+    (wrapping uint64 arithmetic)."""
+    base = np.uint64((key * _KEY_MULTIPLIER) & _MASK64)
     positions = np.arange(count, dtype=np.uint64)
     return (_splitmix64(positions + base) % np.uint64(vocab_size)).astype(np.int32)
 
 
 def mooncake_tokens(hash_ids: Sequence[int], num_tokens: int, vocab_size: int) -> np.ndarray:
     """The prompt of a Mooncake line: ``MOONCAKE_BLOCK`` tokens per hash id, cut at
-    ``num_tokens``."""
-    blocks = [pseudo_random_tokens(int(h), MOONCAKE_BLOCK, vocab_size) for h in hash_ids]
-    return np.concatenate(blocks)[:num_tokens] if blocks else np.zeros(0, np.int32)
+    ``num_tokens``: block ``j`` is ``pseudo_random_tokens(hash_ids[j], MOONCAKE_BLOCK,
+    vocab_size)``, drawn for every block at once (a 128K-token prompt is one array
+    operation, not 256)."""
+    if not len(hash_ids):
+        return np.zeros(0, np.int32)
+    with np.errstate(over="ignore"):
+        ids = np.asarray([int(h) & _MASK64 for h in hash_ids], dtype=np.uint64)
+        bases = ids * np.uint64(_KEY_MULTIPLIER)
+    keys = (bases[:, None] + _BLOCK_POSITIONS[None, :]).reshape(-1)[:num_tokens]
+    return (_splitmix64(keys) % np.uint64(vocab_size)).astype(np.int32)
 
 
 class _Line(NamedTuple):

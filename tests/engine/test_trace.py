@@ -18,7 +18,12 @@ from enginekit.engine import Engine
 from enginekit.errors import ConfigError
 from enginekit.export import export_workload
 from enginekit.export import main as export_main
-from enginekit.workloads.trace import MOONCAKE_BLOCK, mooncake_tokens, open_trace
+from enginekit.workloads.trace import (
+    MOONCAKE_BLOCK,
+    mooncake_tokens,
+    open_trace,
+    pseudo_random_tokens,
+)
 
 
 def _write(path: Path, lines: list[dict | str]) -> Path:
@@ -195,3 +200,19 @@ def test_an_exported_workload_replays_to_the_same_run(tmp_path, capsys) -> None:
     assert export_workload(["workload=sharegpt", "workload.num_requests=30"], single) == 30
     lines = [json.loads(x) for x in single.read_text().splitlines()]
     assert all("session" not in x and x["prompt_token_ids"][0] == 1 for x in lines)
+
+
+def test_mooncake_blocks_are_drawn_from_their_hash_ids_alone() -> None:
+    """The prompt drawn for all blocks at once is, block by block, the tokens of each
+    hash id (``pseudo_random_tokens``), for ids up to and past 64 bits, cut anywhere in
+    the last block."""
+    hash_ids = [0, 1, 7, 2**20 + 3, 2**63 - 1, 2**64 + 5, 7]
+    for vocab_size in (2, 32000, 128256):
+        blocks = [pseudo_random_tokens(h, MOONCAKE_BLOCK, vocab_size) for h in hash_ids]
+        whole = np.concatenate(blocks)
+        for num_tokens in (len(whole) - MOONCAKE_BLOCK + 1, len(whole) - 100, len(whole)):
+            tokens = mooncake_tokens(hash_ids, num_tokens, vocab_size)
+            assert tokens.dtype == np.int32
+            assert np.array_equal(tokens, whole[:num_tokens])
+    assert np.array_equal(mooncake_tokens([2**64 + 5], 512, 100), mooncake_tokens([5], 512, 100))
+    assert mooncake_tokens([], 0, 100).shape == (0,)
