@@ -1,10 +1,12 @@
 """TorchExecutor: real tokens from a Llama-family model over paged KV tensors.
 
-Per step: register the step's forks, then forget ``finished_seq_ids``; apply swap-outs,
-swap-ins and copy-on-write block copies (in that order); build the flat batch (prefill
-chunks, then decodes) from the scheduler's block tables; run the forward, which writes
-the new tokens' K/V and attends over the pool; sample one token for each
-``sample_seq_ids`` entry. ``step_time_s`` is the measured wall time of all of it (the
+Per step: register the step's forks, then forget ``finished_seq_ids``; read the KV tier
+saves' blocks out (their payloads come back in ``ModelOutput.saved_payloads``), then apply
+swap-outs, swap-ins, tier loads and copy-on-write block copies (in that order, the step
+contract's: a block written down or swapped out can be reused by the same step); build
+the flat batch (prefill chunks, then decodes) from the scheduler's block tables; run the
+forward, which writes the new tokens' K/V and attends over the pool; sample one token for
+each ``sample_seq_ids`` entry. ``step_time_s`` is the measured wall time of all of it (the
 device is synchronised by reading the tokens back).
 
 Per-sequence state lives from ``add_sequence`` until ``finished_seq_ids`` lists the
@@ -103,10 +105,11 @@ class TorchExecutor(Executor):
 
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
         """Registers the forks' children, then forgets ``finished_seq_ids`` (unknown ids
-        ignored; a parent finishing in the step that forks it is still forked), applies
-        the block operations, runs the forward and samples. Mutates the KV pools and the
-        sampled sequences' tokens and generators. Raises KeyError for a scheduled
-        sequence never added."""
+        ignored; a parent finishing in the step that forks it is still forked), reads the
+        tier saves' blocks out, applies the block operations, runs the forward and
+        samples. Mutates the KV pools and the sampled sequences' tokens and generators.
+        Raises KeyError for a scheduled sequence never added, KVCacheError for a tier
+        payload of the wrong size."""
         started = time.perf_counter()
         sequences = self._sequences
         # Forks first: a beam's parent may be listed as finished in the step that forks it.
@@ -118,9 +121,13 @@ class TorchExecutor(Executor):
             self.add_sequence(fork.child_seq_id, (), sampling)
         for seq_id in scheduled.finished_seq_ids:
             sequences.pop(seq_id, None)
-        self.kv_tensors.apply(scheduled.swap_outs, scheduled.swap_ins, scheduled.block_copies)
+        kv = self.kv_tensors
+        saved = kv.read_blocks([save.device_block_id for save in scheduled.tier_saves])
+        kv.apply(
+            scheduled.swap_outs, scheduled.swap_ins, scheduled.block_copies, scheduled.tier_loads
+        )
         if scheduled.is_empty:
-            return ModelOutput([], time.perf_counter() - started)
+            return ModelOutput([], time.perf_counter() - started, saved_payloads=saved)
         batch = build_batch(scheduled, self.kv_spec.block_size, self.device)
         logits = self.model.forward(
             batch, self.kv_tensors.on_device, self.ops, self._before_write()
@@ -132,7 +139,7 @@ class TorchExecutor(Executor):
         elapsed = time.perf_counter() - started
         self.num_steps += 1
         self.busy_time_s += elapsed
-        return ModelOutput(tokens, elapsed, candidates)
+        return ModelOutput(tokens, elapsed, candidates, saved)
 
     def _before_write(
         self,

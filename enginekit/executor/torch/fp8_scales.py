@@ -7,7 +7,9 @@ origin, and the run's report prints it:
 
 - ``checkpoint``: the model folder's ``k_scale`` / ``v_scale`` tensors;
 - ``calibrated``: each layer's max-abs K and V per kv head on the first prefill the
-  executor runs, times a margin, mapped to e4m3's largest finite value (448).
+  executor runs, times a margin, mapped to e4m3's largest finite value (448); or, where a
+  KV tier loads blocks before any prefill ran, the scales those blocks were stored with
+  (they travel in the tier's payload).
 
 The pool's scales are NaN until set, and the write kernels refuse a layer whose scales
 were never set.
@@ -104,6 +106,8 @@ class FP8Scales:
             return "from the checkpoint"
         if self.is_pending:
             return "not calibrated yet (no prefill has run)"
+        if self.num_calibration_tokens == 0:  # set by a KV tier's payload (PagedKVTensors)
+            return "from the KV blocks a tier loaded before any prefill ran"
         return (
             f"calibrated on the first prefill ({self.num_calibration_tokens} tokens, "
             f"max-abs x {self.margin:g})"
