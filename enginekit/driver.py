@@ -24,7 +24,8 @@ scripted outputs: the summary's ideal hits come from it (one streamed pass, rele
 requests included; without streaming the same as ``Engine.ideal_prefix_hit_tokens``
 whenever the outputs are the scripted ones, as in the simulator), and it adds the keys
 of ``metric_keys.ADDED_BY_DRIVER``: the missed prompt tokens by cause, the hit-rate curve
-over cache sizes and its value at the run's pool.
+over cache sizes and its value at the run's pool; for a run with KV tiers, the curve's
+values at the pool over tiers of several sizes (``KV_TIER_HIT_RATE_PREDICTED``).
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from typing import Any, cast
 from enginekit import metric_keys as mk
 from enginekit.engine import Engine, RunResult
 from enginekit.errors import RequestRejectedError
-from enginekit.report import CURVE_POOL_MULTIPLES
+from enginekit.report import CURVE_POOL_MULTIPLES, TIER_POOL_MULTIPLES
 from enginekit.request import RequestOutput, SamplingParams
-from enginekit.reuse import ReuseTracker
+from enginekit.reuse import ReuseTracker, tiered_pool_blocks
 from enginekit.workloads.sources import open_workload
 from enginekit.workloads.traffic import TokenIds, TrafficRequest, Workload
 
@@ -266,9 +267,18 @@ class WorkloadDriver:
         # the pool and its multiples are points of the curve: what a rerun at a quarter,
         # half, twice or four times the pool is predicted to hit
         sizes = (pool, *(int(pool * scale) for scale in CURVE_POOL_MULTIPLES))
+        # with KV tiers, the pool over tiers of its multiples and of the run's own size
+        tier_sizes = self._tier_sizes(pool)
+        sizes += tuple(tiered_pool_blocks(pool, size) for size in tier_sizes)
         curve = self.tracker.hit_rate_curve(
             self.tracker.num_prompt_tokens, sizes, engine.config.cache.watermark
         )
+        if tier_sizes:
+            # the device pool is the run's own at every tier size: its schedule ran
+            summary[mk.KV_TIER_HIT_RATE_PREDICTED.key] = [
+                [size, curve.at(tiered_pool_blocks(pool, size)) if curve.num_blocks else None]
+                for size in tier_sizes
+            ]
         predicted = curve.at(pool) if curve.num_blocks and pool else None
         summary[mk.PREFIX_CACHE_HIT_RATE_PREDICTED.key] = predicted
         # sizes that would have queued or preempted differently are not predicted; the
@@ -280,6 +290,16 @@ class WorkloadDriver:
         summary[mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key] = curve.min_num_blocks or None
         summary[mk.WORKLOAD_SOURCE.key] = self.workload.source if self.workload else None
         return summary
+
+    def _tier_sizes(self, pool: int) -> list[int]:
+        """Tier sizes (blocks below the pool, all levels together) the summary predicts the
+        hit rate at: ``TIER_POOL_MULTIPLES`` of ``pool`` and the run's own, ascending;
+        none for a run without tiers."""
+        stats = self.engine.cache.tier_stats()
+        if not stats:
+            return []
+        own = sum(level.capacity_blocks for level in stats)
+        return sorted({int(pool * scale) for scale in TIER_POOL_MULTIPLES} | {own})
 
     def _track(self, until: float) -> None:
         """Feeds the tracker, in the order they joined the engine's queue, the added

@@ -394,7 +394,10 @@ class Engine:
         """The run's metrics. The ideal hit count is at the prefix cache's own granularity:
         tokens for a token-granular cache (radix), whole blocks otherwise; computed over
         the requests the engine still holds, unless the caller, who saw every request
-        (released ones too), passes ``ideal_hit_tokens`` at that granularity."""
+        (released ones too), passes ``ideal_hit_tokens`` at that granularity. A run with KV
+        tiers adds ``metric_keys.ADDED_WITH_TIERS``: the hits by source (the device's are
+        the prefix-cache hits less the tokens loaded from the levels) and each level's
+        counters."""
         token_granular = self.cache.prefix.token_granular
         if ideal_hit_tokens is None:
             ideal_hit_tokens = self.ideal_prefix_hit_tokens(1 if token_granular else None)
@@ -402,6 +405,26 @@ class Engine:
             self.kv_spec.bytes_per_block, ideal_hit_tokens=ideal_hit_tokens
         )
         summary["prefix_cache_ideal_granularity"] = "token" if token_granular else "block"
+        tiers = self.cache.tiers
+        if tiers is not None:  # what each level below the pool did (metric_keys)
+            from enginekit import metric_keys as mk
+
+            stats = self.cache.tier_stats()
+            block_size = self.kv_spec.block_size
+            loaded = {s.name: s.num_hit_blocks * block_size for s in stats}
+            device = self.metrics.prefix_cache_hits - sum(loaded.values())
+            summary[mk.KV_TIER_HITS_BY_SOURCE.key] = {"device": device, **loaded}
+            for key, attribute in (
+                (mk.KV_TIER_LOADED_BYTES, "num_loaded_bytes"),
+                (mk.KV_TIER_WRITTEN_BYTES, "num_written_bytes"),
+                (mk.KV_TIER_LOAD_TIME_S, "load_time_s"),
+                (mk.KV_TIER_EVICTED_BLOCKS, "num_evicted_blocks"),
+                (mk.KV_TIER_FAILURES, "num_failures"),
+            ):
+                summary[key.key] = {s.name: getattr(s, attribute) for s in stats}
+            summary[mk.KV_TIER_LOADS_AVOIDED_BLOCKS.key] = tiers.num_avoided_blocks
+            summary[mk.KV_TIER_BLOCKS.key] = {s.name: s.num_blocks for s in stats}
+            summary[mk.KV_TIER_CAPACITY_BLOCKS.key] = {s.name: s.capacity_blocks for s in stats}
         return summary
 
     def describe(self) -> dict[str, Any]:
@@ -417,6 +440,11 @@ class Engine:
             kv_bytes_per_token=self.kv_spec.bytes_per_token,
             executor=self.config.executor,
         )
+        if self.cache.tiers is not None:
+            info.update(
+                tier_levels=", ".join(self.cache.tiers.names),
+                tier_write_policy=self.cache.tiers.write_policy,
+            )
         info.update(self.executor.describe())
         return info
 

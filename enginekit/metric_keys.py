@@ -2,7 +2,8 @@
 what it means.
 
 ``RunMetrics.summary()`` writes these keys (the engine adds
-``PREFIX_CACHE_IDEAL_GRANULARITY``, the workload driver ``ADDED_BY_DRIVER``); the text
+``PREFIX_CACHE_IDEAL_GRANULARITY`` and, with KV tiers, ``ADDED_WITH_TIERS``, the workload
+driver ``ADDED_BY_DRIVER`` and, with KV tiers, ``KV_TIER_HIT_RATE_PREDICTED``); the text
 report, the sweep's table and plots and the claims read them from here, never from string
 literals. Each constant is named as its key in
 capitals. ``SUMMARY_KEYS`` lists every entry in the summary's order, ``BY_KEY`` finds one
@@ -13,7 +14,14 @@ what is counted (a mapping of counts by name included), ``FRACTION`` a share in 
 shown as a percentage, ``LATENCY`` a ``latency_stats`` dict (count, mean, p50, p90, p99)
 in seconds, ``UNIT_NAME`` the name of a unit ("token", "block"), ``TEXT`` a line of
 text, ``CURVE`` a list of [cache blocks, hit rate] points; the others are quantities
-printed with the unit's symbol (its value). A value with no sample is None.
+printed with the unit's symbol (its value), a mapping of such quantities by name (the
+KV tier levels') included. A value with no sample is None.
+
+The ``kv_tier_*`` keys are written only for a run with KV tiers below the pool
+(``+tier=...``): the engine's ``ADDED_WITH_TIERS`` and the driver's
+``KV_TIER_HIT_RATE_PREDICTED``. A run without tiers has no level to name, so its report
+and report.json stay as they were rather than carry empty mappings and a table of one
+row.
 
 Plain values only (layer 1): this module imports nothing from enginekit.
 """
@@ -285,6 +293,66 @@ NUM_WAITING_PEAK = MetricKey(
     "running; requests whose arrival time is still ahead are not counted",
 )
 
+# ---- KV tiers (a run with levels below the pool only) -------------------------------------
+
+KV_TIER_HITS_BY_SOURCE = MetricKey(
+    "kv_tier_hits_by_source",
+    "hit by source",
+    Unit.TOKENS,
+    "prefix_cache_hits by where the tokens came from: device (the pool's prefix cache) and "
+    "each tier level by name (its blocks loaded at admission); they sum to prefix_cache_hits",
+)
+KV_TIER_LOADED_BYTES = MetricKey(
+    "kv_tier_loaded_bytes", "loaded", Unit.BYTES, "KV bytes loaded to the device, by tier level"
+)
+KV_TIER_WRITTEN_BYTES = MetricKey(
+    "kv_tier_written_bytes",
+    "written",
+    Unit.BYTES,
+    "KV bytes written into each tier level (from the device, or handed down from the level above)",
+)
+KV_TIER_LOAD_TIME_S = MetricKey(
+    "kv_tier_load_time_s",
+    "load time",
+    Unit.SECONDS,
+    "link time of the loads by tier level: bytes / the level's bytes per second (the "
+    "simulator overlaps it with compute, so a step takes less)",
+)
+KV_TIER_EVICTED_BLOCKS = MetricKey(
+    "kv_tier_evicted_blocks",
+    "evicted",
+    Unit.BLOCKS,
+    "blocks each tier level dropped to make room (handed to the next level down, if any)",
+)
+KV_TIER_FAILURES = MetricKey(
+    "kv_tier_failures",
+    "failures",
+    Unit.COUNT,
+    "loads and writes that failed, by tier level (each a miss, computed again)",
+)
+KV_TIER_LOADS_AVOIDED_BLOCKS = MetricKey(
+    "kv_tier_loads_avoided_blocks",
+    "loads avoided by recomputing",
+    Unit.BLOCKS,
+    "tier hits computed again because that was faster than moving their bytes "
+    "(tier.load_or_recompute); not counted in the hits",
+)
+KV_TIER_BLOCKS = MetricKey(
+    "kv_tier_blocks", "held", Unit.BLOCKS, "blocks each tier level holds at the run's end"
+)
+KV_TIER_CAPACITY_BLOCKS = MetricKey(
+    "kv_tier_capacity_blocks", "capacity", Unit.BLOCKS, "blocks each tier level holds at most"
+)
+KV_TIER_HIT_RATE_PREDICTED = MetricKey(
+    "kv_tier_hit_rate_predicted",
+    "hit rate with tiers, LRU stack prediction",
+    Unit.CURVE,
+    "[tier blocks, hit rate]: the hit-rate curve at the run's pool plus that many blocks "
+    "below it (enginekit.reuse.curve.tiered_pool_blocks: exclusive LRU levels written on "
+    "eviction), for tiers of 0, 0.5, 1, 2, 4 and 8 times the pool and the run's own; hit "
+    "rate None where not predicted (set by the driver)",
+)
+
 # ---- preemption ---------------------------------------------------------------------------
 
 NUM_PREEMPTIONS_TOTAL = MetricKey(
@@ -393,6 +461,16 @@ SUMMARY_KEYS: tuple[MetricKey, ...] = (
     NUM_RUNNING_MEAN,
     NUM_RUNNING_PEAK,
     NUM_WAITING_PEAK,
+    KV_TIER_HITS_BY_SOURCE,
+    KV_TIER_LOADED_BYTES,
+    KV_TIER_WRITTEN_BYTES,
+    KV_TIER_LOAD_TIME_S,
+    KV_TIER_EVICTED_BLOCKS,
+    KV_TIER_FAILURES,
+    KV_TIER_LOADS_AVOIDED_BLOCKS,
+    KV_TIER_BLOCKS,
+    KV_TIER_CAPACITY_BLOCKS,
+    KV_TIER_HIT_RATE_PREDICTED,
     NUM_PREEMPTIONS_TOTAL,
     NUM_PREEMPTIONS_BY_KIND,
     RECOMPUTED_TOKENS_TOTAL,
@@ -426,5 +504,20 @@ ADDED_BY_DRIVER: tuple[MetricKey, ...] = (
 )
 """The keys ``enginekit.driver.WorkloadDriver`` adds to the engine's summary of a
 workload run (from ``enginekit.reuse``), after the engine's own."""
+
+ADDED_WITH_TIERS: tuple[MetricKey, ...] = (
+    KV_TIER_HITS_BY_SOURCE,
+    KV_TIER_LOADED_BYTES,
+    KV_TIER_WRITTEN_BYTES,
+    KV_TIER_LOAD_TIME_S,
+    KV_TIER_EVICTED_BLOCKS,
+    KV_TIER_FAILURES,
+    KV_TIER_LOADS_AVOIDED_BLOCKS,
+    KV_TIER_BLOCKS,
+    KV_TIER_CAPACITY_BLOCKS,
+)
+"""The keys ``Engine.summary`` adds for a run with KV tiers (``KVCacheManager.tier_stats``),
+each mapping by level name, fastest level first, but the avoided loads; a run without
+tiers has none of them. ``KV_TIER_HIT_RATE_PREDICTED`` is the driver's, for such a run."""
 
 BY_KEY: Mapping[str, MetricKey] = MappingProxyType({m.key: m for m in SUMMARY_KEYS})

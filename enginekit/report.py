@@ -36,7 +36,14 @@ def _perc(value: Any) -> str:
 
 
 def _unit(unit: str) -> _Fmt:
-    return lambda value: _num(value) if value is None else f"{_num(value)} {unit}"
+    def fmt(value: Any) -> str:
+        if value is None:
+            return _num(value)
+        if isinstance(value, Mapping):  # by name (tier levels): each with the unit
+            return ", ".join(f"{k}={_num(v)} {unit}" for k, v in value.items()) or "-"
+        return f"{_num(value)} {unit}"
+
+    return fmt
 
 
 def _format(metric: mk.MetricKey) -> _Fmt:
@@ -194,6 +201,8 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
     pool = summary.get(mk.KV_CACHE_NUM_BLOCKS.key)
     block_bytes = summary.get(mk.KV_CACHE_BLOCK_BYTES.key)
     measured = summary.get(mk.PREFIX_CACHE_FIRST_HIT_RATE.key)
+    if mk.KV_TIER_HITS_BY_SOURCE.key in summary:
+        measured = None  # the run's rate is the pool's and its tiers' (their own table)
     lines = [
         "== hit rate by cache size (LRU stack distances of this run's block accesses, "
         "its referenced blocks taken out of the pool) ==",
@@ -212,6 +221,90 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines + [""]
 
 
+TIER_POOL_MULTIPLES = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+"""Tier sizes, as multiples of the run's pool, at which the driver predicts the hit rate
+of a run with KV tiers (with the run's own tier size), and the report shows."""
+
+_TIER_KEYS = frozenset(m.key for m in (*mk.ADDED_WITH_TIERS, mk.KV_TIER_HIT_RATE_PREDICTED))
+
+
+def _gib(num_bytes: Any) -> str:
+    return "-" if num_bytes is None else f"{num_bytes / mk.BYTES_PER_GIB:,.3f}"
+
+
+def _tier_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The "KV tiers" section: a row per source of hits, the device first, then each
+    level; the loads avoided; and the hit rate predicted with tiers of several sizes."""
+    by_source = summary.get(mk.KV_TIER_HITS_BY_SOURCE.key)
+    if by_source is None:
+        return []
+    queries = summary.get(mk.PREFIX_CACHE_QUERIES.key)
+
+    def level(key: mk.MetricKey, name: str) -> Any:
+        return (summary.get(key.key) or {}).get(name)
+
+    head = (
+        f"  {'':<10}{'hit rate':>10}{'hits':>14}{'loaded GiB':>12}{'written GiB':>13}"
+        f"{'evicted':>10}{'failures':>10}{'load s':>10}{'held':>10}{'capacity':>10}"
+    )
+    lines = [
+        "== KV tiers (hit rate: the source's hit tokens / queried tokens; the rows sum to "
+        "the prefix cache's) ==",
+        head,
+    ]
+    for name, hits in by_source.items():
+        share = _perc(hits / queries) if queries else "-"
+        if name == "device":
+            cells = ["-"] * 5 + ["-", _num(summary.get(mk.KV_CACHE_NUM_BLOCKS.key))]
+        else:
+            load_s = level(mk.KV_TIER_LOAD_TIME_S, name)
+            cells = [
+                _gib(level(mk.KV_TIER_LOADED_BYTES, name)),
+                _gib(level(mk.KV_TIER_WRITTEN_BYTES, name)),
+                _num(level(mk.KV_TIER_EVICTED_BLOCKS, name)),
+                _num(level(mk.KV_TIER_FAILURES, name)),
+                "-" if load_s is None else f"{load_s:.4g}",
+                _num(level(mk.KV_TIER_BLOCKS, name)),
+                _num(level(mk.KV_TIER_CAPACITY_BLOCKS, name)),
+            ]
+        widths = (12, 13, 10, 10, 10, 10, 10)
+        row = "".join(f"{cell:>{width}}" for cell, width in zip(cells, widths, strict=True))
+        lines.append(f"  {name:<10}{share:>10}{_num(hits):>14}{row}")
+    avoided = summary.get(mk.KV_TIER_LOADS_AVOIDED_BLOCKS.key)
+    lines.append(f"  {mk.KV_TIER_LOADS_AVOIDED_BLOCKS.label}: {_num(avoided)} blocks")
+    return lines + [""] + _tier_prediction_lines(summary)
+
+
+def _tier_prediction_lines(summary: Mapping[str, Any]) -> list[str]:
+    predicted = summary.get(mk.KV_TIER_HIT_RATE_PREDICTED.key)
+    if not predicted:
+        return []
+    pool = summary.get(mk.KV_CACHE_NUM_BLOCKS.key)
+    block_bytes = summary.get(mk.KV_CACHE_BLOCK_BYTES.key)
+    own = sum((summary.get(mk.KV_TIER_CAPACITY_BLOCKS.key) or {}).values())
+    measured = summary.get(mk.PREFIX_CACHE_FIRST_HIT_RATE.key)
+    lines = [
+        "== hit rate with tiers below this pool (LRU stack prediction at pool + tier blocks, "
+        "first admissions; exclusive LRU levels written on eviction) ==",
+        f"  {'tier blocks':>12}{'GiB':>10}  {'hit rate':>10}",
+    ]
+    for blocks, rate in predicted:
+        gib = "-" if not block_bytes else f"{blocks * block_bytes / mk.BYTES_PER_GIB:,.2f}"
+        mark = ""
+        if blocks == own:
+            mark = "  <- this run's tiers"
+            mark += "" if measured is None else f", measured {_perc(measured)}"
+        elif blocks == 0:
+            mark = "  <- no tier"
+        elif pool:
+            for multiple in TIER_POOL_MULTIPLES:
+                if blocks == int(pool * multiple):
+                    mark = f"  <- {multiple:g}x this pool"
+        text = "-" if rate is None else _perc(rate)
+        lines.append(f"  {blocks:>12,}{gib:>10}  {text:>10}{mark}")
+    return lines + [""]
+
+
 NOT_PREDICTED = "would queue or preempt: not predicted"
 """The curve's text where a pool would not have run the run's schedule."""
 
@@ -220,16 +313,19 @@ def render_report(summary: Mapping[str, Any], header: Mapping[str, Any]) -> str:
     """The run as a plain-text report: a "run" section from ``header`` (plugins, model,
     hardware, executor, anything else it holds), then tokens, prefix cache (with the
     missed tokens by cause and the hit-rate curve's table, when the summary has them),
-    KV cache, preemption, latency (mean/p50/p90/p99 in ms) and throughput; keys it does
-    not know go under "other". Pure."""
+    KV cache, KV tiers (for a run with tiers: a row per source of hits, and the hit rate
+    predicted with tiers of several sizes), preemption, latency (mean/p50/p90/p99 in ms)
+    and throughput; keys it does not know go under "other". Pure."""
     lines = _rows("run", [(str(key), _num(value)) for key, value in header.items()])
-    placed: set[str] = set(_LATENCY_KEYS) | {mk.PREFIX_CACHE_HIT_RATE_CURVE.key}
+    placed: set[str] = set(_LATENCY_KEYS) | {mk.PREFIX_CACHE_HIT_RATE_CURVE.key} | _TIER_KEYS
     for title, fields in _SECTIONS:
         rows = [(label, fmt(summary[key])) for key, label, fmt in fields if key in summary]
         placed.update(key for key, _, _ in fields)
         lines += _rows(title, rows)
         if title == "prefix cache":
             lines += _curve_lines(summary)
+        if title == "KV cache":
+            lines += _tier_lines(summary)
         if title == "preemption":
             lines += _latency_lines(summary)
     other = [(key, _num(value)) for key, value in summary.items() if key not in placed]
@@ -269,7 +365,9 @@ CURVE_PNG = "hit_rate_curve.png"
 def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
     """Draws the summary's hit-rate curve (hit rate against cache blocks, log scale) as
     a PNG at ``path``, with the run's pool marked: its size, the hit rate the curve
-    predicts there and the one the run measured at first admissions, and the ideal; the
+    predicts there and the one the run measured at first admissions (with KV tiers: at
+    the pool plus the tiers' blocks, ``enginekit.reuse.curve.tiered_pool_blocks``), and
+    the ideal; the
     sizes that would not have run the run's schedule are shaded (not predicted). Returns
     the path. Headless (matplotlib's Agg canvas)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -300,8 +398,11 @@ def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
     if pool:
         axes.axvline(pool, color="tab:red", linestyle="--", label=f"this pool: {pool:,} blocks")
         measured = summary.get(mk.PREFIX_CACHE_FIRST_HIT_RATE.key)
+        # with tiers, the run measured the pool and its tiers: one pool of their sum
+        tiers = sum((summary.get(mk.KV_TIER_CAPACITY_BLOCKS.key) or {}).values())
         if measured is not None:
-            axes.plot([pool], [100 * measured], "o", color="tab:red", label="measured")
+            label = f"measured, with {tiers:,} tier blocks" if tiers else "measured"
+            axes.plot([pool + tiers], [100 * measured], "o", color="tab:red", label=label)
     axes.set_xscale("log")
     axes.set_xlabel("cache size (blocks)")
     axes.set_ylabel("prefix-cache hit rate (% of prompt tokens)")

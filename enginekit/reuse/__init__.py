@@ -8,6 +8,7 @@ from enginekit.reuse.curve import (
     HitRateCurve,
     min_pool_sizes,
     stack_distances,
+    tiered_pool_blocks,
 )
 from enginekit.reuse.tracker import MissCounts, ReuseTracker
 
@@ -19,4 +20,5 @@ __all__ = [
     "ReuseTracker",
     "min_pool_sizes",
     "stack_distances",
+    "tiered_pool_blocks",
 ]

@@ -21,6 +21,11 @@ above). And it takes the run's pinned blocks as they were: a smaller pool that m
 more also computes more prefill, so its requests run longer and pin more blocks at once,
 which over-predicts it a little more.
 
+Tiers below the pool (``tiered_pool_blocks``): a level that takes the blocks the pool
+evicts holds the next most recently released ones after the pool's, so a pool of D blocks
+over levels of H blocks in all behaves as one pool of D + H: the curve at D + H is its
+hit rate.
+
 An access stream (``AccessStream``) lists, in time order, every lookup and release as an
 event of contiguous accesses, deepest block first. A lookup references its blocks from
 then on (each lookup of a block is matched by one ``RELEASE_HELD`` of it later); a
@@ -97,6 +102,26 @@ class HitRateCurve(NamedTuple):
         lo, hi = sizes[i - 1], sizes[i]
         t = (math.log(num_blocks) - math.log(lo)) / (math.log(hi) - math.log(lo))
         return self.hit_rate[i - 1] + t * (self.hit_rate[i] - self.hit_rate[i - 1])
+
+
+def tiered_pool_blocks(device_blocks: int, tier_blocks: int) -> int:
+    """The pool size whose curve value is the hit rate of a pool of ``device_blocks`` over
+    KV tiers of ``tier_blocks`` blocks in all (``enginekit.kv.tiers``): their sum.
+
+    Assumes the levels take what the pool evicts (``tier.write_policy=on_evict``), each
+    exclusive of the pool and evicting its least recently used blocks (LRU at every
+    level, the pool's ``lru``), at block granularity (``block_hash``), every block found
+    in a level loaded (``tier.load_or_recompute=false``, or loads cheaper than
+    computing). Then the pool keeps the referenced blocks and the most recently released
+    others, the levels the next ``tier_blocks`` of them in the order the pool evicted
+    them: together the unreferenced blocks of a pool of D + H. The implementation keeps a
+    loaded block in its level as well (not strictly exclusive: that copy takes a level's
+    room until one of them is evicted), and a save reaches the level one step after the
+    eviction, so the sum is an estimate from above. An inclusive level
+    (``write_through``: every released block written down) holds the pool's blocks again:
+    its hit rate lies between the curve at max(D, H) (the level duplicating the pool) and
+    at D + H; ``second_hit`` writes fewer blocks, at most the curve at D + H."""
+    return device_blocks + tier_blocks
 
 
 def min_num_blocks(peak_pinned: int, watermark: float) -> int:

@@ -391,9 +391,10 @@ def test_a_new_import_cycle_is_found_and_described(graph: grimp.ImportGraph) -> 
 
 def test_the_summary_writes_the_registry_keys_in_its_order() -> None:
     """Every key ``RunMetrics.summary()`` writes is in the registry, and every registry
-    entry but the one the engine adds is written, in ``SUMMARY_KEYS`` order."""
+    entry but those the engine and the driver add is written, in ``SUMMARY_KEYS`` order."""
     written = list(RunMetrics().summary(kv_bytes_per_block=1))
     by_engine = {mk.PREFIX_CACHE_IDEAL_GRANULARITY.key} | {m.key for m in mk.ADDED_BY_DRIVER}
+    by_engine |= {m.key for m in (*mk.ADDED_WITH_TIERS, mk.KV_TIER_HIT_RATE_PREDICTED)}
     assert written == [m.key for m in mk.SUMMARY_KEYS if m.key not in by_engine]
 
 
