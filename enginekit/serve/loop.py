@@ -371,6 +371,7 @@ class EngineLoop:
         usage = engine.kv_usage()
         metrics = engine.metrics
         block_bytes = engine.kv_spec.bytes_per_block
+        tiers = engine.cache.tiers
         self.snapshot = Snapshot(
             num_requests_running=num_running,
             num_requests_waiting=num_waiting,
@@ -390,6 +391,8 @@ class EngineLoop:
             generation_tokens=self._generation_tokens,
             num_finished_by_reason=dict(self._finished_by_reason),
             output_tokens_per_s=self._output_rate(),
+            tier_stats=tuple(engine.cache.tier_stats()),
+            tier_loads_avoided_blocks=tiers.num_avoided_blocks if tiers is not None else 0,
         )
         self.backlog.update(num_taken, num_waiting)
 

@@ -19,6 +19,14 @@ process never share series):
   aborted ones apart), ``request_success_total{finished_reason}`` (aborts included, as
   ``abort``), and ``request_rejected_total{reason}`` (``invalid`` bad input,
   ``unservable`` can never fit, ``queue_full`` answered 503);
+- KV tiers below the pool, per level (``tier`` label, the level's name; no series without
+  tiers), from the same snapshot: the counters ``kv_tier_hit_blocks_total`` (prompt
+  blocks admission loaded from the level), ``kv_tier_loaded_bytes_total``,
+  ``kv_tier_written_bytes_total``, ``kv_tier_evicted_blocks_total``,
+  ``kv_tier_failures_total``, ``kv_tier_load_seconds_total`` (link time of the loads), and
+  the gauges ``kv_tier_blocks`` and ``kv_tier_capacity_blocks``; and
+  ``kv_tier_loads_avoided_blocks_total`` (tier hits computed again because that was
+  cheaper than loading them; 0 without tiers);
 - histograms, observed by the engine loop in wall-clock seconds from the moment the
   server received the request: ``time_to_first_token_seconds``,
   ``inter_token_latency_seconds`` (between two steps that gave a request tokens),
@@ -41,6 +49,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from enginekit.interfaces.tier import TierLevelStats
 
 PREFIX = "enginekit:"
 # vLLM's buckets.
@@ -91,6 +101,8 @@ class Snapshot:
     generation_tokens: int = 0
     num_finished_by_reason: dict[str, int] = field(default_factory=dict)
     output_tokens_per_s: float = 0.0  # over the last RATE_WINDOW_S, in the engine's time
+    tier_stats: tuple[TierLevelStats, ...] = ()  # the KV tier levels', fastest first
+    tier_loads_avoided_blocks: int = 0
 
     @property
     def kv_cache_usage(self) -> float:
@@ -217,6 +229,7 @@ class _SnapshotCollector(Collector):
         for kind, count in sorted(snap.recomputed_tokens_by_kind.items()):
             recomputed.add_metric([kind], count)
         yield recomputed
+        yield from _tier_families(snap)
         success = CounterMetricFamily(
             PREFIX + "request_success",
             "Requests ended, by finish reason (stop, length, abort).",
@@ -232,3 +245,41 @@ class _SnapshotCollector(Collector):
         yield InfoMetricFamily(
             PREFIX + "engine", "The engine served.", value=self._metrics._engine_labels
         )
+
+
+_TIER_COUNTERS = (
+    ("kv_tier_hit_blocks", "Prompt blocks admission loaded from the KV tier level.",
+     "num_hit_blocks"),
+    ("kv_tier_loaded_bytes", "KV bytes loaded from the tier level to the device.",
+     "num_loaded_bytes"),
+    ("kv_tier_written_bytes", "KV bytes written into the tier level.", "num_written_bytes"),
+    ("kv_tier_evicted_blocks", "Blocks the tier level dropped to make room (to the next "
+     "level down, if any).", "num_evicted_blocks"),
+    ("kv_tier_failures", "Loads and writes of the tier level that failed (each a miss).",
+     "num_failures"),
+    ("kv_tier_load_seconds", "Link time of the tier level's loads (bytes / its speed).",
+     "load_time_s"),
+)  # fmt: skip
+_TIER_GAUGES = (
+    ("kv_tier_blocks", "Blocks the KV tier level holds.", "num_blocks"),
+    ("kv_tier_capacity_blocks", "Blocks the KV tier level holds at most.", "capacity_blocks"),
+)
+
+
+def _tier_families(snap: Snapshot) -> Iterator[Metric]:
+    """The KV tier levels' counters and gauges, one series per level (``tier``)."""
+    for name, documentation, attribute in _TIER_COUNTERS:
+        counter = CounterMetricFamily(PREFIX + name, documentation, labels=["tier"])
+        for level in snap.tier_stats:
+            counter.add_metric([level.name], getattr(level, attribute))
+        yield counter
+    for name, documentation, attribute in _TIER_GAUGES:
+        gauge = GaugeMetricFamily(PREFIX + name, documentation, labels=["tier"])
+        for level in snap.tier_stats:
+            gauge.add_metric([level.name], getattr(level, attribute))
+        yield gauge
+    yield CounterMetricFamily(
+        PREFIX + "kv_tier_loads_avoided_blocks",
+        "KV tier hits computed again because that was cheaper than loading them.",
+        value=snap.tier_loads_avoided_blocks,
+    )
