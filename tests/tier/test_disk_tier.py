@@ -42,7 +42,7 @@ def test_blocks_come_back_bit_for_bit_in_a_folder_per_namespace(tmp_path):
     disk = level(tmp_path)
     keys = [11, 2**64 - 1, 0]
     for key in keys:
-        assert disk.store(key, payload(key % 1000)) == []
+        assert list(disk.store(key, payload(key % 1000))) == []
     assert disk.num_blocks() == 3 and disk.capacity_blocks == 4
     assert disk.num_present(keys) == 3 and disk.num_present([11, 5, 0]) == 1
     got = disk.load(keys)
@@ -117,8 +117,8 @@ def test_a_failed_write_is_dropped_and_counted(tmp_path):
     for name in os.listdir(folder):
         os.unlink(folder / name)
     folder.rmdir()  # the folder went away under the level: every write fails
-    assert disk.store(2, payload(2)) == []
-    assert disk.store(3, object()) == []  # no buffer protocol: dropped as well
+    assert list(disk.store(2, payload(2))) == []
+    assert list(disk.store(3, object())) == []  # no buffer protocol: dropped as well
     assert disk.num_failures == 2
     assert disk.num_present([2]) == disk.num_present([3]) == 0
     assert disk.load([1]) == [] and disk.num_failures == 3  # its file went too
@@ -186,7 +186,7 @@ def test_the_speed_is_the_drive_s_at_most_the_host_link_s(tmp_path):
 def test_a_level_that_moves_no_data_keeps_an_index_and_writes_no_file(tmp_path):
     sim = CONTEXT._replace(moves_data=False)
     disk = level(tmp_path / "never", num_blocks=2, context=sim)
-    assert disk.store(1, None) == [] and disk.store(2, None) == []
+    assert list(disk.store(1, None)) == [] and list(disk.store(2, None)) == []
     assert disk.load([1, 2, 3]) == [None, None]
     assert disk.store(3, None) == [(1, None)]
     assert not (tmp_path / "never").exists()

@@ -41,7 +41,7 @@ def test_blocks_come_back_bit_for_bit_under_the_namespaced_key(redis_server):
     tier = level(redis_server.url, redis_gib=1.0, redis_gb_per_s=2.0)
     keys = [5, 2**64 - 1, 0]
     for key in keys:
-        assert tier.store(key, payload(key % 100)) == []  # the server evicts, not the level
+        assert list(tier.store(key, payload(key % 100))) == []  # the server evicts, not the level
     assert tier.num_present(keys) == 3 and tier.num_present([5, 6, 0]) == 1
     got = tier.load([*keys, 6, 5])
     assert len(got) == 3
@@ -76,12 +76,16 @@ def test_a_level_that_moves_no_data_shares_presence_through_empty_markers(redis_
     import redis
 
     sim = level(redis_server.url, CONTEXT._replace(moves_data=False))
-    assert sim.store(9, None) == []
+    assert list(sim.store(9, None)) == []
     assert sim.num_present([9, 10]) == 1 and sim.load([9, 10]) == [None]
     assert redis.Redis.from_url(redis_server.url).get(redis_key(CONTEXT.namespace, 9)) == b""
     # an engine that moves data finds the key, but a marker is no block: a miss
     real = level(redis_server.url)
     assert real.num_present([9]) == 1 and real.load([9]) == []
+    # a block replaces a marker; a marker never replaces a block
+    real.store(9, payload(9))
+    sim.store(9, None)
+    assert same(real.load([9])[0], payload(9))
 
 
 def test_a_server_killed_mid_run_is_a_counted_miss_and_never_an_exception(redis_server):
@@ -91,7 +95,7 @@ def test_a_server_killed_mid_run_is_a_counted_miss_and_never_an_exception(redis_
     redis_server.kill()
     assert tier.num_present([1]) == 0
     assert tier.load([1]) == []
-    assert tier.store(2, payload(2)) == []
+    assert list(tier.store(2, payload(2))) == []
     assert tier.num_failures == 3
     tier.check_integrity()
     tier.close()

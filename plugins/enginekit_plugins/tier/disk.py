@@ -169,7 +169,7 @@ class DiskTier(KVTier):
         if self.folder is not None and not self._write(key, payload):
             self.num_failures += 1
             return []
-        evicted = index.put(key, None)
+        evicted = list(index.put(key, None))
         if self.folder is None:
             return evicted
         handed_down: list[tuple[int, Payload]] = []

@@ -9,7 +9,8 @@ of GET. ``tier.redis_gib`` is the room this engine counts the server as having.
 
 A value is a short header (a magic number and the payload's length) then the payload's
 bytes: a value that is cut short, or the empty marker an engine that moves no data writes
-(the simulator: presence alone is shared), is a miss, never bytes put into a block.
+(the simulator: presence alone is shared; a marker never replaces a block), is a miss,
+never bytes put into a block.
 
 The server must answer when the level is built (else ConfigError naming the URL). During a
 run a lost, refusing or hanging server is a miss or a dropped write, counted in
@@ -185,7 +186,8 @@ class RedisTier(KVTier):
         if self._is_down():
             return []
         try:
-            self._client.set(redis_key(self.context.namespace, key), value)
+            # a marker never replaces a block an engine that moves data stored
+            self._client.set(redis_key(self.context.namespace, key), value, nx=value == MARKER)
         except self._errors as exc:
             self._failed(exc)
             return []
