@@ -68,14 +68,18 @@ class LruIndex:
         self._entries.move_to_end(key)
         return payload
 
-    def put(self, key: int, payload: Payload) -> list[tuple[int, Payload]]:
+    def put(self, key: int, payload: Payload) -> Sequence[tuple[int, Payload]]:
         """Stores (or refreshes) ``key``; returns the (key, payload) pairs evicted, least
         recently used first, to keep at most ``capacity``."""
-        self._entries[key] = payload
-        self._entries.move_to_end(key)
+        entries = self._entries
+        if key in entries:
+            entries.move_to_end(key)
+        entries[key] = payload
+        if len(entries) <= self.capacity:
+            return ()
         evicted = []
-        while len(self._entries) > self.capacity:
-            evicted.append(self._entries.popitem(last=False))
+        while len(entries) > self.capacity:
+            evicted.append(entries.popitem(last=False))
         return evicted
 
     def pop(self, key: int) -> Payload:
@@ -152,7 +156,7 @@ class KVTier(Plugin, ABC):
         used. A level that moves no data returns None for each."""
 
     @abstractmethod
-    def store(self, key: int, payload: Payload) -> list[tuple[int, Payload]]:
+    def store(self, key: int, payload: Payload) -> Sequence[tuple[int, Payload]]:
         """Keeps ``payload`` under ``key`` (refreshing a key it holds); returns the (key,
         payload) pairs it evicted to make room, for the next level down (a level that
         cannot return what it evicts returns none). A write that fails is dropped (counted

@@ -62,13 +62,6 @@ class TierRead(NamedTuple):
         ]
 
 
-class _Record(NamedTuple):
-    """What a device block holds since its last holder released it."""
-
-    key: int
-    num_uses: int  # releases that held it with this content (a prefix hit is a use)
-
-
 class _LevelCounts:
     """Running counters of one level (see ``TierLevelStats``)."""
 
@@ -121,7 +114,10 @@ class TierStack:
         self.write_policy = write_policy
         self._costs = costs  # None: always load
         self._keys: dict[int, list[int]] = {}  # seq id -> keys of its full blocks so far
-        self._records: dict[int, _Record] = {}  # released device block -> its content
+        # Released device block -> the key of its content, and how many releases held it
+        # with that content (a prefix hit is a use). Two dicts: no object per block.
+        self._record_keys: dict[int, int] = {}
+        self._record_uses: dict[int, int] = {}
         self._queued: dict[int, int] = {}  # device block -> key, saves for the next step
         self._in_flight: dict[int, int] = {}  # device block -> key, the step reads out
         self._counts = [_LevelCounts() for _ in levels]
@@ -220,20 +216,24 @@ class TierStack:
         are queued to be written down."""
         num_full = min(request.num_computed_tokens // self._block_size, len(block_ids))
         keys = self.keys(request, num_full) if num_full else []
-        records = self._records
-        write_through = self.write_policy == "write_through"
-        for index, block_id in enumerate(block_ids):
-            if block_id < 0:
-                continue
-            if index >= num_full:
-                records.pop(block_id, None)
-                continue
-            key = keys[index]
-            if write_through:
-                self._queue(block_id, key)
-                continue
-            old = records.get(block_id)
-            records[block_id] = _Record(key, old.num_uses + 1 if old and old.key == key else 1)
+        record_keys, record_uses = self._record_keys, self._record_uses
+        for block_id in block_ids[num_full:]:
+            if block_id >= 0:
+                record_keys.pop(block_id, None)
+                record_uses.pop(block_id, None)
+        if self.write_policy == "write_through":
+            for block_id, key in zip(block_ids[:num_full], keys, strict=True):
+                if block_id >= 0:
+                    self._queue(block_id, key)
+        else:
+            for block_id, key in zip(block_ids[:num_full], keys, strict=True):
+                if block_id < 0:
+                    continue
+                if record_keys.get(block_id) == key:
+                    record_uses[block_id] += 1
+                else:
+                    record_keys[block_id] = key
+                    record_uses[block_id] = 1
         self.forget(request)
 
     def on_evicted(self, block_ids: Sequence[int], is_free: Sequence[bool]) -> None:
@@ -243,14 +243,13 @@ class TierStack:
         if not self.hears_evictions:
             return
         min_uses = 2 if self.write_policy == "second_hit" else 1
-        records = self._records
+        record_keys, record_uses = self._record_keys, self._record_uses
         for block_id, free in zip(block_ids, is_free, strict=True):
-            record = records.get(block_id)
-            if record is None or not free:
+            if not free or block_id not in record_keys:
                 continue
-            del records[block_id]
-            if record.num_uses >= min_uses:
-                self._queue(block_id, record.key)
+            key = record_keys.pop(block_id)
+            if record_uses.pop(block_id) >= min_uses:
+                self._queue(block_id, key)
 
     def _queue(self, block_id: int, key: int) -> None:
         level = self.levels[0]
@@ -290,15 +289,15 @@ class TierStack:
             self._store(0, key, payloads[i] if payloads else None)
 
     def _store(self, level_index: int, key: int, payload: Payload) -> None:
-        level = self.levels[level_index]
         counts = self._counts[level_index]
-        evicted = level.store(key, payload)
+        evicted = self.levels[level_index].store(key, payload)
         counts.num_written_blocks += 1
         counts.num_written_bytes += self._block_bytes
-        counts.num_evicted_blocks += len(evicted)
-        if level_index + 1 < len(self.levels):
-            for evicted_key, evicted_payload in evicted:
-                self._store(level_index + 1, evicted_key, evicted_payload)
+        if evicted:
+            counts.num_evicted_blocks += len(evicted)
+            if level_index + 1 < len(self.levels):
+                for evicted_key, evicted_payload in evicted:
+                    self._store(level_index + 1, evicted_key, evicted_payload)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -330,7 +329,9 @@ class TierStack:
                     f"tier {name!r} holds {level.num_blocks()} blocks, more than its "
                     f"capacity {level.capacity_blocks}"
                 )
-        for block_id in (*self._records, *self._queued, *self._in_flight):
+        if self._record_keys.keys() != self._record_uses.keys():
+            raise KVCacheError("a tier record has a key without a use count, or the reverse")
+        for block_id in (*self._record_keys, *self._queued, *self._in_flight):
             if not 0 <= block_id < num_device_blocks:
                 raise KVCacheError(f"a tier record names block {block_id}, not a device block")
 

@@ -69,7 +69,7 @@ class DictTier(KVTier):
             payloads.append(self._index.get(key))
         return payloads
 
-    def store(self, key: int, payload: Payload) -> list[tuple[int, Payload]]:
+    def store(self, key: int, payload: Payload) -> Sequence[tuple[int, Payload]]:
         return self._index.put(key, payload)
 
 
@@ -313,7 +313,7 @@ class CheckingTier(DictTier):
     """A level whose payloads are the keys of the content the executor read out: storing
     a payload under another key means a block was written down under a wrong name."""
 
-    def store(self, key: int, payload: Payload) -> list[tuple[int, Payload]]:
+    def store(self, key: int, payload: Payload) -> Sequence[tuple[int, Payload]]:
         assert payload == key, f"block content {payload!r} written under key {key}"
         return super().store(key, payload)
 

@@ -71,7 +71,7 @@ class HostTier(KVTier):
             payloads.append(index.get(key))
         return payloads
 
-    def store(self, key: int, payload: Payload) -> list[tuple[int, Payload]]:
+    def store(self, key: int, payload: Payload) -> Sequence[tuple[int, Payload]]:
         return self._index.put(key, payload)
 
     def check_integrity(self) -> None:

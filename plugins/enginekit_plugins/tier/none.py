@@ -46,5 +46,5 @@ class NoTier(KVTier):
     def load(self, keys: Sequence[int]) -> list[Payload]:
         return []
 
-    def store(self, key: int, payload: Payload) -> list[tuple[int, Payload]]:
+    def store(self, key: int, payload: Payload) -> Sequence[tuple[int, Payload]]:
         return []
