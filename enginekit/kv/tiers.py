@@ -22,7 +22,8 @@ device blocks, so what is written under a key is that key's content.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from enginekit.errors import ConfigError, KVCacheError
@@ -285,19 +286,25 @@ class TierStack:
             raise KVCacheError(
                 f"the executor returned {len(payloads)} payloads for {len(in_flight)} saves"
             )
-        for i, key in enumerate(in_flight.values()):
-            self._store(0, key, payloads[i] if payloads else None)
+        self._store(0, zip(in_flight.values(), payloads or itertools.repeat(None), strict=False))
 
-    def _store(self, level_index: int, key: int, payload: Payload) -> None:
+    def _store(self, level_index: int, pairs: Iterable[tuple[int, Payload]]) -> None:
+        """Stores the (key, payload) ``pairs`` in level ``level_index``; what it evicts for
+        them goes to the next level down (or is dropped below the last)."""
+        level = self.levels[level_index]
         counts = self._counts[level_index]
-        evicted = self.levels[level_index].store(key, payload)
-        counts.num_written_blocks += 1
-        counts.num_written_bytes += self._block_bytes
-        if evicted:
-            counts.num_evicted_blocks += len(evicted)
-            if level_index + 1 < len(self.levels):
-                for evicted_key, evicted_payload in evicted:
-                    self._store(level_index + 1, evicted_key, evicted_payload)
+        evicted: list[tuple[int, Payload]] = []
+        num_written = 0
+        for key, payload in pairs:
+            num_written += 1
+            dropped = level.store(key, payload)
+            if dropped:
+                evicted += dropped
+        counts.num_written_blocks += num_written
+        counts.num_written_bytes += num_written * self._block_bytes
+        counts.num_evicted_blocks += len(evicted)
+        if evicted and level_index + 1 < len(self.levels):
+            self._store(level_index + 1, evicted)
 
     # -- reading ---------------------------------------------------------------------------
 
