@@ -280,8 +280,7 @@ class Engine:
         self._admit_arrivals()
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
-            if scheduled.tier_saves:
-                self.cache.cancel_tier_saves()
+            self._write_down()
             self._wait_for_arrivals()
             return []
         output = self.executor.execute(scheduled)
@@ -291,7 +290,21 @@ class Engine:
         update = self.scheduler.update(scheduled, output)
         finished = self._finish(update)
         self._record(scheduled, output.step_time_s, update)
+        if not self.has_unfinished_requests():
+            self._write_down()  # what the last requests released
         return finished
+
+    def _write_down(self) -> None:
+        """While nothing else runs (an empty step, or no request left): the blocks queued
+        to be written down to a KV tier are read out by a step that computes nothing and
+        stored, so that they do not wait for a request that may never come (another
+        replica may want them now)."""
+        if not self.cache.has_queued_tier_saves:
+            return
+        no: list[int] = []  # no sequences (the lists are read, never mutated)
+        saves = SchedulerOutput(-1, no, no, no, no, no, no, no, no, [])
+        output = self.executor.execute(saves._replace(tier_saves=self.cache.take_tier_saves()))
+        self.cache.complete_tier_saves(output.saved_payloads)
 
     def _admit_arrivals(self) -> None:
         if not self.scheduler.num_unfinished and self._pending:

@@ -25,7 +25,7 @@ from enginekit.kv.swap_space import SwapSpace
 from enginekit.kv.tiers import TierStack
 from enginekit.request import Request
 from enginekit.spec.kv import KVSpec
-from enginekit.step import KVUsage
+from enginekit.step import KVUsage, TierSave
 
 if TYPE_CHECKING:
     from enginekit.interfaces import Allocator
@@ -685,11 +685,15 @@ class KVCacheManager:
         if self.tiers is not None:
             self.tiers.complete_saves(payloads)
 
-    def cancel_tier_saves(self) -> None:
-        """The step last scheduled was not run (nothing to compute): its tier saves wait
-        for the next one."""
-        if self.tiers is not None:
-            self.tiers.cancel_saves()
+    def take_tier_saves(self) -> list[TierSave]:
+        """The tier saves queued since the last step, for a step of their own (the engine's
+        while nothing else runs); completed by ``complete_tier_saves``."""
+        return [] if self.tiers is None else self.tiers.take_saves()
+
+    @property
+    def has_queued_tier_saves(self) -> bool:
+        """Whether blocks wait to be written down to a tier at the next step."""
+        return self.tiers is not None and self.tiers.num_queued > 0
 
     def tier_stats(self) -> list[TierLevelStats]:
         """What each KV tier level did so far, fastest first (none without tiers)."""

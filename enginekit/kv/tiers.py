@@ -271,11 +271,10 @@ class TierStack:
         self._in_flight, self._queued = self._queued, {}
         return saves
 
-    def cancel_saves(self) -> None:
-        """The step the saves were taken for did not run (it had nothing to compute): they
-        are queued again for the next one (no executor wrote a device block since)."""
-        self._in_flight.update(self._queued)
-        self._queued, self._in_flight = self._in_flight, {}
+    @property
+    def num_queued(self) -> int:
+        """Saves queued for the next step."""
+        return len(self._queued)
 
     def complete_saves(self, payloads: Sequence[Payload]) -> None:
         """The executor read out the step's saves (``payloads`` in order; empty from an
