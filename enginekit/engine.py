@@ -126,7 +126,8 @@ class Engine:
         context = make_context(backend, num_blocks, self.kv_spec, self.max_model_len, attention)
         hardware = hardware_preset(cfg.hardware.name)
         costs = RestoreCost.of(hardware, self.shape, self.kv_spec)
-        tiers = _build_tiers(tier_cfg, cfg, self.kv_spec, backend, hardware, costs)
+        block_bytes = self.executor.tier_payload_bytes() or self.kv_spec.bytes_per_block
+        tiers = _build_tiers(tier_cfg, cfg, self.kv_spec, block_bytes, backend, hardware, costs)
         if tiers is not None:
             self.executor.attach_tiers([level.bytes_per_s for level in tiers.levels])
         self.cache = KVCacheManager(
@@ -521,12 +522,14 @@ def _build_tiers(
     tier_cfg: TierConfig,
     cfg: DictConfig,
     kv_spec: KVSpec,
+    block_bytes: int,
     backend: Backend,
     hardware: HardwareSpec,
     costs: RestoreCost,
 ) -> TierStack | None:
     """The KV tier levels ``tier_cfg`` asks for (None for ``none``), built through the
-    plugin registry, each checked as it is built (room, folder, server: ConfigError)."""
+    plugin registry, each checked as it is built (room, folder, server: ConfigError);
+    ``block_bytes``: one block's payload, as the executor reads it out."""
     names = tier_names(tier_cfg)
     check_tier_names(names)
     if not names:
@@ -544,7 +547,7 @@ def _build_tiers(
     )
     digest = hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
     context = TierContext(
-        block_bytes=kv_spec.bytes_per_block,
+        block_bytes=block_bytes,
         namespace=f"enginekit-{digest}",
         moves_data=moves_data,
         link_bytes_per_s=hardware.effective_pcie_bandwidth,
@@ -563,7 +566,7 @@ def _build_tiers(
         names,
         backend,
         kv_spec.block_size,
-        kv_spec.bytes_per_block,
+        block_bytes,
         tier_cfg.write_policy,
         costs if tier_cfg.load_or_recompute else None,
     )

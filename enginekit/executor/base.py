@@ -39,6 +39,11 @@ class Executor(ABC):
         name levels by that index). An executor that models transfer time keeps them;
         one that moves real data measures its own. Default: nothing."""
 
+    def tier_payload_bytes(self) -> int | None:
+        """Bytes of one block as read out for a KV tier (``ModelOutput.saved_payloads``),
+        or None where no data moves (the block's KV bytes are what a tier is sized by)."""
+        return None
+
     def describe(self) -> dict[str, object]:
         """What the report prints about where the run happened (device, model, ...)."""
         return {}

@@ -164,6 +164,9 @@ class TorchExecutor(Executor):
             chunk_tokens,
         )
 
+    def tier_payload_bytes(self) -> int:
+        return self.kv_tensors.payload_bytes
+
     def describe(self) -> dict[str, object]:
         """Where and how the run happens: device, model, kernels, the KV pool and the host
         swap pool (blocks and bytes; the host blocks allocated so far), and what the
