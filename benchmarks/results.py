@@ -16,6 +16,8 @@ Runs, side by side where there is something to compare:
 - the hit-rate curve against reruns: one run of multi-turn ShareGPT predicts the hit rate
   at other pool sizes, which reruns at those sizes measure;
 - ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
+- ``bench_tiers.py``: Mooncake's conversation trace replayed whole, device only, with a
+  host tier and with host and disk tiers, its printed table verbatim;
 - ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
 - the claims (``enginekit.claims.job``): the main table, the rest folded;
 - ``tools/kernel_proxies.py --ci``: the kernels compiled offline for sm_90a (registers,
@@ -673,6 +675,35 @@ def carried_section(text: str, heading: str) -> str:
     return (heading + "\n" + body).rstrip("\n") + "\n"
 
 
+TIERS_HEADING = "## KV tiers on Mooncake's conversation trace (simulated)"
+
+
+def tiers_section() -> tuple[str, list[Headline]]:
+    """bench_tiers.py on the whole trace (its three replays, two at a time)."""
+    with tempfile.TemporaryDirectory() as folder:
+        rows_path = Path(folder) / "tiers.json"
+        command = [sys.executable, str(BENCHMARKS / "bench_tiers.py"), "--json", str(rows_path)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+        rows = {row["config"]: row for row in json.loads(rows_path.read_text())}
+    text = (
+        f"{TIERS_HEADING}\n\n"
+        "`python3 benchmarks/bench_tiers.py`, as printed: Mooncake's 12,031 requests at their "
+        "own arrival times on Llama-3.1-8B and an H200, the device pool alone, with 256 GiB "
+        "of host memory under it, and with host and 2 TiB of disk; hit shares are of prompt "
+        "tokens, `unbounded` is the hit rate of a cache that keeps every block:\n\n"
+        f"```text\n{out.strip()}\n```\n"
+    )
+    device, best = rows["device"], rows["+host+disk"]
+    figure = (
+        f"hit rate {device['hit_rate']:.1%} device only, {rows['+host']['hit_rate']:.1%} "
+        f"+ host, {best['hit_rate']:.1%} + host + disk (unbounded: "
+        f"{best['hit_rate_unbounded']:.1%}); mean TTFT "
+        f"{device['ttft_mean_s'] / best['ttft_mean_s']:.1f}× lower with host + disk"
+    )
+    what = "KV tiers, Mooncake conversation trace on Llama-3.1-8B / H200 (simulated)"
+    return text, [Headline(what, figure, TIERS_HEADING)]
+
+
 def build(
     quick: bool, previous: str = "", kernels: Path | None = None
 ) -> tuple[list[str], list[Headline]]:
@@ -688,6 +719,7 @@ def build(
         lambda: sharegpt_section(quick),
         curve_section,
         capacity_section,
+        tiers_section,
     ):
         text, rows = measure()
         sections.append(text)
