@@ -82,6 +82,11 @@ class LruIndex:
             evicted.append(entries.popitem(last=False))
         return evicted
 
+    def touch(self, key: int) -> None:
+        """Marks ``key``, if held, most recently used."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+
     def pop(self, key: int) -> Payload:
         """Removes ``key``; returns its payload (None if absent)."""
         return self._entries.pop(key, None)
@@ -161,6 +166,15 @@ class KVTier(Plugin, ABC):
         payload) pairs it evicted to make room, for the next level down (a level that
         cannot return what it evicts returns none). A write that fails is dropped (counted
         in ``num_failures``)."""
+
+    def discard(self, keys: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """Drops ``keys`` (their blocks were loaded back to the device, which will write
+        them down again when it evicts them: the levels then hold what the device does not,
+        and a level's room goes to other blocks). Default: keeps them."""
+
+    def touch(self, key: int) -> None:  # noqa: B027 - optional hook
+        """``key``, which the level holds, was just used again (the device evicted a block
+        it had loaded from here): it becomes the most recently used. Default: nothing."""
 
     def check_integrity(self) -> None:  # noqa: B027 - optional hook
         """Raises KVCacheError if the level's own index is inconsistent."""

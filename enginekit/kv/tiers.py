@@ -114,6 +114,10 @@ class TierStack:
         self._block_bytes = block_bytes
         self.write_policy = write_policy
         self._costs = costs  # None: always load
+        # on_evict writes a block down each time the device evicts it, so a block loaded
+        # back leaves its level (exclusive levels: their room goes to other blocks);
+        # second_hit would not write it again, write_through keeps every level inclusive.
+        self._exclusive = write_policy == "on_evict"
         self._keys: dict[int, list[int]] = {}  # seq id -> keys of its full blocks so far
         # Released device block -> the key of its content, and how many releases held it
         # with that content (a prefix hit is a use). Two dicts: no object per block.
@@ -196,6 +200,8 @@ class TierStack:
         for run in runs:
             level = self.levels[run.level]
             got = level.load(keys[position : position + run.num_blocks])
+            if got and self._exclusive and not level.is_shared:
+                level.discard(keys[position : position + len(got)])
             if got:
                 loaded.append(TierRun(run.level, len(got)))
                 payloads.extend(got)
@@ -255,7 +261,8 @@ class TierStack:
     def _queue(self, block_id: int, key: int) -> None:
         level = self.levels[0]
         if not level.is_shared and level.num_present((key,)):
-            return  # written down already (a shared level is not asked: a round trip each)
+            level.touch(key)  # written down already: as recent as a fresh write
+            return  # (a shared level is not asked: a round trip each)
         self._queued[block_id] = key
 
     def take_saves(self) -> list[TierSave]:

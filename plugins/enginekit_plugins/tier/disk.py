@@ -180,6 +180,15 @@ class DiskTier(KVTier):
                 handed_down.append((evicted_key, data))
         return handed_down
 
+    def touch(self, key: int) -> None:
+        self._index.touch(key)
+
+    def discard(self, keys: Sequence[int]) -> None:
+        for key in keys:
+            if key in self._index:
+                self._index.pop(key)
+                self._unlink(key)
+
     def check_integrity(self) -> None:
         self._index.check_integrity()
 

@@ -74,5 +74,12 @@ class HostTier(KVTier):
     def store(self, key: int, payload: Payload) -> Sequence[tuple[int, Payload]]:
         return self._index.put(key, payload)
 
+    def touch(self, key: int) -> None:
+        self._index.touch(key)
+
+    def discard(self, keys: Sequence[int]) -> None:
+        for key in keys:
+            self._index.pop(key)
+
     def check_integrity(self) -> None:
         self._index.check_integrity()
