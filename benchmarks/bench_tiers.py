@@ -109,7 +109,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
         )
         ratio = base_ttft / row["ttft_mean_s"] if base_ttft and row["ttft_mean_s"] else math.nan
         print(
-            f"{row['config']:<11} {row['time_scale']:>6g} {row['requests']:>9,} {row['rejected']:>8,} {shares} "
+            f"{row['config']:<11} {row['time_scale']:>6g} {row['requests']:>9,} "
+            f"{row['rejected']:>8,} {shares} "
             f"{row['hit_rate']:>9.1%} {row['hit_rate_unbounded']:>9.1%} "
             f"{row['ttft_mean_s']:>9.2f}s {row['ttft_p99_s']:>8.2f}s {ratio:>7.2f}x "
             f"{row['total_tokens_per_s']:>8,.0f} {row['wall_s']:>7.0f}"
