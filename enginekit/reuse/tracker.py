@@ -117,9 +117,11 @@ class ReuseTracker:
         # parent's id followed by its tokens, is one bytes object: hashed and compared
         # as such, and not a container the garbage collector has to scan.
         self._nodes: dict[bytes, bytes] = {}
-        # Each node's children (whole blocks and the partial tails sequences end with):
-        # one bytes object, or a sorted list of them once there are two or more, so that
-        # the longest partial match is a neighbour of the query.
+        # Each node's children (whole blocks and the partial tails sequences end with),
+        # each as the node's id followed by its tokens (for a whole block, the very key
+        # of its node in ``_nodes``: a block's tokens are held once): one bytes object,
+        # or a sorted list of them once there are two or more, so that the longest
+        # partial match is a neighbour of the query.
         self._children: dict[bytes, bytes | list[bytes]] = {}
         self._roots: dict[str | None, bytes] = {None: _id(0)}
         # Recent distinct requests (root and tokens -> their nodes): a request repeated
@@ -164,18 +166,19 @@ class ReuseTracker:
         self._num_node_ids += 1
         return _id(node)
 
-    def _add_child(self, node: bytes, segment: bytes) -> None:
-        """Records ``segment`` (a whole block or a tail) as a child of ``node``, once."""
+    def _add_child(self, node: bytes, child: bytes) -> None:
+        """Records ``child`` (``node``'s id followed by a whole block or a tail) as a
+        child of ``node``, once."""
         children = self._children.get(node)
         if children is None:
-            self._children[node] = segment
+            self._children[node] = child
         elif isinstance(children, bytes):
-            if children != segment:
-                self._children[node] = sorted((children, segment))
+            if children != child:
+                self._children[node] = sorted((children, child))
         else:
-            i = bisect.bisect_left(children, segment)
-            if i == len(children) or children[i] != segment:
-                children.insert(i, segment)
+            i = bisect.bisect_left(children, child)
+            if i == len(children) or children[i] != child:
+                children.insert(i, child)
 
     def _partial(self, node: bytes, query: bytes) -> int:
         """Tokens of ``query`` (a segment after ``node``) some child of ``node`` starts
@@ -183,15 +186,16 @@ class ReuseTracker:
         children = self._children.get(node)
         if not children or not query:
             return 0
+        query = node + query  # children start with their parent's id: one more "token"
         if isinstance(children, bytes):
-            return _common_tokens(query, children)
+            return _common_tokens(query, children) - 1
         i = bisect.bisect_left(children, query)
         best = 0
         if i < len(children):
             best = _common_tokens(query, children[i])
         if i:
             best = max(best, _common_tokens(query, children[i - 1]))
-        return best
+        return best - 1
 
     def _walk(self, root: bytes, segments: list[bytes]) -> list[bytes]:
         """The nodes of the leading ``segments`` that exist under ``root``. Reads only."""
@@ -236,15 +240,28 @@ class ReuseTracker:
         else:
             partial = self._partial(parent, data[start : num_prompt * 4])
         parent = path[-1] if path else root
-        nodes = self._nodes
-        for segment in segments[num_walked:]:
-            node = nodes[parent + segment] = self._new_id()
-            self._add_child(parent, segment)
-            path.append(node)
-            parent = node
+        nodes, children = self._nodes, self._children
+        new = segments[num_walked:]
         tail = data[num_blocks * width :]
-        if tail:
-            self._add_child(parent, tail)
+        if new:
+            # Past the walk every block is new, the only child of the new block before
+            # it (the first one, a child of an existing node); ids are consecutive.
+            first = self._num_node_ids
+            self._num_node_ids = first + len(new)
+            ids = array("I", range(first, first + len(new))).tobytes()
+            key = parent + new[0]
+            self._add_child(parent, key)
+            node = nodes[key] = ids[:4]
+            path.append(node)
+            for i in range(1, len(new)):
+                key = node + new[i]
+                children[node] = key  # a new node's only child
+                node = nodes[key] = ids[4 * i : 4 * i + 4]
+                path.append(node)
+            if tail:
+                children[node] = node + tail
+        elif tail:
+            self._add_child(parent, parent + tail)
         return matched, partial, b"".join(path)
 
     def _remember(self, key: bytes, joined: bytes) -> None:
