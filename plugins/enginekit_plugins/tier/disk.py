@@ -187,7 +187,8 @@ class DiskTier(KVTier):
         for key in keys:
             if key in self._index:
                 self._index.pop(key)
-                self._unlink(key)
+                if self.folder is not None:  # None: the simulator's disk, an index alone
+                    self._unlink(key)
 
     def check_integrity(self) -> None:
         self._index.check_integrity()
