@@ -92,14 +92,15 @@ def _stretched(lines: list[str], scale: float, folder: Path) -> str:
     return str(path)
 
 
-def _print(rows: list[dict[str, Any]]) -> None:
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as the table the benchmark prints."""
     levels = ["device", "host", "disk"]
-    print(
+    lines = [
         f"{'config':<11} {'x time':>6} {'requests':>9} {'rejected':>8} "
         + " ".join(f"{'hit ' + level:>10}" for level in levels)
         + f" {'hit rate':>9} {'unbounded':>9} {'TTFT mean':>10} {'TTFT p99':>9} "
         f"{'x device':>8} {'tok/s':>8} {'wall s':>7}"
-    )
+    ]
     device_ttft = {r["time_scale"]: r["ttft_mean_s"] for r in rows if r["config"] == "device"}
     for row in rows:
         base_ttft = device_ttft.get(row["time_scale"])
@@ -108,13 +109,14 @@ def _print(rows: list[dict[str, Any]]) -> None:
             f"{by_tier.get(level, 0) / row['query_tokens']:>10.1%}" for level in levels
         )
         ratio = base_ttft / row["ttft_mean_s"] if base_ttft and row["ttft_mean_s"] else math.nan
-        print(
+        lines.append(
             f"{row['config']:<11} {row['time_scale']:>6g} {row['requests']:>9,} "
             f"{row['rejected']:>8,} {shares} "
             f"{row['hit_rate']:>9.1%} {row['hit_rate_unbounded']:>9.1%} "
             f"{row['ttft_mean_s']:>9.2f}s {row['ttft_p99_s']:>8.2f}s {ratio:>7.2f}x "
             f"{row['total_tokens_per_s']:>8,.0f} {row['wall_s']:>7.0f}"
         )
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -161,7 +163,7 @@ def main() -> int:
         ]
         rows = [future.result() for future in futures]
     folder.cleanup()
-    _print(rows)
+    print(format_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

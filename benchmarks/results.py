@@ -62,6 +62,7 @@ exit_if_missing("benchmarks/results.py", extras=["data", "torch"], modules=["tri
 
 import bench_bookkeeping  # noqa: E402
 import bench_simulator  # noqa: E402
+import bench_tiers  # noqa: E402
 import kernel_proxies  # noqa: E402
 
 from enginekit.claims.job import markdown_table, render_markdown, run_claims  # noqa: E402
@@ -678,15 +679,19 @@ def carried_section(text: str, heading: str) -> str:
 TIERS_HEADING = "## KV tiers on Mooncake's conversation trace (simulated)"
 
 
-def tiers_section() -> tuple[str, list[Headline]]:
-    """bench_tiers.py on the whole trace (its three replays, two at a time)."""
-    with tempfile.TemporaryDirectory() as folder:
-        rows_path = Path(folder) / "tiers.json"
-        command = [sys.executable, str(BENCHMARKS / "bench_tiers.py"), "--json", str(rows_path)]
-        out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
-        rows = {
-            (row["config"], row["time_scale"]): row for row in json.loads(rows_path.read_text())
-        }
+def tiers_section(path: Path | None = None) -> tuple[str, list[Headline]]:
+    """bench_tiers.py on the whole trace (its replays, two at a time), or the rows of such
+    a run in ``path`` (``bench_tiers.py --json``: the replays take half an hour here)."""
+    if path is None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "tiers.json"
+            command = [sys.executable, str(BENCHMARKS / "bench_tiers.py"), "--json", str(path)]
+            subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
+            listed = json.loads(path.read_text())
+    else:
+        listed = json.loads(path.read_text())
+    out = bench_tiers.format_table(listed)
+    rows = {(row["config"], row["time_scale"]): row for row in listed}
     text = (
         f"{TIERS_HEADING}\n\n"
         "`python3 benchmarks/bench_tiers.py`, as printed: Mooncake's 12,031 requests at their "
@@ -713,11 +718,12 @@ def tiers_section() -> tuple[str, list[Headline]]:
 
 
 def build(
-    quick: bool, previous: str = "", kernels: Path | None = None
+    quick: bool, previous: str = "", kernels: Path | None = None, tiers: Path | None = None
 ) -> tuple[list[str], list[Headline]]:
     """Every section of docs/results.md, in order, and the README's headline rows;
     ``previous``: the last docs/results.md, whose GPU and trained-model figures are kept
-    when they cannot be measured here; ``kernels``: a ``bench_kernels.py --json`` report."""
+    when they cannot be measured here; ``kernels``: a ``bench_kernels.py --json`` report;
+    ``tiers``: a ``bench_tiers.py --json`` report (None: run it)."""
     sections: list[str] = []
     headlines: list[Headline] = []
     for measure in (
@@ -727,7 +733,7 @@ def build(
         lambda: sharegpt_section(quick),
         curve_section,
         capacity_section,
-        tiers_section,
+        lambda: tiers_section(tiers),
     ):
         text, rows = measure()
         sections.append(text)
@@ -805,14 +811,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--kernels", type=Path, metavar="FILE", help="a bench_kernels.py --json report"
     )
+    parser.add_argument(
+        "--tiers", type=Path, metavar="FILE", help="a bench_tiers.py --json report (else run it)"
+    )
     args = parser.parse_args(argv)
     command = "python3 benchmarks/results.py" + " --quick" * args.quick
     if args.kernels is not None:
         command += f" --kernels {args.kernels}"
+    if args.tiers is not None:
+        command += " --tiers FILE"
     start = time.perf_counter()
     # the last results file; before the first, the README, where the results used to be
     previous = (args.out if args.out.is_file() else args.readme).read_text()
-    sections, headlines = build(args.quick, previous, args.kernels)
+    sections, headlines = build(args.quick, previous, args.kernels, args.tiers)
     document = results_document(sections, command, time.perf_counter() - start)
     block = headline_block(headlines, command)
     if args.print:
