@@ -819,7 +819,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kernels is not None:
         command += f" --kernels {args.kernels}"
     if args.tiers is not None:
-        command += " --tiers FILE"
+        command += f" --tiers {args.tiers}"
     start = time.perf_counter()
     # the last results file; before the first, the README, where the results used to be
     previous = (args.out if args.out.is_file() else args.readme).read_text()
