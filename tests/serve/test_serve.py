@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from enginekit import Engine, SamplingParams
 from enginekit.app import compose_config
+from enginekit.config import PLUGIN_GROUPS
 from enginekit.serve import BackgroundServer, Server
 
 MAX_TOKENS = 12
@@ -410,7 +411,7 @@ def test_metrics_parse_and_their_counters_equal_the_engines_summary(served, clie
     assert metrics["enginekit:kv_cache_num_blocks"] == 400
     plugins = {k: v for k, v in metrics.items() if k.startswith("enginekit:plugin_info")}
     assert any('group="prefix"' in k and 'name="radix"' in k for k in plugins)
-    assert len(plugins) == 5 and all(v == 1 for v in plugins.values())
+    assert len(plugins) == len(PLUGIN_GROUPS) and all(v == 1 for v in plugins.values())
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
                  "request_prompt_tokens"):  # fmt: skip
         assert metrics[f"enginekit:{name}_count"] > 0
