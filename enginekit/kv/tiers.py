@@ -259,6 +259,8 @@ class TierStack:
                 self._queue(block_id, key)
 
     def _queue(self, block_id: int, key: int) -> None:
+        """Queues device block ``block_id`` to be written down under ``key``, unless the
+        fastest level holds that key already (then it is refreshed there)."""
         level = self.levels[0]
         if not level.is_shared and level.num_present((key,)):
             level.touch(key)  # written down already: as recent as a fresh write
@@ -271,9 +273,7 @@ class TierStack:
         if not self._queued:
             return []
         if self._in_flight:
-            raise KVCacheError(
-                "tier saves taken for a step before the last step's were completed or cancelled"
-            )
+            raise KVCacheError("tier saves taken for a step before the last step's were completed")
         saves = [TierSave(block_id, 0) for block_id in self._queued]
         self._in_flight, self._queued = self._queued, {}
         return saves
