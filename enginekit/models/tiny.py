@@ -12,6 +12,7 @@ decoding is not decided by rounding.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +29,8 @@ TINY_EOS_TOKEN_ID = 2
 def llama_config(shape: ModelShape, **settings: Any) -> dict[str, Any]:
     """A Llama config.json of ``shape``'s sizes (untied embeddings, SiLU, the shape's
     dtype), with ``settings`` (norm epsilon, rope theta, token ids, ...) added or
-    overriding."""
+    overriding. The settings are copied: a config handed to transformers (which completes
+    its ``rope_scaling`` in place) never changes a preset's (``PRESET_ROPE``)."""
     return {
         "model_type": "llama",
         "vocab_size": shape.vocab_size,
@@ -42,7 +44,7 @@ def llama_config(shape: ModelShape, **settings: Any) -> dict[str, Any]:
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "torch_dtype": shape.dtype,
-        **settings,
+        **copy.deepcopy(settings),
     }
 
 

@@ -7,7 +7,7 @@ the models our users compare against; any other shape can be given field by fiel
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from enginekit.errors import ConfigError
@@ -144,55 +144,38 @@ LLAMA_3_1_ROPE_SCALING: dict[str, Any] = {
 frequencies, trained at 8,192 positions, stretched to 131,072 (low frequencies divided by
 ``factor``, high ones kept, a blend between; ``enginekit.models.rope`` implements it)."""
 
+_LLAMA_3_8B = ModelShape(
+    name="llama-3-8b",
+    num_layers=32,
+    hidden_size=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+    vocab_size=128256,
+    max_model_len=8192,
+)
+_LLAMA_3_70B = ModelShape(
+    name="llama-3-70b",
+    num_layers=80,
+    hidden_size=8192,
+    num_heads=64,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=28672,
+    vocab_size=128256,
+    max_model_len=8192,
+)
+
 MODEL_PRESETS: dict[str, ModelShape] = {
     shape.name: shape
     for shape in (
-        ModelShape(
-            name="llama-3-8b",
-            num_layers=32,
-            hidden_size=4096,
-            num_heads=32,
-            num_kv_heads=8,
-            head_dim=128,
-            intermediate_size=14336,
-            vocab_size=128256,
-            max_model_len=8192,
-        ),
-        ModelShape(
-            name="llama-3-70b",
-            num_layers=80,
-            hidden_size=8192,
-            num_heads=64,
-            num_kv_heads=8,
-            head_dim=128,
-            intermediate_size=28672,
-            vocab_size=128256,
-            max_model_len=8192,
-        ),
+        _LLAMA_3_8B,
+        _LLAMA_3_70B,
         # Llama 3.1: Llama 3's shapes at a 128K context, reached by rope scaling
         # (PRESET_ROPE; a shape does not carry it).
-        ModelShape(
-            name="llama-3.1-8b",
-            num_layers=32,
-            hidden_size=4096,
-            num_heads=32,
-            num_kv_heads=8,
-            head_dim=128,
-            intermediate_size=14336,
-            vocab_size=128256,
-            max_model_len=131072,
-        ),
-        ModelShape(
-            name="llama-3.1-70b",
-            num_layers=80,
-            hidden_size=8192,
-            num_heads=64,
-            num_kv_heads=8,
-            head_dim=128,
-            intermediate_size=28672,
-            vocab_size=128256,
-            max_model_len=131072,
-        ),
+        replace(_LLAMA_3_8B, name="llama-3.1-8b", max_model_len=131072),
+        replace(_LLAMA_3_70B, name="llama-3.1-70b", max_model_len=131072),
         ModelShape(
             name="mistral-7b",  # v0.1: a 4,096-token sliding window
             num_layers=32,
