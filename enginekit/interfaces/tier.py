@@ -62,6 +62,15 @@ class LruIndex:
     def __iter__(self) -> Iterator[int]:
         return iter(self._entries)
 
+    def num_leading(self, keys: Sequence[int]) -> int:
+        """How many of ``keys``, from the first, are held (``KVTier.num_present`` of a
+        level whose index this is)."""
+        entries = self._entries
+        for i, key in enumerate(keys):
+            if key not in entries:
+                return i
+        return len(keys)
+
     def get(self, key: int) -> Payload:
         """The key's payload, marking it most recently used; KeyError if absent."""
         payload = self._entries[key]

@@ -55,10 +55,7 @@ class DictTier(KVTier):
         return len(self._index)
 
     def num_present(self, keys: Sequence[int]) -> int:
-        for i, key in enumerate(keys):
-            if key not in self._index:
-                return i
-        return len(keys)
+        return self._index.num_leading(keys)
 
     def load(self, keys: Sequence[int]) -> list[Payload]:
         payloads = []

@@ -56,11 +56,7 @@ class HostTier(KVTier):
         return len(self._index)
 
     def num_present(self, keys: Sequence[int]) -> int:
-        index = self._index
-        for i, key in enumerate(keys):
-            if key not in index:
-                return i
-        return len(keys)
+        return self._index.num_leading(keys)
 
     def load(self, keys: Sequence[int]) -> list[Payload]:
         index = self._index
