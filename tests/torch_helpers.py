@@ -80,6 +80,19 @@ def hf_model(config: Any, state: dict[str, torch.Tensor]) -> Any:
     return model.eval().float()
 
 
+def hf_generate(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy ``generate`` of ``max_new_tokens`` after ``prompt``."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
 def our_model(config: Any, state: dict[str, torch.Tensor], dtype=torch.float32) -> LlamaModel:
     arch = ModelArch.from_hf_config(config.to_dict(), name="test")
     return LlamaModel(arch, weights_from_state_dict(arch, state, dtype, "cpu"), dtype, "cpu")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import save_file
-from torch_helpers import prompts, saved_engine
+from torch_helpers import hf_generate, prompts, saved_engine
 
 from enginekit import SamplingParams
 from enginekit.errors import ConfigError
@@ -63,15 +63,7 @@ def transformers_greedy(folder: Path, prompt: list[int]) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(
         folder, attn_implementation="eager", dtype=torch.float32
     ).eval()
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+    return hf_generate(model, prompt, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from torch_helpers import hf_config, hf_model, prompts, saved_engine
+from torch_helpers import hf_config, hf_generate, hf_model, prompts, saved_engine
 
 from enginekit import Engine, SamplingParams
 from enginekit.driver import WorkloadDriver
@@ -36,17 +36,8 @@ def saved_model(request, tmp_path_factory):
 
 
 def hf_greedy(model, prompt: list[int], memo: dict) -> list[int]:
-    if tuple(prompt) in memo:
-        return memo[tuple(prompt)]
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    memo[tuple(prompt)] = out[0, len(prompt) :].tolist()
+    if tuple(prompt) not in memo:
+        memo[tuple(prompt)] = hf_generate(model, prompt, NEW_TOKENS)
     return memo[tuple(prompt)]
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
-from torch_helpers import hf_config, hf_model, prompts, saved_engine
+from torch_helpers import hf_config, hf_generate, hf_model, prompts, saved_engine
 
 from enginekit import Engine, SamplingParams
 from enginekit.models.tiny import random_state_dict
@@ -28,15 +27,7 @@ def saved_model(tmp_path_factory):
 
 
 def hf_greedy(model, prompt: list[int]) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+    return hf_generate(model, prompt, NEW_TOKENS)
 
 
 def run_waves(
