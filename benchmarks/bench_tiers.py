@@ -55,10 +55,6 @@ def replay(name: str, trace: str, common: list[str], time_scale: float) -> dict[
     driver.add_workload()
     summary = driver.run().summary
     wall_s = time.perf_counter() - start
-    block_size = engine.kv_spec.block_size
-    tier_hits = {
-        stats.name: stats.num_hit_blocks * block_size for stats in engine.cache.tier_stats()
-    }
     queries = summary[mk.PREFIX_CACHE_QUERIES.key]
     hits = summary[mk.PREFIX_CACHE_HITS.key]
     ttft = summary[mk.TIME_TO_FIRST_TOKEN_SECONDS.key]
@@ -69,14 +65,15 @@ def replay(name: str, trace: str, common: list[str], time_scale: float) -> dict[
         "rejected": summary[mk.NUM_REQUESTS_REJECTED.key],
         "query_tokens": queries,
         "hit_tokens": hits,
-        "hit_tokens_by_tier": {"device": hits - sum(tier_hits.values()), **tier_hits},
+        # the tier keys are in the summary of a run with tiers only
+        "hit_tokens_by_tier": summary.get(mk.KV_TIER_HITS_BY_SOURCE.key, {"device": hits}),
         "hit_rate": hits / queries if queries else 0.0,
         "hit_rate_unbounded": summary[mk.PREFIX_CACHE_HIT_RATE_IDEAL.key],
         "ttft_mean_s": ttft["mean"] if ttft else None,
         "ttft_p99_s": ttft["p99"] if ttft else None,
         "total_tokens_per_s": summary[mk.TOTAL_TOKENS_PER_S.key],
         "output_tokens_per_s": summary[mk.OUTPUT_TOKENS_PER_S.key],
-        "loads_avoided_blocks": engine.cache.tiers.num_avoided_blocks if engine.cache.tiers else 0,
+        "loads_avoided_blocks": summary.get(mk.KV_TIER_LOADS_AVOIDED_BLOCKS.key, 0),
         "wall_s": wall_s,
     }
 

@@ -40,6 +40,7 @@ from enginekit.request import (
     RequestStatus,
     SamplingParams,
 )
+from enginekit.scheduler.plan import empty_output
 from enginekit.scheduler.scheduler import Scheduler, StepUpdate
 from enginekit.spec.hardware import HardwareSpec, hardware_preset
 from enginekit.spec.kv import KVSpec, swap_space_num_blocks
@@ -302,9 +303,10 @@ class Engine:
         replica may want them now)."""
         if not self.cache.has_queued_tier_saves:
             return
-        no: list[int] = []  # no sequences (the lists are read, never mutated)
-        saves = SchedulerOutput(-1, no, no, no, no, no, no, no, no, [])
-        output = self.executor.execute(saves._replace(tier_saves=self.cache.take_tier_saves()))
+        saves = empty_output(self.metrics.num_steps)._replace(
+            tier_saves=self.cache.take_tier_saves()
+        )
+        output = self.executor.execute(saves)
         self.cache.complete_tier_saves(output.saved_payloads)
 
     def _admit_arrivals(self) -> None:
