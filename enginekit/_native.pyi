@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from enginekit.interfaces.structures import (
+    Access,
     FreeBlockReserve,
     HashBatch,
     InsertResult,
@@ -130,6 +131,10 @@ class BlockPool:
     def ref_counts(self) -> list[int]: ...
     def cached_blocks(self) -> dict[int, int]:
         """hash -> block id for every cached block (used or evictable)."""
+    def record_accesses(self, on: bool) -> None: ...
+    @property
+    def is_recording_accesses(self) -> bool: ...
+    def take_accesses(self) -> list[Access]: ...
     def check_integrity(self) -> None: ...
 
 class LruRoom:

@@ -164,14 +164,22 @@ impl HashChains {
         let chain = self.chains.get_mut(&seq_id).expect("it has names");
         let mut blocks = try_with_capacity(end - first, "the blocks to publish")?;
         let mut names = try_with_capacity(end - first, "the names to publish")?;
+        let mut parents = Vec::new();
+        let logged = pool.is_recording_accesses();
+        if logged {
+            try_reserve(&mut parents, end - first, "the parents")?;
+        }
         for index in first..end {
             let b = tables.block_id_at(seq_id, index as u64)?;
             if b != HOLE {
                 blocks.push(b);
                 names.push(chain.names[index]);
+                if logged {
+                    parents.push(index.checked_sub(1).map(|i| chain.names[i]));
+                }
             }
         }
-        let recorded = BlockTables::record_hashes(pool, &blocks, &names)?;
+        let recorded = BlockTables::record_hashes(pool, &blocks, &names, &parents)?;
         chain.num_published = end;
         Ok(recorded)
     }
@@ -221,6 +229,7 @@ impl HashChains {
             .map_err(|e| memory_err("the filling sequences", e))?;
         let mut indices = try_with_capacity(seq_ids.len(), "the filled blocks' indices")?;
         let mut names = try_with_capacity(seq_ids.len(), "the filled blocks' names")?;
+        let mut parents = try_with_capacity(seq_ids.len(), "the filled blocks' parents")?;
         for (i, &s) in seq_ids.iter().enumerate() {
             let chain = match self.chains.get(&s) {
                 Some(c) if c.is_all_published() && seen.insert(s) => c,
@@ -231,6 +240,7 @@ impl HashChains {
                 }
             };
             let parent = chain.names.last().copied().unwrap_or(self.root_hash);
+            parents.push(chain.names.last().copied());
             indices.push(chain.names.len() as u64);
             names.push(hash_block(
                 parent,
@@ -242,7 +252,7 @@ impl HashChains {
             let chain = self.chains.get_mut(s).expect("checked above");
             try_reserve(&mut chain.names, 1, "a name")?;
         }
-        let recorded = tables.cache_blocks_at(pool, seq_ids, &indices, &names)?;
+        let recorded = tables.cache_blocks_after(pool, seq_ids, &indices, &names, &parents)?;
         for (&s, &name) in seq_ids.iter().zip(&names) {
             let chain = self.chains.get_mut(&s).expect("checked above");
             chain.names.push(name);

@@ -21,6 +21,8 @@ from enginekit.interfaces.prefix import NO_MATCH, PrefixCache, PrefixMatch
 from enginekit.interfaces.quantizer import Quantizer
 from enginekit.interfaces.scheduler_cache import Admission, SchedulerCache, StepBlocks
 from enginekit.interfaces.structures import (
+    Access,
+    AccessKind,
     BlockPool,
     BlockTables,
     HashBatch,
@@ -54,6 +56,8 @@ GROUP_INTERFACES: dict[str, type[Plugin]] = {
 }
 
 __all__ = [
+    "Access",
+    "AccessKind",
     "Admission",
     "FP8_SCALE_SOURCES",
     "GROUP_INTERFACES",

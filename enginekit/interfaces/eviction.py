@@ -1,5 +1,9 @@
 """Eviction: which cached, unreferenced blocks to reclaim when the free list is short, and
-(for a windowed policy) which blocks of running sequences attention no longer reaches."""
+(for a windowed policy) which blocks of running sequences attention no longer reaches.
+
+A policy that ranks blocks by more than their release order hears the accesses that decide
+it (``hears_accesses``): which blocks were cached, hit, released and evicted, in the order
+they happened."""
 
 from __future__ import annotations
 
@@ -10,7 +14,12 @@ from typing import ClassVar, NamedTuple
 from enginekit.config import EvictionConfig
 from enginekit.interfaces.base import Plugin
 from enginekit.interfaces.context import KVContext
+from enginekit.interfaces.structures import Access, AccessKind
 from enginekit.request import Request
+
+ACCESS_HOOKS = ("on_insert", "on_hit", "on_release", "on_evict", "hear")
+"""The methods of ``Eviction`` that hear accesses: a policy that overrides any of them
+hears them all (``hears_accesses``)."""
 
 
 class AttentionSpan(NamedTuple):
@@ -30,6 +39,30 @@ class BlockRange(NamedTuple):
 
 
 class Eviction(Plugin, ABC):
+    """Chooses the cached blocks to evict.
+
+    **Accesses.** A policy that overrides an access hook (``on_insert``, ``on_hit``,
+    ``on_release``, ``on_evict``, or ``hear`` for all four at once) hears every access to
+    the pool's cached blocks, in the order they happened, once per access:
+
+    - ``on_insert(block, content, parent)``: a used block was cached under ``content`` (its
+      hash: the same content has the same hash in every process), chained to the content
+      ``parent`` (None: the sequence's first block, or a parent that is not cached);
+    - ``on_hit(block)``: a cached block gained a reference (a prefix hit, a fork sharing
+      it); it is in use until its release;
+    - ``on_release(block)``: a cached block lost its last reference: it is evictable now;
+    - ``on_evict(block)``: the block is no longer cached (whoever evicted it, this policy
+      included); its id may be cached again later with other content.
+
+    So the evictable blocks are exactly those released and neither hit nor evicted since.
+    Accesses are delivered in batches, all of them before every ``evict`` call, after every
+    step and before ``check_integrity``: a policy may count on having heard everything that
+    happened before it is asked to choose. A policy that hears nothing pays nothing: the
+    pool does not log for it. Accesses are the pool's cached blocks (``block_hash``); with
+    ``radix``, whose tree holds its blocks itself, the tree's own order chooses (see
+    ``plugins.eviction`` in the architecture notes).
+    """
+
     Config: ClassVar[type[EvictionConfig]] = EvictionConfig
 
     def __init__(self, config: EvictionConfig, kv: KVContext) -> None:
@@ -52,6 +85,40 @@ class Eviction(Plugin, ABC):
         ``HoleAllocator``). Default: none. Pure."""
         return []
 
+    @classmethod
+    def hears_accesses(cls) -> bool:
+        """Whether this policy overrides an access hook (see the class docstring). Pure."""
+        return any(getattr(cls, hook) is not getattr(Eviction, hook) for hook in ACCESS_HOOKS)
+
+    def hear(self, accesses: Sequence[Access]) -> None:
+        """Hears ``accesses`` (``(kind, block, content, parent)``, oldest first) by calling
+        the hook of each in order. A policy may override it to take a batch at once."""
+        for kind, block_id, content, parent in accesses:
+            if kind == AccessKind.RELEASE:
+                self.on_release(block_id)
+            elif kind == AccessKind.HIT:
+                self.on_hit(block_id)
+            elif kind == AccessKind.INSERT:
+                self.on_insert(block_id, content, parent)
+            else:
+                self.on_evict(block_id)
+
+    def on_insert(self, block_id: int, content: int, parent: int | None) -> None:  # noqa: B027
+        """Block ``block_id`` (in use) was cached under ``content``, chained to ``parent``."""
+
+    def on_hit(self, block_id: int) -> None:  # noqa: B027 - optional hook
+        """Cached block ``block_id`` gained a reference: it is in use, not evictable."""
+
+    def on_release(self, block_id: int) -> None:  # noqa: B027 - optional hook
+        """Cached block ``block_id`` lost its last reference: it is evictable."""
+
+    def on_evict(self, block_id: int) -> None:  # noqa: B027 - optional hook
+        """Block ``block_id`` is no longer cached (the policy may have evicted it itself)."""
+
+    def check_integrity(self) -> None:  # noqa: B027 - optional hook
+        """Raises KVCacheError if the policy's own state disagrees with the pool (called
+        after every access was heard)."""
+
     def evict(self, num_blocks: int) -> list[int]:
         """Turns ``num_blocks`` evictable blocks into free ones and returns their ids.
 
@@ -60,5 +127,17 @@ class Eviction(Plugin, ABC):
         pool's LRU order (``pool.evict_lru``: the blocks released longest ago first). With a
         policy that keeps the default, and a prefix cache that neither hears evictions nor
         holds blocks of its own, the cache manager makes room for growing sequences inside
-        the structures (``BlockPool.make_room_lru``), without a call to this method."""
+        the structures (``BlockPool.make_room_lru``), without a call to this method.
+
+        A policy that ranks blocks itself returns blocks it heard released (never one in
+        use) and evicts each with ``pool.evict`` (or ``evict_blocks``)."""
         return self.kv.pool.evict_lru(num_blocks)
+
+    def evict_blocks(self, block_ids: Sequence[int]) -> list[int]:
+        """Evicts each of ``block_ids`` (evictable, distinct) from the pool; returns them.
+        Raises KVCacheError, having evicted those before it, at one that is not evictable:
+        a policy bug."""
+        evict = self.kv.pool.evict
+        for block_id in block_ids:
+            evict(block_id)
+        return list(block_ids)

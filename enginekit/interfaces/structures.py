@@ -28,6 +28,7 @@ Conventions shared by every method:
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, TypeVar
 
 import numpy as np
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from array import array
 
 __all__ = [
+    "Access",
+    "AccessKind",
     "BlockPool",
     "BlockTables",
     "InsertResult",
@@ -63,6 +66,28 @@ C-contiguous buffer of u32)."""
 HashBatch: TypeAlias = "list[int] | tuple[int, ...] | array[int]"
 """Block hashes to look up: an ``IntList``, or an ``array.array("Q")`` of them (any 1-D
 C-contiguous buffer of u64)."""
+
+
+class AccessKind(IntEnum):
+    """What happened to a cached block, as a pool logs it (``BlockPool.take_accesses``)."""
+
+    INSERT = 0
+    """A used block was cached: it now carries its content hash (a prefix cache published it)."""
+    HIT = 1
+    """A cached block gained a reference: a prefix hit, or a fork sharing it."""
+    RELEASE = 2
+    """A cached block lost its last reference: it became evictable."""
+    EVICT = 3
+    """The block is no longer cached: evicted (it is free now), or a just-cached block
+    uncached again by a batch that rolled back."""
+
+
+Access: TypeAlias = tuple[int, int, int, "int | None"]
+"""One logged access: ``(kind, block_id, content, parent)``. ``kind`` is an ``AccessKind``
+value; ``content`` the block's hash; ``parent``, for an insertion only, the hash of the
+block before it in its sequence (None: the sequence's first block, the block after a hole,
+or a parent that carried no hash of its own when the block was published; None for the
+other kinds)."""
 
 
 class FreeBlockReserve(Protocol):
@@ -200,6 +225,20 @@ class BlockPool(Protocol):
 
     def ref_counts(self) -> list[int]:
         """ref_count of every block, indexed by block id."""
+        ...
+
+    def record_accesses(self, on: bool) -> None:
+        """Starts (``on``) or stops logging the accesses an eviction policy may hear
+        (``Access``), in the order they happen; stopping drops what was logged. Off by
+        default: a pool that does not record pays one untaken branch per access."""
+        ...
+
+    @property
+    def is_recording_accesses(self) -> bool: ...
+
+    def take_accesses(self) -> list[Access]:
+        """The accesses logged since the last call, oldest first (empty while not
+        recording)."""
         ...
 
     def check_integrity(self) -> None:

@@ -123,6 +123,10 @@ class KVCacheManager:
         self._cache_holds_blocks = _overrides(prefix, PrefixCache, "num_evictable_blocks")
         self._hears_evictions = _overrides(prefix, PrefixCache, "on_evicted")
         self._hears_steps = _overrides(prefix, PrefixCache, "on_step_executed")
+        # A policy that hears the pool's accesses: the pool logs them for it, and
+        # ``_deliver_accesses`` hands them over.
+        self._hears_accesses = type(eviction).hears_accesses()
+        self.pool.record_accesses(self._hears_accesses)
         # The call back that makes room for growing tables (all or nothing, beyond the
         # promises): where evicting in the pool's LRU order is all ``_try_make_room`` would
         # do (the eviction policy keeps the default order, the prefix cache neither hears
@@ -304,6 +308,15 @@ class KVCacheManager:
         for request in finished:
             self._release_blocks(request)
         self._release_out_of_window(running)
+        if self._hears_accesses:
+            self._deliver_accesses()
+
+    def _deliver_accesses(self) -> None:
+        """Hands the accesses the pool logged since the last call to the eviction policy
+        (one that hears them: ``Eviction.hears_accesses``)."""
+        accesses = self.pool.take_accesses()
+        if accesses:
+            self.eviction.hear(accesses)
 
     # -- admission -----------------------------------------------------------------------
 
@@ -549,6 +562,8 @@ class KVCacheManager:
         if all_or_nothing and shortfall > num_evictable + self._num_cache_only_blocks():
             return False
         if num_evictable:
+            if self._hears_accesses:
+                self._deliver_accesses()
             evicted = self.eviction.evict(min(shortfall, num_evictable))
             if self._hears_evictions:
                 self.prefix.on_evicted(evicted)
@@ -811,6 +826,9 @@ class KVCacheManager:
         pool.check_integrity()
         tables.check_integrity(pool)
         self.prefix.check_integrity()
+        if self._hears_accesses:
+            self._deliver_accesses()
+            self.eviction.check_integrity()
         table_refs: Counter[int] = Counter()
         for seq_id in tables.seq_ids():
             table_refs.update(b for b in tables.block_ids(seq_id) if b >= 0)  # -1: a hole

@@ -8,6 +8,10 @@
 //! - free: `ref_count == 0` and not cached; on the free stack (top = next allocated).
 //!
 //! Every mutating method validates fully before it mutates: a call that errors changes nothing.
+//!
+//! While [`record_accesses`](BlockPool::record_accesses) is on, the pool also logs every
+//! access an eviction policy may want to hear, in the order they happen (see [`Access`]);
+//! off (the default), the log costs one untaken branch per access.
 //! The calls that hand ids out (`allocate`, `allocate_run`, `evict_lru`) have `_then` forms
 //! that show the ids to a caller's `emit` first (the Python wrapper builds its result list
 //! there) and change the pool only if `emit` succeeds.
@@ -56,6 +60,32 @@ impl Iterator for LruIds<'_> {
 
 impl ExactSizeIterator for LruIds<'_> {}
 
+/// What happened to a cached block (see [`Access`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum AccessKind {
+    /// A used block was cached: it now carries `content`, chained to `parent`.
+    Insert = 0,
+    /// A cached block gained a reference (a prefix hit, or a fork sharing it).
+    Hit = 1,
+    /// A cached block lost its last reference: it became evictable.
+    Release = 2,
+    /// An evictable block was evicted, or a just-cached block uncached again (a batch
+    /// rolled back): it is no longer cached.
+    Evict = 3,
+}
+
+/// One logged access: `kind` of `block`, which carries `content` (its hash); for an
+/// insertion, `parent` is the hash of the block before it in its sequence (None: the
+/// first block, or a parent that carried no hash when it was published).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    pub kind: AccessKind,
+    pub block: u32,
+    pub content: u64,
+    pub parent: Option<u64>,
+}
+
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     ref_count: Vec<u32>,
@@ -71,6 +101,19 @@ pub struct BlockPool {
     num_evictable: u32,
     /// Free stack: the last element is allocated next.
     free: Vec<u32>,
+    /// The accesses logged since the last `take_accesses`; None while not recording.
+    accesses: Option<Vec<Access>>,
+}
+
+impl Access {
+    fn new(kind: AccessKind, block: u32, content: u64, parent: Option<u64>) -> Self {
+        Access {
+            kind,
+            block,
+            content,
+            parent,
+        }
+    }
 }
 
 impl BlockPool {
@@ -96,6 +139,7 @@ impl BlockPool {
             lru_tail: NIL,
             num_evictable: 0,
             free,
+            accesses: None,
         })
     }
 
@@ -328,6 +372,9 @@ impl BlockPool {
             self.lru_unlink(block_id);
         }
         self.ref_count[b] += 1;
+        if let (Some(log), Some(h)) = (&mut self.accesses, self.hash[b]) {
+            log.push(Access::new(AccessKind::Hit, block_id, h, None));
+        }
     }
 
     /// Drops a reference. At zero a cached block goes to the most recent end of the LRU list and
@@ -336,8 +383,11 @@ impl BlockPool {
         let b = block_id as usize;
         self.ref_count[b] -= 1;
         if self.ref_count[b] == 0 {
-            if self.hash[b].is_some() {
+            if let Some(h) = self.hash[b] {
                 self.lru_push_back(block_id);
+                if let Some(log) = &mut self.accesses {
+                    log.push(Access::new(AccessKind::Release, block_id, h, None));
+                }
             } else {
                 self.free.push(block_id);
             }
@@ -378,11 +428,17 @@ impl BlockPool {
         Ok(())
     }
 
-    /// Records that a used block holds the content named by `block_hash`. Returns false,
-    /// changing nothing, if this block already carries this hash or the hash names another block.
+    /// Records that a used block holds the content named by `block_hash`, chained to the
+    /// content `parent` (logged only). Returns false, changing nothing, if this block already
+    /// carries this hash or the hash names another block.
     /// [`BlockTables::cache_blocks`](crate::block_table::BlockTables::cache_blocks) publishes
     /// blocks through it.
-    pub(crate) fn cache_block(&mut self, block_id: u32, block_hash: u64) -> KvResult<bool> {
+    pub(crate) fn cache_block(
+        &mut self,
+        block_id: u32,
+        block_hash: u64,
+        parent: Option<u64>,
+    ) -> KvResult<bool> {
         let b = self.check_id(block_id)?;
         if self.ref_count[b] == 0 {
             return cache_err(format!(
@@ -404,16 +460,55 @@ impl BlockPool {
         }
         self.cached.insert(block_hash, block_id);
         self.hash[b] = Some(block_hash);
+        if let Some(log) = &mut self.accesses {
+            log.push(Access::new(
+                AccessKind::Insert,
+                block_id,
+                block_hash,
+                parent,
+            ));
+        }
         Ok(true)
     }
 
-    /// Undoes a `cache_block` that returned true on a block still used (for batch rollback).
+    /// Undoes a `cache_block` that returned true on a block still used (for batch rollback):
+    /// logged as an eviction, so that a policy hearing both forgets the block.
     pub(crate) fn uncache_used(&mut self, block_id: u32) {
         let b = block_id as usize;
         debug_assert!(self.ref_count[b] > 0);
         if let Some(h) = self.hash[b].take() {
             self.cached.remove(&h);
+            if let Some(log) = &mut self.accesses {
+                log.push(Access::new(AccessKind::Evict, block_id, h, None));
+            }
         }
+    }
+
+    /// The hash block `block_id` carries (None: not cached, or not a block of the pool).
+    pub(crate) fn hash_of(&self, block_id: u32) -> Option<u64> {
+        self.hash.get(block_id as usize).copied().flatten()
+    }
+
+    /// Starts (`on`) or stops logging accesses; stopping drops what was logged.
+    pub fn record_accesses(&mut self, on: bool) {
+        match (on, self.accesses.is_some()) {
+            (true, false) => self.accesses = Some(Vec::new()),
+            (false, true) => self.accesses = None,
+            _ => {}
+        }
+    }
+
+    /// Whether accesses are being logged.
+    pub fn is_recording_accesses(&self) -> bool {
+        self.accesses.is_some()
+    }
+
+    /// The accesses logged since the last call, oldest first (empty while not recording).
+    pub fn take_accesses(&mut self) -> Vec<Access> {
+        self.accesses
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Block ids of the longest run of leading hashes that are all cached. Errors (`Memory`)
@@ -475,6 +570,9 @@ impl BlockPool {
             .expect("evictable block without a hash");
         self.cached.remove(&h);
         self.free.push(block_id);
+        if let Some(log) = &mut self.accesses {
+            log.push(Access::new(AccessKind::Evict, block_id, h, None));
+        }
         h
     }
 

@@ -21,8 +21,8 @@ fn cache_msg<T: fmt::Debug>(r: KvResult<T>) -> String {
 fn mixed() -> BlockPool {
     let mut p = pool(6);
     assert_eq!(p.allocate(4).unwrap(), vec![0, 1, 2, 3]);
-    assert!(p.cache_block(0, 100).unwrap());
-    assert!(p.cache_block(1, 101).unwrap());
+    assert!(p.cache_block(0, 100, None).unwrap());
+    assert!(p.cache_block(1, 101, None).unwrap());
     p.free(&[0]).unwrap();
     p.free(&[1]).unwrap();
     p.check_integrity().unwrap();
@@ -226,20 +226,20 @@ fn free_after_it_was_freed_in_batch_is_double_free() {
 #[test]
 fn cache_block_rules() {
     let mut p = mixed();
-    assert!(p.cache_block(2, 200).unwrap());
-    assert!(!p.cache_block(2, 200).unwrap());
-    assert!(!p.cache_block(3, 200).unwrap()); // duplicate content
+    assert!(p.cache_block(2, 200, None).unwrap());
+    assert!(!p.cache_block(2, 200, None).unwrap());
+    assert!(!p.cache_block(3, 200, None).unwrap()); // duplicate content
     assert_eq!(p.hash[3], None);
-    assert!(cache_msg(p.cache_block(2, 201)).contains("already carries hash"));
+    assert!(cache_msg(p.cache_block(2, 201, None)).contains("already carries hash"));
     assert_eq!(
-        cache_msg(p.cache_block(0, 5)),
+        cache_msg(p.cache_block(0, 5, None)),
         "block 0 is evictable (ref_count 0): cannot cache"
     );
     assert_eq!(
-        cache_msg(p.cache_block(4, 5)),
+        cache_msg(p.cache_block(4, 5, None)),
         "block 4 is free (ref_count 0): cannot cache"
     );
-    assert!(cache_msg(p.cache_block(9, 5)).starts_with("unknown block"));
+    assert!(cache_msg(p.cache_block(9, 5, None)).starts_with("unknown block"));
     assert_eq!(p.lookup_prefix(&[200]).unwrap(), vec![2]);
     assert_eq!(p.lookup_prefix(&[999]).unwrap(), Vec::<u32>::new());
     assert_eq!(p.hash[2], Some(200));
@@ -248,7 +248,7 @@ fn cache_block_rules() {
     assert_eq!(p.lookup_prefix(&[200]).unwrap(), Vec::<u32>::new());
     p.check_integrity().unwrap();
     // A cached used block released becomes evictable.
-    p.cache_block(3, 300).unwrap();
+    p.cache_block(3, 300, None).unwrap();
     p.free(&[3]).unwrap();
     assert_eq!(p.evictable_block_ids().unwrap(), vec![0, 1, 3]);
     p.check_integrity().unwrap();
@@ -295,7 +295,7 @@ fn evict_lru_oldest_first() {
     let mut p = pool(5);
     p.allocate(5).unwrap();
     for b in 0..5 {
-        p.cache_block(b, 1000 + u64::from(b)).unwrap();
+        p.cache_block(b, 1000 + u64::from(b), None).unwrap();
     }
     for b in [3, 1, 4, 0, 2] {
         p.free(&[b]).unwrap();
@@ -391,7 +391,7 @@ fn error_display() {
 fn num_unreferenced_counts_free_and_evictable_listed_blocks() {
     let mut pool = BlockPool::new(4).unwrap();
     let ids = pool.allocate(3).unwrap();
-    pool.cache_block(ids[0], 7).unwrap();
+    pool.cache_block(ids[0], 7, None).unwrap();
     pool.free(&[ids[0], ids[1]]).unwrap(); // ids[0] evictable, ids[1] free, ids[2] used
     assert_eq!(
         pool.num_unreferenced(&[ids[0], ids[1], ids[2], ids[0]])
@@ -446,4 +446,53 @@ fn an_emit_that_fails_changes_nothing() {
         before
     );
     p.check_integrity().unwrap();
+}
+
+#[test]
+fn accesses_are_logged_in_order_only_while_recording() {
+    let mut p = pool(4);
+    let ids = p.allocate(2).unwrap();
+    assert!(p.cache_block(ids[0], 10, None).unwrap());
+    assert!(p.take_accesses().is_empty()); // not recording yet
+    p.record_accesses(true);
+    assert!(p.cache_block(ids[1], 11, Some(10)).unwrap());
+    p.free(&[ids[1], ids[0]]).unwrap();
+    p.incref(ids[0]).unwrap();
+    p.incref(ids[0]).unwrap();
+    p.free(&[ids[0], ids[0]]).unwrap();
+    assert_eq!(p.evict_lru(1).unwrap(), vec![ids[1]]);
+    let kinds: Vec<(AccessKind, u32, u64, Option<u64>)> = p
+        .take_accesses()
+        .iter()
+        .map(|a| (a.kind, a.block, a.content, a.parent))
+        .collect();
+    use AccessKind::*;
+    assert_eq!(
+        kinds,
+        vec![
+            (Insert, ids[1], 11, Some(10)),
+            (Release, ids[1], 11, None),
+            (Release, ids[0], 10, None),
+            (Hit, ids[0], 10, None),
+            (Hit, ids[0], 10, None),
+            (Release, ids[0], 10, None),
+            (Evict, ids[1], 11, None),
+        ]
+    );
+    assert!(p.take_accesses().is_empty());
+    p.record_accesses(false);
+    p.evict_lru(1).unwrap();
+    assert!(p.take_accesses().is_empty());
+    p.check_integrity().unwrap();
+}
+
+#[test]
+fn a_rolled_back_batch_logs_its_insertions_evicted() {
+    let mut p = pool(4);
+    let ids = p.allocate(2).unwrap();
+    p.record_accesses(true);
+    assert!(p.cache_block(ids[0], 10, None).unwrap());
+    p.uncache_used(ids[0]);
+    let kinds: Vec<AccessKind> = p.take_accesses().iter().map(|a| a.kind).collect();
+    assert_eq!(kinds, vec![AccessKind::Insert, AccessKind::Evict]);
 }

@@ -207,11 +207,21 @@ impl BlockTables {
                 t.len()
             ));
         }
-        let blocks = &t.entries[first_index as usize..][..block_hashes.len()];
+        let first = first_index as usize;
+        let blocks = &t.entries[first..][..block_hashes.len()];
         if let Some(i) = blocks.iter().position(|&b| b == HOLE) {
             return Err(Self::hole_error(seq_id, first_index + i as u64));
         }
-        Self::record_hashes(pool, blocks, block_hashes)
+        let mut parents = Vec::new();
+        if pool.is_recording_accesses() && !blocks.is_empty() {
+            // Each block's parent is the one before it: the batch's previous hash, or for
+            // the first, the hash the table's block before it carries (if any).
+            try_reserve(&mut parents, blocks.len(), "the parents")?;
+            let before = first.checked_sub(1).map(|i| t.entries[i]);
+            parents.push(before.and_then(|b| pool.hash_of(b)));
+            parents.extend(block_hashes[..blocks.len() - 1].iter().map(|&h| Some(h)));
+        }
+        Self::record_hashes(pool, blocks, block_hashes, &parents)
     }
 
     /// `pool.cache_block(block_id_at(seq_ids[i], block_indices[i]), block_hashes[i])` for
@@ -226,6 +236,20 @@ impl BlockTables {
         seq_ids: &[u64],
         block_indices: &[u64],
         block_hashes: &[u64],
+    ) -> KvResult<usize> {
+        self.cache_blocks_after(pool, seq_ids, block_indices, block_hashes, &[])
+    }
+
+    /// [`cache_blocks_at`](Self::cache_blocks_at), with each block's parent hash for the
+    /// pool's access log (`parents[i]`; an empty slice: the hash the table's block before
+    /// it carries, if any).
+    pub(crate) fn cache_blocks_after(
+        &self,
+        pool: &mut BlockPool,
+        seq_ids: &[u64],
+        block_indices: &[u64],
+        block_hashes: &[u64],
+        parents: &[Option<u64>],
     ) -> KvResult<usize> {
         if seq_ids.len() != block_indices.len() || seq_ids.len() != block_hashes.len() {
             return Err(KvError::Value(format!(
@@ -247,23 +271,38 @@ impl BlockTables {
             }
             blocks.push(b);
         }
-        Self::record_hashes(pool, &blocks, block_hashes)
+        let mut table_parents = Vec::new();
+        let parents = if parents.is_empty() && pool.is_recording_accesses() {
+            try_reserve(&mut table_parents, blocks.len(), "the parents")?;
+            for (&s, &index) in seq_ids.iter().zip(block_indices) {
+                let before = index
+                    .checked_sub(1)
+                    .map(|i| self.table(s).map(|t| t.entries[i as usize]));
+                table_parents.push(before.transpose()?.and_then(|b| pool.hash_of(b)));
+            }
+            &table_parents[..]
+        } else {
+            parents
+        };
+        Self::record_hashes(pool, &blocks, block_hashes, parents)
     }
 
-    /// `pool.cache_block(blocks[i], block_hashes[i])` for each i; returns how many were
-    /// recorded. If one errors, the ones this call recorded are undone (each block is
-    /// recorded at most once: a second `cache_block` on it returns false or errors). The
-    /// room for all is reserved first (`Memory` error, nothing recorded).
+    /// `pool.cache_block(blocks[i], block_hashes[i], parents[i])` for each i (a missing
+    /// parent is None); returns how many were recorded. If one errors, the ones this call
+    /// recorded are undone (each block is recorded at most once: a second `cache_block` on
+    /// it returns false or errors), and logged as evicted again. The room for all is
+    /// reserved first (`Memory` error, nothing recorded).
     pub(crate) fn record_hashes(
         pool: &mut BlockPool,
         blocks: &[u32],
         block_hashes: &[u64],
+        parents: &[Option<u64>],
     ) -> KvResult<usize> {
         let n = blocks.len().min(block_hashes.len());
         let mut recorded: Vec<u32> = try_with_capacity(n, "the recorded blocks")?;
         pool.reserve_hashes(n)?;
-        for (&b, &h) in blocks.iter().zip(block_hashes) {
-            match pool.cache_block(b, h) {
+        for (i, (&b, &h)) in blocks.iter().zip(block_hashes).enumerate() {
+            match pool.cache_block(b, h, parents.get(i).copied().flatten()) {
                 Ok(true) => recorded.push(b),
                 Ok(false) => {}
                 Err(e) => {

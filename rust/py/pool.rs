@@ -223,6 +223,28 @@ impl PyBlockPool {
         guard(|| int_dict(py, self.inner.cached_blocks()))
     }
 
+    fn record_accesses(&mut self, on: bool) -> PyResult<()> {
+        guard(|| {
+            self.inner.record_accesses(on);
+            Ok(())
+        })
+    }
+
+    #[getter]
+    fn is_recording_accesses(&self) -> PyResult<bool> {
+        guard(|| Ok(self.inner.is_recording_accesses()))
+    }
+
+    fn take_accesses<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| {
+            let accesses = self.inner.take_accesses();
+            let items = accesses
+                .iter()
+                .map(|a| (a.kind as u8, a.block, a.content, a.parent));
+            Ok(PyList::new(py, items)?)
+        })
+    }
+
     fn check_integrity(&self) -> PyResult<()> {
         guard(|| self.inner.check_integrity().map_err(to_py))
     }

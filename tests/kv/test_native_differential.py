@@ -139,7 +139,9 @@ class World:
       tokens fills block 2);
     - sequence 2: blocks [3, 4], a chain of 2 names, none published;
     - block 5: evictable (cached as 99, no reference); blocks 6 and 7 free;
-    - the tree: [1, 2, 3, 4, 5] in blocks [0, 1, 2] (node 1), locked once.
+    - the tree: [1, 2, 3, 4, 5] in blocks [0, 1, 2] (node 1), locked once;
+    - the pool logs accesses from the start (``state`` takes them, so both implementations
+      must log the same ones).
     """
 
     def __init__(self, is_native: bool) -> None:
@@ -147,6 +149,7 @@ class World:
         classes = [getattr(native, n) if is_native else CLASS_TWINS[n] for n in CLASS_TWINS]
         self.Pool, self.Room, self.Tables, self.Chains, self.Tree = classes
         pool = self.pool = self.Pool(8)
+        pool.record_accesses(True)
         tables = self.tables = self.Tables(2)
         chains = self.chains = self.Chains(2)
         tables.add_sequence(1, pool.allocate(3))
@@ -181,6 +184,7 @@ class World:
             [(s, tables.block_ids(s), tables.num_holes(s)) for s in tables.seq_ids()],
             [(s, chains.names(s), chains.num_published(s)) for s in chains.seq_ids()],
             [tuple(n) for n in self.tree.nodes()],
+            pool.take_accesses(),
         )
 
 
@@ -238,6 +242,8 @@ BASELINES: dict[str, Callable[[World], Args]] = {
     "BlockPool.ref_counts": lambda w: {},
     "BlockPool.cached_blocks": lambda w: {},
     "BlockPool.check_integrity": lambda w: {},
+    "BlockPool.record_accesses": lambda w: {"on": False},
+    "BlockPool.take_accesses": lambda w: {},
     # LruRoom
     "LruRoom.__init__": lambda w: {"pool": w.pool, "reserve": Reserve(1)},
     "LruRoom.__call__": lambda w: {"num_blocks": 2},
@@ -459,6 +465,7 @@ def _outs() -> dict[str, Value]:
 
 HOSTILE: dict[str, Callable[[], dict[str, Value]]] = {
     "int": _ints,
+    "bool": lambda: {"None": lambda w: None, "int 1": lambda w: 1, "str": lambda w: "yes"},
     "int | None": lambda: {**_ints(), "None": lambda w: None},
     "IntList": _int_lists,
     "IntBatch": _int_lists,

@@ -174,13 +174,14 @@ class PyHashChains:
             raise KVCacheError(
                 f"cannot publish {end} blocks of sequence {seq_id}: its table has {num_blocks}"
             )
-        block_ids, names = [], []
+        block_ids, names, parents = [], [], []
         for index in range(chain.num_published, end):
             block_id = tables.block_id_at(seq_id, index)
             if block_id != HOLE:
                 block_ids.append(block_id)
                 names.append(chain.names[index])
-        recorded = _record_hashes(pool, block_ids, names)
+                parents.append(chain.names[index - 1] if index else None)
+        recorded = _record_hashes(pool, block_ids, names, parents)
         chain.num_published = end
         return recorded
 
@@ -266,7 +267,8 @@ class PyHashChains:
             hash_block(c.names[-1] if c.names else self._root_hash, tokens, extra)
             for c, tokens, extra in zip(chains, blocks, extras, strict=True)
         ]
-        tables.cache_blocks_at(pool, filling, indices, names)
+        parents = [c.names[-1] if c.names else None for c in chains]
+        tables._cache_blocks_after(pool, filling, indices, names, parents)
         for chain, name in zip(chains, names, strict=True):
             chain.names.append(name)
             chain.num_published = len(chain.names)

@@ -11,7 +11,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from enginekit.errors import KVCacheError, OutOfBlocksError
-from enginekit.interfaces.structures import FreeBlockReserve
+from enginekit.interfaces.structures import Access, AccessKind, FreeBlockReserve
 from enginekit.kv.pyref.args import instance_arg, int_list, u64_buffer
 
 __all__ = ["MAX_BLOCKS", "PyBlockPool", "PyLruRoom"]
@@ -68,6 +68,8 @@ class PyBlockPool:
         self._hash_to_block: dict[int, int] = {}
         self._free_stack = list(range(num_blocks - 1, -1, -1))
         self._lru: OrderedDict[int, None] = OrderedDict()
+        # The accesses logged since the last take_accesses; None while not recording.
+        self._accesses: list[Access] | None = None
 
     # ---- counters -------------------------------------------------------------------------
 
@@ -101,8 +103,11 @@ class PyBlockPool:
 
     def _release(self, block_id: int) -> None:
         """A block whose ref_count just reached 0 joins the LRU list or the free stack."""
-        if self._hashes[block_id] is not None:
+        block_hash = self._hashes[block_id]
+        if block_hash is not None:
             self._lru[block_id] = None
+            if self._accesses is not None:
+                self._accesses.append((AccessKind.RELEASE, block_id, block_hash, None))
         else:
             self._free_stack.append(block_id)
 
@@ -112,6 +117,32 @@ class PyBlockPool:
         assert block_hash is not None and self._ref_counts[block_id] > 0
         del self._hash_to_block[block_hash]
         self._hashes[block_id] = None
+        if self._accesses is not None:
+            self._accesses.append((AccessKind.EVICT, block_id, block_hash, None))
+
+    # ---- access log -----------------------------------------------------------------------
+
+    def record_accesses(self, on: bool) -> None:
+        """Starts (``on``) or stops logging accesses (``Access``); stopping drops what was
+        logged. Raises TypeError unless ``on`` is a bool."""
+        if not isinstance(on, bool):
+            raise TypeError(f"on must be a bool, got {type(on).__name__}")
+        if on and self._accesses is None:
+            self._accesses = []
+        elif not on:
+            self._accesses = None
+
+    @property
+    def is_recording_accesses(self) -> bool:
+        return self._accesses is not None
+
+    def take_accesses(self) -> list[Access]:
+        """The accesses logged since the last call, oldest first (empty while not
+        recording)."""
+        if not self._accesses:
+            return []
+        taken, self._accesses = self._accesses, []
+        return taken
 
     # ---- allocation and references --------------------------------------------------------
 
@@ -199,6 +230,9 @@ class PyBlockPool:
         if self._ref_counts[block_id] == 0:
             del self._lru[block_id]
         self._ref_counts[block_id] += 1
+        block_hash = self._hashes[block_id]
+        if self._accesses is not None and block_hash is not None:
+            self._accesses.append((AccessKind.HIT, block_id, block_hash, None))
 
     def _decref(self, block_id: int) -> None:
         """Drops a reference of a block whose ref_count is > 0 (free checked it). At zero a
@@ -240,6 +274,8 @@ class PyBlockPool:
         del self._hash_to_block[block_hash]
         self._hashes[block_id] = None
         self._free_stack.append(block_id)
+        if self._accesses is not None:
+            self._accesses.append((AccessKind.EVICT, block_id, block_hash, None))
         return block_hash
 
     def evict_lru(self, num_blocks: int) -> list[int]:
@@ -274,9 +310,10 @@ class PyBlockPool:
 
     # ---- prefix-hash map ------------------------------------------------------------------
 
-    def _cache_block(self, block_id: int, block_hash: int) -> bool:
-        """Records that a used block holds the content named by block_hash
-        (``PyBlockTables.cache_blocks`` publishes blocks through it).
+    def _cache_block(self, block_id: int, block_hash: int, parent: int | None = None) -> bool:
+        """Records that a used block holds the content named by block_hash, chained to the
+        content ``parent`` (logged only) (``PyBlockTables.cache_blocks`` publishes blocks
+        through it).
 
         Returns True if recorded; False, changing nothing, if the hash already names another
         block (duplicate content) or this block already carries this hash.
@@ -301,6 +338,8 @@ class PyBlockPool:
             return False
         self._hashes[block_id] = block_hash
         self._hash_to_block[block_hash] = block_id
+        if self._accesses is not None:
+            self._accesses.append((AccessKind.INSERT, block_id, block_hash, parent))
         return True
 
     def lookup_prefix(self, block_hashes: Sequence[int]) -> list[int]:

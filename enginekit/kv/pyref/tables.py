@@ -344,7 +344,13 @@ class PyBlockTables:
         for offset in range(len(hashes)):
             if table[first_index + offset] == HOLE:
                 raise KVCacheError(f"block {first_index + offset} of sequence {seq_id} is a hole")
-        return _record_hashes(pool, table[first_index : first_index + len(hashes)], hashes)
+        parents: list[int | None] = []
+        if pool.is_recording_accesses and hashes:
+            # Each block's parent is the one before it: the batch's previous hash, or for
+            # the first, the hash the table's block before it carries (if any).
+            parents = [_hash_of(pool, table[first_index - 1]) if first_index else None]
+            parents += hashes[:-1]
+        return _record_hashes(pool, table[first_index : first_index + len(hashes)], hashes, parents)
 
     def cache_blocks_at(
         self,
@@ -360,6 +366,18 @@ class PyBlockTables:
         negative index or a hash not in [0, 2**64)), ValueError if the three lengths differ,
         then per entry KVCacheError for an unknown sequence, an index past its table or a
         hole. A recording that raises midway undoes this call's recordings."""
+        return self._cache_blocks_after(pool, seq_ids, block_indices, block_hashes, ())
+
+    def _cache_blocks_after(
+        self,
+        pool: PyBlockPool,
+        seq_ids: Sequence[int],
+        block_indices: Sequence[int],
+        block_hashes: Sequence[int],
+        parents: Sequence[int | None],
+    ) -> int:
+        """``cache_blocks_at``, with each block's parent hash for the pool's access log
+        (``parents[i]``; empty: the hash the table's block before it carries, if any)."""
         pool = instance_arg(pool, "pool", PyBlockPool)
         seqs = self._seq_ids(seq_ids)
         indices = [
@@ -384,7 +402,12 @@ class PyBlockTables:
             if table[index] == HOLE:
                 raise KVCacheError(f"block {index} of sequence {seq_id} is a hole")
             block_ids.append(table[index])
-        return _record_hashes(pool, block_ids, hashes)
+        if not parents and pool.is_recording_accesses:
+            parents = [
+                _hash_of(pool, self._table(s)[i - 1]) if i else None
+                for s, i in zip(seqs, indices, strict=True)
+            ]
+        return _record_hashes(pool, block_ids, hashes, parents)
 
     def max_num_blocks(self, seq_ids: Sequence[int]) -> int:
         """The longest table among seq_ids (0 for an empty batch)."""
@@ -458,13 +481,25 @@ def _held(entries: list[int]) -> list[int]:
     return [b for b in entries if b != HOLE]
 
 
-def _record_hashes(pool: PyBlockPool, block_ids: list[int], hashes: list[int]) -> int:
-    """``pool._cache_block(block_ids[i], hashes[i])`` for each i; returns how many were
-    recorded. If one raises, the ones this call recorded are undone first."""
+def _hash_of(pool: PyBlockPool, block_id: int) -> int | None:
+    """The hash block ``block_id`` carries (None: a hole, or not cached)."""
+    return None if block_id == HOLE else pool._hashes[block_id]
+
+
+def _record_hashes(
+    pool: PyBlockPool,
+    block_ids: list[int],
+    hashes: list[int],
+    parents: Sequence[int | None] = (),
+) -> int:
+    """``pool._cache_block(block_ids[i], hashes[i], parents[i])`` for each i (a missing
+    parent is None); returns how many were recorded. If one raises, the ones this call
+    recorded are undone first (and logged as evicted again)."""
     recorded: list[int] = []
     try:
-        for block_id, block_hash in zip(block_ids, hashes, strict=True):
-            if pool._cache_block(block_id, block_hash):
+        for i, (block_id, block_hash) in enumerate(zip(block_ids, hashes, strict=True)):
+            parent = parents[i] if i < len(parents) else None
+            if pool._cache_block(block_id, block_hash, parent):
                 recorded.append(block_id)
     except Exception:
         for block_id in reversed(recorded):
