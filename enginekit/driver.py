@@ -24,7 +24,8 @@ scripted outputs: the summary's ideal hits come from it (one streamed pass, rele
 requests included; without streaming the same as ``Engine.ideal_prefix_hit_tokens``
 whenever the outputs are the scripted ones, as in the simulator), and it adds the keys
 of ``metric_keys.ADDED_BY_DRIVER``: the missed prompt tokens by cause, the hit-rate curve
-over cache sizes and its value at the run's pool; for a run with KV tiers, the curve's
+over cache sizes and its value at the run's pool, Belady's OPT at the pool (and the
+measured rate as a share of it); for a run with KV tiers, the curve's
 values at the pool over tiers of several sizes (``KV_TIER_HIT_RATE_PREDICTED``).
 """
 
@@ -41,7 +42,7 @@ from enginekit.engine import Engine, RunResult
 from enginekit.errors import RequestRejectedError
 from enginekit.report import CURVE_POOL_MULTIPLES, TIER_POOL_MULTIPLES
 from enginekit.request import RequestOutput, SamplingParams
-from enginekit.reuse import ReuseTracker, tiered_pool_blocks
+from enginekit.reuse import HitRateCurve, ReuseTracker, tiered_pool_blocks
 from enginekit.workloads.sources import open_workload
 from enginekit.workloads.traffic import TokenIds, TrafficRequest, Workload
 
@@ -281,6 +282,7 @@ class WorkloadDriver:
             ]
         predicted = curve.at(pool) if curve.num_blocks and pool else None
         summary[mk.PREFIX_CACHE_HIT_RATE_PREDICTED.key] = predicted
+        self._add_opt(summary, curve, pool, tiered=bool(tier_sizes))
         # sizes that would have queued or preempted differently are not predicted; the
         # run's own pool ran this very schedule
         summary[mk.PREFIX_CACHE_HIT_RATE_CURVE.key] = [
@@ -290,6 +292,30 @@ class WorkloadDriver:
         summary[mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key] = curve.min_num_blocks or None
         summary[mk.WORKLOAD_SOURCE.key] = self.workload.source if self.workload else None
         return summary
+
+    def _add_opt(
+        self, summary: dict[str, Any], curve: HitRateCurve, pool: int, tiered: bool
+    ) -> None:
+        """Belady's OPT hit rate at the pool and at those of its multiples the curve
+        predicts (one sweep of the stream each: the curve's other sizes are left out), and
+        the measured first-admission rate as a share of OPT at the pool (not for a run
+        with tiers, whose hits are the pool's and the tiers')."""
+        sizes = [pool] if curve.num_blocks and pool else []
+        sizes += [
+            int(pool * scale)
+            for scale in CURVE_POOL_MULTIPLES
+            if sizes and int(pool * scale) and curve.is_predicted(int(pool * scale))
+        ]
+        sizes = sorted(set(sizes))
+        rates = self.tracker.opt_hit_rates(self.tracker.num_prompt_tokens, sizes)
+        opt = dict(zip(sizes, rates, strict=True))
+        summary[mk.PREFIX_CACHE_HIT_RATE_OPT.key] = opt.get(pool)
+        measured = summary.get(mk.PREFIX_CACHE_FIRST_HIT_RATE.key)
+        share = None
+        if opt.get(pool) and measured is not None and not tiered:
+            share = measured / opt[pool]
+        summary[mk.PREFIX_CACHE_HIT_RATE_OF_OPT.key] = share
+        summary[mk.PREFIX_CACHE_HIT_RATE_CURVE_OPT.key] = [[size, opt[size]] for size in sizes]
 
     def _tier_sizes(self, pool: int) -> list[int]:
         """Tier sizes (blocks below the pool, all levels together) the summary predicts the

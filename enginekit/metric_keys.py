@@ -206,6 +206,21 @@ PREFIX_CACHE_HIT_RATE_PREDICTED = MetricKey(
     Unit.FRACTION,
     "the hit-rate curve at the pool's size (None when not computed)",
 )
+PREFIX_CACHE_HIT_RATE_OPT = MetricKey(
+    "prefix_cache_hit_rate_opt",
+    "hit rate at this pool, OPT (Belady)",
+    Unit.FRACTION,
+    "the most any eviction policy could hit at the pool's size on the run's block accesses "
+    "(enginekit.reuse.opt: furthest-next-lookup eviction, hits per block, the curve's "
+    "pinned blocks and cap), in the curve's unit; None when not computed",
+)
+PREFIX_CACHE_HIT_RATE_OF_OPT = MetricKey(
+    "prefix_cache_hit_rate_of_opt",
+    "measured hit rate, share of OPT",
+    Unit.FRACTION,
+    "the first-admission hit rate over the OPT hit rate at the pool (None with KV tiers, "
+    "whose hits are the pool's and the tiers')",
+)
 PREFIX_CACHE_HIT_RATE_CURVE = MetricKey(
     "prefix_cache_hit_rate_curve",
     "hit rate by cache size",
@@ -216,6 +231,13 @@ PREFIX_CACHE_HIT_RATE_CURVE = MetricKey(
     "its multiples and the smallest pool that runs its schedule always among the points "
     "(at or beyond that size: the ideal); hit rate None where the pool would have queued "
     "or preempted (not predicted)",
+)
+PREFIX_CACHE_HIT_RATE_CURVE_OPT = MetricKey(
+    "prefix_cache_hit_rate_curve_opt",
+    "OPT hit rate by cache size",
+    Unit.CURVE,
+    "[blocks, hit rate] of OPT (as prefix_cache_hit_rate_opt) at the run's pool and those "
+    "of its multiples on the curve that are predicted, printed beside the curve",
 )
 PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS = MetricKey(
     "prefix_cache_hit_rate_curve_min_blocks",
@@ -445,7 +467,10 @@ SUMMARY_KEYS: tuple[MetricKey, ...] = (
     PREFIX_CACHE_MISS_OTHER_KEY,
     PREFIX_CACHE_MISS_COMPULSORY,
     PREFIX_CACHE_HIT_RATE_PREDICTED,
+    PREFIX_CACHE_HIT_RATE_OPT,
+    PREFIX_CACHE_HIT_RATE_OF_OPT,
     PREFIX_CACHE_HIT_RATE_CURVE,
+    PREFIX_CACHE_HIT_RATE_CURVE_OPT,
     PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS,
     WORKLOAD_SOURCE,
     KV_CACHE_NUM_BLOCKS,
@@ -498,7 +523,10 @@ ADDED_BY_DRIVER: tuple[MetricKey, ...] = (
     PREFIX_CACHE_MISS_OTHER_KEY,
     PREFIX_CACHE_MISS_COMPULSORY,
     PREFIX_CACHE_HIT_RATE_PREDICTED,
+    PREFIX_CACHE_HIT_RATE_OPT,
+    PREFIX_CACHE_HIT_RATE_OF_OPT,
     PREFIX_CACHE_HIT_RATE_CURVE,
+    PREFIX_CACHE_HIT_RATE_CURVE_OPT,
     PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS,
     WORKLOAD_SOURCE,
 )

@@ -102,6 +102,8 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
             mk.PREFIX_CACHE_MISS_OTHER_KEY,
             mk.PREFIX_CACHE_MISS_COMPULSORY,
             mk.PREFIX_CACHE_HIT_RATE_PREDICTED,
+            mk.PREFIX_CACHE_HIT_RATE_OPT,
+            mk.PREFIX_CACHE_HIT_RATE_OF_OPT,
             mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS,
         ),
     ),
@@ -203,11 +205,15 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
     measured = summary.get(mk.PREFIX_CACHE_FIRST_HIT_RATE.key)
     if mk.KV_TIER_HITS_BY_SOURCE.key in summary:
         measured = None  # the run's rate is the pool's and its tiers' (their own table)
+    opt = {size: rate for size, rate in summary.get(mk.PREFIX_CACHE_HIT_RATE_CURVE_OPT.key) or []}
     lines = [
         "== hit rate by cache size (LRU stack distances of this run's block accesses, "
         "its referenced blocks taken out of the pool) ==",
         f"  {'blocks':>12}{'GiB':>10}  {'hit rate':>10}",
     ]
+    if opt:  # OPT's column: Belady at the pool and its multiples (per block: an upper bound)
+        lines[0] = lines[0][: -len(" ==")] + "; OPT: Belady's optimum, hits per block) =="
+        lines[1] += f"{'OPT':>10}"
     for blocks, rate in curve_rows(curve, pool):
         gib = "-" if not block_bytes else f"{blocks * block_bytes / mk.BYTES_PER_GIB:,.2f}"
         mark = ""
@@ -217,6 +223,8 @@ def _curve_lines(summary: Mapping[str, Any]) -> list[str]:
             if pool and blocks != pool and blocks == int(pool * multiple):
                 mark = f"  <- {multiple:g}x this pool"
         text = NOT_PREDICTED if rate is None else f"{_perc(rate):>10}"
+        if opt and rate is not None:
+            text += f"{_perc(opt.get(blocks)):>10}"
         lines.append(f"  {blocks:>12,}{gib:>10}  {text}{mark}")
     return lines + [""]
 
@@ -305,6 +313,10 @@ def _tier_prediction_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines + [""]
 
 
+_CURVE_KEYS = frozenset(
+    m.key for m in (mk.PREFIX_CACHE_HIT_RATE_CURVE, mk.PREFIX_CACHE_HIT_RATE_CURVE_OPT)
+)
+
 NOT_PREDICTED = "would queue or preempt: not predicted"
 """The curve's text where a pool would not have run the run's schedule."""
 
@@ -317,7 +329,7 @@ def render_report(summary: Mapping[str, Any], header: Mapping[str, Any]) -> str:
     predicted with tiers of several sizes), preemption, latency (mean/p50/p90/p99 in ms)
     and throughput; keys it does not know go under "other". Pure."""
     lines = _rows("run", [(str(key), _num(value)) for key, value in header.items()])
-    placed: set[str] = set(_LATENCY_KEYS) | {mk.PREFIX_CACHE_HIT_RATE_CURVE.key} | _TIER_KEYS
+    placed: set[str] = set(_LATENCY_KEYS) | _CURVE_KEYS | _TIER_KEYS
     for title, fields in _SECTIONS:
         rows = [(label, fmt(summary[key])) for key, label, fmt in fields if key in summary]
         placed.update(key for key, _, _ in fields)
@@ -365,7 +377,8 @@ CURVE_PNG = "hit_rate_curve.png"
 def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
     """Draws the summary's hit-rate curve (hit rate against cache blocks, log scale) as
     a PNG at ``path``, with the run's pool marked: its size, the hit rate the curve
-    predicts there and the one the run measured at first admissions (with KV tiers: at
+    predicts there, Belady's OPT at the pool and its multiples, and the one the run
+    measured at first admissions (with KV tiers: at
     the pool plus the tiers' blocks, ``enginekit.reuse.curve.tiered_pool_blocks``), and
     the ideal; the
     sizes that would not have run the run's schedule are shaded (not predicted). Returns
@@ -382,6 +395,15 @@ def draw_hit_rate_curve(summary: Mapping[str, Any], path: str | Path) -> Path:
     axes = figure.add_subplot()
     marker = "." if len(curve) <= CURVE_TABLE_ROWS else None  # a few points: each shown
     axes.plot(sizes, rates, color="tab:blue", marker=marker, label="LRU block_hash, predicted")
+    opt = summary.get(mk.PREFIX_CACHE_HIT_RATE_CURVE_OPT.key)
+    if opt:  # Belady's optimum at the pool and its multiples: what no policy can beat
+        axes.plot(
+            [p[0] for p in opt],
+            [100 * p[1] for p in opt],
+            "^",
+            color="tab:green",
+            label="OPT (Belady, hits per block)",
+        )
     smallest = summary.get(mk.PREFIX_CACHE_HIT_RATE_CURVE_MIN_BLOCKS.key)
     if smallest:
         axes.axvspan(

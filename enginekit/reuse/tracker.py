@@ -67,6 +67,7 @@ from enginekit.reuse.curve import (
     min_num_blocks,
     query_pool_sizes,
 )
+from enginekit.reuse.opt import opt_curve
 
 RECENT_BYTES = 64 << 20  # the recent requests' tokens and nodes the tracker keeps
 
@@ -456,3 +457,13 @@ class ReuseTracker:
             smallest,
             self.peak_pinned_blocks,
         )
+
+    def opt_hit_rates(self, num_prompt_tokens: int, sizes: Sequence[int]) -> list[float]:
+        """Belady's OPT hit rate (``enginekit.reuse.opt``: hits per block, each a block of
+        tokens, over ``num_prompt_tokens``) at each of ``sizes``, on the same access
+        stream as ``hit_rate_curve``: at least what any eviction policy hits there. One
+        sweep in Python per size that evicts (about the whole curve's time each)."""
+        if not len(self._access_ids) or not num_prompt_tokens or not len(sizes):
+            return [0.0] * len(sizes)
+        hits = opt_curve(self.access_stream(), list(sizes))
+        return [h * self.block_size / num_prompt_tokens for h in hits.tolist()]

@@ -534,4 +534,4 @@ def test_a_pool_larger_than_every_reuse_is_predicted_and_measured_in_the_report(
     assert f"{100 * measured:.2f} %  <- this pool, measured {100 * measured:.2f} %" in row
     assert sum("<- " in line and NOT_PREDICTED not in line for line in text.splitlines()) >= 4
     header = next(line for line in text.splitlines() if line.split()[:1] == ["blocks"])
-    assert header.split() == ["blocks", "GiB", "hit", "rate"]
+    assert header.split() == ["blocks", "GiB", "hit", "rate", "OPT"]
