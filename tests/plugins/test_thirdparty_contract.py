@@ -1,4 +1,4 @@
-"""Third-party packages of the allocator, prefix, preemption and quantizer groups, written
+"""Third-party packages of the allocator, prefix, preemption, quantizer and eviction groups, written
 against the plugin contract alone (``tests/fixtures/*``), are found, configured and run with
 no change to enginekit: each is listed with its distribution and version, runs from the
 command line with a key of its own, and runs in an Engine with every cache invariant
@@ -57,6 +57,8 @@ PACKAGES = [
             "enginekit_largest_victim"),
     Package("split_int4_quantizer", "quantizer", "split_int4", "enginekit-split-int4", "0.4.0",
             "enginekit_split_int4"),
+    Package("clock_eviction", "eviction", "clock", "enginekit-clock-eviction", "0.2.0",
+            "enginekit_clock_eviction"),
 ]  # fmt: skip
 ALL_FIXTURES = sorted(p.parent for p in FIXTURES.glob("*/pyproject.toml"))
 
@@ -149,6 +151,10 @@ def _check_split_int4(report: dict[str, Any]) -> None:
     assert report["header"]["kv_bytes_per_token"] == _LLAMA3_INT4_VALUES + _LLAMA3_INT4_SCALES
 
 
+def _check_clock(report: dict[str, Any]) -> None:
+    assert report["summary"]["prefix_cache_first_hits"] > 0
+
+
 COMMAND_LINES = {
     "first_fit": (
         ["+allocator=first_fit", "allocator.max_run_blocks=4", "+eviction=sliding_window",
@@ -169,6 +175,7 @@ COMMAND_LINES = {
          "quantizer.value_group_channels=32", "cache.num_blocks=400"],
         _check_split_int4,
     ),
+    "clock": (["+eviction=clock", "eviction.max_chances=3", "cache.num_blocks=400"], _check_clock),
 }  # fmt: skip
 
 
@@ -452,6 +459,37 @@ def test_split_int4_stores_its_groups_and_sizes_the_pool_by_them(importable):
 def test_split_int4_refuses_groups_that_do_not_divide(importable, keys, message):
     with pytest.raises(ConfigError, match=message):
         _engine(24, quantizer={"name": "split_int4", **keys})
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "pyref"])
+def test_clock_hears_the_accesses_and_spares_blocks_with_chances_left(importable, native):
+    """Every eviction takes evictable blocks only, and only blocks with no chance left
+    while one without exists; a block's chances are its hits since it was cached
+    (capped), less the passes of the hand."""
+    engine = _engine(24, native, eviction={"name": "clock", "max_chances": 2})
+    policy, pool = engine.cache.eviction, engine.cache.pool
+    assert type(policy).hears_accesses() and pool.is_recording_accesses
+    evict = policy.evict
+    seen = {"evictions": 0, "spared": 0}
+
+    def checked_evict(num_blocks: int) -> list[int]:
+        evictable = set(pool.evictable_block_ids())
+        assert set(policy.ring) == evictable  # it heard everything before choosing
+        chances = dict(policy.chances)
+        victims = evict(num_blocks)
+        assert len(victims) == num_blocks and set(victims) <= evictable
+        seen["evictions"] += len(victims)
+        seen["spared"] += sum(chances[b] > 0 for b in evictable - set(victims))
+        return victims
+
+    policy.evict = checked_evict
+    _run(engine, _prompts(24, seed=5))
+    assert seen["evictions"] > 0 and seen["spared"] > 0
+
+
+def test_clock_refuses_negative_chances(importable):
+    with pytest.raises(ConfigError, match="eviction.max_chances"):
+        _engine(24, eviction={"name": "clock", "max_chances": -1})
 
 
 # ---- the contract's imports --------------------------------------------------------------
