@@ -1,6 +1,6 @@
 """The configuration schema: EngineConfig and one base config per plugin group.
 
-Plugin groups (allocator, prefix, quantizer, eviction, preemption, tier) are typed with the
+Plugin groups (allocator, prefix, quantizer, eviction, preemption, tier, queue) are typed with the
 group's base config and default to a name-only node. A plugin's own ``Config`` dataclass
 (a subclass of that base) is stored in Hydra's ConfigStore under the group, so
 ``+allocator=paged`` selects it; ``enginekit.plugins.complete_plugin_config`` fills a
@@ -20,6 +20,7 @@ PLUGIN_GROUPS: tuple[str, ...] = (
     "eviction",
     "preemption",
     "tier",
+    "queue",
 )
 DEFAULT_PLUGINS: dict[str, str] = {
     "allocator": "paged",
@@ -28,6 +29,7 @@ DEFAULT_PLUGINS: dict[str, str] = {
     "eviction": "lru",
     "preemption": "recompute",
     "tier": "none",
+    "queue": "fcfs",
 }
 
 
@@ -88,6 +90,14 @@ class TierConfig(PluginConfig):
     redis_gb_per_s: float = 5.0  # redis: bytes per second over the network (GB/s)
 
 
+@dataclass
+class QueueConfig(PluginConfig):
+    """The order in which the scheduler tries to admit waiting requests
+    (``enginekit.interfaces.queue``): ``+queue=fcfs`` (arrival order, the default), ``lpm``
+    (longest cached prefix first, with aging), ``priority`` (a request's ``priority``,
+    lower first) or ``fair`` (the tenant served least first)."""
+
+
 PLUGIN_BASE_CONFIGS: dict[str, type[PluginConfig]] = {
     "allocator": AllocatorConfig,
     "prefix": PrefixConfig,
@@ -95,6 +105,7 @@ PLUGIN_BASE_CONFIGS: dict[str, type[PluginConfig]] = {
     "eviction": EvictionConfig,
     "preemption": PreemptionConfig,
     "tier": TierConfig,
+    "queue": QueueConfig,
 }
 
 
@@ -203,6 +214,7 @@ class EngineConfig:
     eviction: EvictionConfig = field(default_factory=lambda: EvictionConfig(name="lru"))
     preemption: PreemptionConfig = field(default_factory=lambda: PreemptionConfig(name="recompute"))
     tier: TierConfig = field(default_factory=lambda: TierConfig(name="none"))
+    queue: QueueConfig = field(default_factory=lambda: QueueConfig(name="fcfs"))
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)

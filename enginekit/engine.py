@@ -39,6 +39,8 @@ from enginekit.request import (
     RequestOutput,
     RequestStatus,
     SamplingParams,
+    as_priority,
+    as_user,
 )
 from enginekit.scheduler.plan import empty_output
 from enginekit.scheduler.scheduler import Scheduler, StepUpdate
@@ -103,6 +105,7 @@ class Engine:
         quantizer_cls, quantizer_cfg = plugins["quantizer"]
         eviction_cls, eviction_cfg = plugins["eviction"]
         preemption_cls, preemption_cfg = plugins["preemption"]
+        queue_cls, queue_cfg = plugins["queue"]
         tier_cfg = plugins["tier"][1]
         assert isinstance(tier_cfg, TierConfig)
 
@@ -150,6 +153,7 @@ class Engine:
             export_block_tables=self.executor.needs_block_tables,
             new_seq_id=lambda: next(self._seq_ids),
             native=backend.name == "native",
+            queue=queue_cls(queue_cfg, self.cache),
         )
         self.limits = ServingLimits(
             self.max_model_len,
@@ -186,17 +190,22 @@ class Engine:
         arrival_time: float | None = None,
         extra_key: bytes | str | None = None,
         scripted_output_ids: Sequence[int] | None = None,
+        priority: int = 0,
+        user: str | None = None,
     ) -> str:
         """Queues a request; returns its id. The prompt is a sequence of token ids (ints;
         numpy integer arrays too) or a text, tokenized with the tokenizer of ``model.path``
         (ConfigError for a model without a folder). ``extra_key`` salts the prefix cache
         (requests share cached blocks only with the same salt): bytes, or a str, which
-        stands for its UTF-8 bytes. ``arrival_time`` (seconds; default: now) is clamped at
-        0. Raises, queuing nothing, InvalidRequestError for an argument of the wrong type
-        or value (naming it), RequestRejectedError if the request can never be served:
-        empty, a token outside the vocabulary (prompt or script), prompt plus max_tokens
-        beyond the model's context, or more blocks than the whole cache. Whatever it
-        accepts, no later step raises for it."""
+        stands for its UTF-8 bytes. ``priority`` (an int, lower served first) orders the
+        queue under ``+queue=priority``; any other queue refuses a priority other than 0
+        (InvalidRequestError). ``user`` names the tenant ``+queue=fair`` shares service
+        among (default: the salt, else one shared tenant). ``arrival_time`` (seconds;
+        default: now) is clamped at 0. Raises, queuing nothing, InvalidRequestError for an
+        argument of the wrong type or value (naming it), RequestRejectedError if the
+        request can never be served: empty, a token outside the vocabulary (prompt or
+        script), prompt plus max_tokens beyond the model's context, or more blocks than the
+        whole cache. Whatever it accepts, no later step raises for it."""
         if request_id is not None and not isinstance(request_id, str):
             raise InvalidRequestError(
                 f"request_id must be a str or None, got {type(request_id).__name__}"
@@ -226,15 +235,21 @@ class Engine:
         except RequestRejectedError:
             self.metrics.on_request_rejected()
             raise
-        request = Request(
-            request_id=request_id,
-            seq_id=seq_id,
-            prompt_token_ids=args.prompt_token_ids,
-            sampling=args.sampling,
-            arrival_time=self.clock if args.arrival_time is None else args.arrival_time,
-            extra_key=args.extra_key,
-            scripted_output_ids=args.scripted_output_ids,
-        )
+        try:
+            request = Request(
+                request_id=request_id,
+                seq_id=seq_id,
+                prompt_token_ids=args.prompt_token_ids,
+                sampling=args.sampling,
+                arrival_time=self.clock if args.arrival_time is None else args.arrival_time,
+                extra_key=args.extra_key,
+                scripted_output_ids=args.scripted_output_ids,
+                priority=as_priority(priority),
+                user=as_user(user),
+            )
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"request {request_id!r}: {exc}") from None
+        self.scheduler.queue.check_request(request)
         self._requests[request_id] = request
         heapq.heappush(self._pending, (request.arrival_time, seq_id, request))
         return request_id

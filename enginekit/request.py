@@ -169,6 +169,21 @@ def as_arrival_time(value: object) -> float | None:
     return None if value is None else _finite_number("arrival_time", value)
 
 
+def as_priority(value: object) -> int:
+    """A request's priority as an int (numpy integers too). Raises InvalidRequestError for
+    anything else (bools and floats included)."""
+    if not _is_int(value):
+        raise InvalidRequestError(f"priority must be an int, got {_shown(value)}")
+    return int(value)  # type: ignore[call-overload]  # an Integral
+
+
+def as_user(value: object) -> str | None:
+    """A request's tenant name (a str), or None. Raises InvalidRequestError otherwise."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequestError(f"user must be a str or None, got {_shown(value)}")
+    return value
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # not yet admitted, or preempted and waiting to be restored
     RUNNING = "running"  # holds KV blocks; prefilling or decoding
@@ -214,6 +229,11 @@ class Request:
     # globally.
     extra_key: bytes | None = None
     scripted_output_ids: Sequence[int] | None = None  # what the simulator "generates"
+    # The waiting queue's inputs (``enginekit.interfaces.queue``): ``priority`` orders
+    # requests under ``+queue=priority`` (lower first; 0 is the default and the only value
+    # other queues take); ``user`` names the tenant ``+queue=fair`` shares service among.
+    priority: int = 0
+    user: str | None = None
 
     token_ids: list[int] = field(init=False)
     num_prompt_tokens: int = field(init=False)
@@ -268,6 +288,18 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def tenant(self) -> str:
+        """Whom the request is served for: its request's ``user`` if set, else its
+        prefix-cache salt (``salt:`` and the salt, UTF-8 decoded), else ``""``, the one
+        shared tenant. A forked sample or beam is its request's. Pure."""
+        root = self.parent or self
+        if root.user is not None:
+            return root.user
+        if root.extra_key is not None:
+            return "salt:" + root.extra_key.decode("utf-8", "backslashreplace")
+        return ""
 
     def stop_status(self, token_id: int, eos_token_id: int | None) -> RequestStatus | None:
         """What the rules of its sampling make of ``token_id``, its newest token (already

@@ -19,6 +19,7 @@ from enginekit.interfaces.hash_chains import HashChains
 from enginekit.interfaces.preemption import Preemption, PreemptionMode
 from enginekit.interfaces.prefix import NO_MATCH, PrefixCache, PrefixMatch
 from enginekit.interfaces.quantizer import Quantizer
+from enginekit.interfaces.queue import PrefixProbe, WaitingQueue
 from enginekit.interfaces.scheduler_cache import Admission, SchedulerCache, StepBlocks
 from enginekit.interfaces.structures import (
     Access,
@@ -53,6 +54,7 @@ GROUP_INTERFACES: dict[str, type[Plugin]] = {
     "eviction": Eviction,
     "preemption": Preemption,
     "tier": KVTier,
+    "queue": WaitingQueue,
 }
 
 __all__ = [
@@ -91,6 +93,7 @@ __all__ = [
     "PreemptionMode",
     "PrefixCache",
     "PrefixMatch",
+    "PrefixProbe",
     "Quantizer",
     "RadixMatch",
     "RadixNode",
@@ -98,6 +101,7 @@ __all__ = [
     "RestoreCost",
     "SchedulerCache",
     "StepBlocks",
+    "WaitingQueue",
     "WindowedEviction",
     "plugin_name",
 ]

@@ -21,6 +21,9 @@ a step's life:
 - ``finish_step``: the executor ran the step: what it unpinned and what finished is given
   back, and blocks out of every window are released.
 
+Beside them, one pure query, ``num_cached_prefix_tokens``, which the waiting queue's
+order may read (longest prefix first).
+
 The cache never changes a request's queue or status; the scheduler never touches a block.
 ``enginekit.kv.manager.KVCacheManager`` is the implementation; its other public members
 serve the engine (usage, checks) and the preemption plugin (``CacheView``).
@@ -137,6 +140,12 @@ class SchedulerCache(Protocol):
         running request being preempted): its blocks are first copied to host memory, and
         the number of blocks copied is returned; None if not asked or if the swap space
         lacked room (the blocks are then released, and the request computes again)."""
+        ...
+
+    def num_cached_prefix_tokens(self, request: Request) -> int:
+        """How many of ``request``'s leading tokens the prefix cache holds now: what
+        ``admit`` would match on the device (tiers apart). Pure: a query for the waiting
+        queue's order (``enginekit.interfaces.queue.PrefixProbe``)."""
         ...
 
     def finish_step(self, finished: Sequence[Request], running: Sequence[Request]) -> None:

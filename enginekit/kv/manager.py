@@ -232,6 +232,11 @@ class KVCacheManager:
             return Admission(False, admissible.num_tokens + num_loaded, 0, num_loaded)
         return None
 
+    def num_cached_prefix_tokens(self, request: Request) -> int:
+        """See ``SchedulerCache.num_cached_prefix_tokens``: the prefix cache's ``match``
+        (pure), its length in tokens."""
+        return self.prefix.match(request).num_tokens
+
     def admit_together(
         self, requests: Sequence[Request], step_has_work: bool
     ) -> list[Admission] | None:

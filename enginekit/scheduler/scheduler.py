@@ -1,8 +1,10 @@
 """Continuous batching with chunked prefill, prefix-aware admission and preemption.
 
 Each step spends a token budget: first one token for every decoding sequence, then chunks
-of running prefills, then new (or preempted) requests in arrival order while their
-uncached prompt fits the cache with a watermark to spare. A prefill's blocks come with each
+of running prefills, then waiting requests while their uncached prompt fits the cache with
+a watermark to spare: preempted ones first, in the order they went back, then new ones in
+the order the queue plugin gives (``enginekit.interfaces.queue``; arrival order by
+default), stopping at the first that does not fit. A prefill's blocks come with each
 chunk, out of the blocks admission promised it (so a prefill never waits for memory). When
 decodes cannot grow, the preemption plugin frees a victim and the scheduler requeues it at
 the front.
@@ -39,6 +41,7 @@ from enginekit.step import Fork, ModelOutput, SchedulerOutput
 
 if TYPE_CHECKING:
     from enginekit.interfaces import Preemption
+    from enginekit.interfaces.queue import WaitingQueue
 
 
 class StepUpdate(NamedTuple):
@@ -55,9 +58,10 @@ class Scheduler:
     tokens), and the running requests' computed tokens together
     (``num_running_computed_tokens``, what the cache manager's ``usage`` takes), kept at
     every change so that reading it costs nothing per request. ``running`` is in priority
-    order (first admitted first); a preempted request goes back to the front of
-    ``waiting``. Preemption is the plugin's decision (which victim, swap or recompute) and
-    this class's act.
+    order (first admitted first). ``waiting`` holds the preempted requests first (a
+    preempted request goes back to its front), then the fresh ones (never admitted) in
+    arrival order; the queue plugin orders the fresh ones for admission. Preemption is the
+    plugin's decision (which victim, swap or recompute) and this class's act.
 
     The running requests are split in two: those that decode and are not beams sit in a
     ``DecodeBatch`` (joined once a token of theirs is appended and only that one is left to
@@ -75,7 +79,10 @@ class Scheduler:
         export_block_tables: bool = False,
         new_seq_id: Callable[[], int] | None = None,
         native: bool = True,
+        queue: WaitingQueue | None = None,
     ) -> None:
+        """``queue``: the order of fresh waiting requests (None: first come, first served,
+        the ``WaitingQueue`` interface's defaults)."""
         if config.max_num_seqs < 1:
             raise ConfigError(f"scheduler.max_num_seqs must be >= 1, got {config.max_num_seqs}")
         if config.max_num_batched_tokens < config.max_num_seqs:
@@ -87,6 +94,13 @@ class Scheduler:
         self.config = config
         self.cache = cache
         self.preemption = preemption
+        if queue is None:
+            from enginekit.config import QueueConfig
+            from enginekit.interfaces.queue import WaitingQueue
+
+            queue = WaitingQueue(QueueConfig(name="fcfs"), cache)
+        self.queue = queue
+        self._counts_service = queue.counts_service
         self.eos_token_id = eos_token_id
         self.export_block_tables = export_block_tables
         self._forker = Forker(cache, new_seq_id or itertools.count(1 << 62).__next__)
@@ -113,6 +127,7 @@ class Scheduler:
         """Queues an arrived request behind the others."""
         self.waiting.append(request)
         self._by_seq_id[request.seq_id] = request
+        self.queue.on_arrived(request)
 
     @property
     def num_unfinished(self) -> int:
@@ -135,6 +150,8 @@ class Scheduler:
         members = set(map(id, group))
         for request in group:
             self._forker.settle(request)
+            if request.status is RequestStatus.WAITING and not request.num_preemptions:
+                self.queue.on_left(request)
             if request.status is RequestStatus.RUNNING:
                 self._num_running_computed -= request.num_computed_tokens
             self.cache.release(request)
@@ -203,6 +220,8 @@ class Scheduler:
         plan.prefill_token_ids.append(request.token_ids[start : start + num_new])
         request.num_computed_tokens = start + num_new
         self._num_running_computed += num_new
+        if self._counts_service:
+            self.queue.on_served(request, num_new, 0)
         if start + num_new == request.num_tokens:
             plan.final_prefill_seq_ids.append(request.seq_id)
             if request.needs_fork:
@@ -212,38 +231,78 @@ class Scheduler:
                     plan.final_prefill_seq_ids.append(child.seq_id)
 
     def _admit_waiting(self, plan: StepPlan) -> None:
-        """Admits waiting requests in order while the budget, ``max_num_seqs`` and the
-        cache allow, and schedules a first chunk of each (a swapped-out decode decodes). The
-        preempted beams of one request are admitted together or not at all."""
+        """Admits waiting requests while the budget, ``max_num_seqs`` and the cache allow,
+        and schedules a first chunk of each (a swapped-out decode decodes): the preempted
+        ones first, in order, then the fresh ones in the queue plugin's order; the first
+        that does not fit stops admission. The preempted beams of one request are
+        admitted together or not at all."""
+        if not self._admit_preempted(plan):
+            return
         max_num_seqs = self._max_num_seqs
-        while self.waiting and plan.budget > 0 and len(self.running) < max_num_seqs:
-            request = self.waiting[0]
-            if request.is_beam and request.num_preemptions:
-                group = self._waiting_beam_group(request)
-                if len(group) > 1:
-                    if len(self.running) + len(group) > max_num_seqs:
-                        break
-                    admissions = self.cache.admit_together(group, not plan.is_empty)
-                    if admissions is None:
-                        break
-                    for beam, how in zip(group, admissions, strict=True):
-                        self._start(beam, how, plan)
-                    continue
+        admitted: list[Request] = []
+        for request in self.queue.order(self.waiting):
+            if plan.budget <= 0 or len(self.running) >= max_num_seqs:
+                break
             owed = num_sequences_to_fork(request)
             if len(self.running) + self._forker.num_owed + owed + 1 > max_num_seqs:
                 break  # its samples or beams would not fit among the running sequences
             admission = self.cache.admit(request, not plan.is_empty)
             if admission is None:
                 break
+            admitted.append(request)
+            self.queue.on_admitted(request)
             self._start(request, admission, plan, owed)
+        if admitted:
+            self._take_admitted(admitted)
+
+    def _take_admitted(self, admitted: list[Request]) -> None:
+        """Removes the fresh requests just admitted from ``waiting`` (only fresh ones are
+        left there): the queue's head in arrival order (first come, first served), else
+        wherever they are."""
+        waiting = self.waiting
+        if all(waiting[i] is request for i, request in enumerate(admitted)):
+            for _ in admitted:
+                waiting.popleft()
+            return
+        gone = set(map(id, admitted))
+        self.waiting = deque(r for r in waiting if id(r) not in gone)
+
+    def _admit_preempted(self, plan: StepPlan) -> bool:
+        """Admits the preempted requests at the front of ``waiting`` in order, as
+        ``_admit_waiting`` says; True if none is left waiting (fresh ones may follow)."""
+        max_num_seqs = self._max_num_seqs
+        while self.waiting and self.waiting[0].num_preemptions:
+            if plan.budget <= 0 or len(self.running) >= max_num_seqs:
+                return False
+            request = self.waiting[0]
+            if request.is_beam:
+                group = self._waiting_beam_group(request)
+                if len(group) > 1:
+                    if len(self.running) + len(group) > max_num_seqs:
+                        return False
+                    admissions = self.cache.admit_together(group, not plan.is_empty)
+                    if admissions is None:
+                        return False
+                    for beam, how in zip(group, admissions, strict=True):
+                        self.waiting.popleft()
+                        self._start(beam, how, plan)
+                    continue
+            owed = num_sequences_to_fork(request)
+            if len(self.running) + self._forker.num_owed + owed + 1 > max_num_seqs:
+                return False  # its samples or beams would not fit among the running sequences
+            admission = self.cache.admit(request, not plan.is_empty)
+            if admission is None:
+                return False
+            self.waiting.popleft()
+            self._start(request, admission, plan, owed)
+        return True
 
     def _start(self, request: Request, admission: Admission, plan: StepPlan, owed: int = 0) -> None:
-        """The head of the queue, just admitted, runs, owing ``owed`` forked sequences: its
-        first chunk is scheduled while the budget lasts (a request swapped out mid-decode
-        decodes; a beam restored with its step done waits for its siblings); past the
-        budget, it runs from the next step on."""
+        """``request``, just admitted (its caller takes it out of ``waiting``), runs, owing
+        ``owed`` forked sequences: its first chunk is scheduled while the budget lasts (a
+        request swapped out mid-decode decodes; a beam restored with its step done waits
+        for its siblings); past the budget, it runs from the next step on."""
         self._count_admission(request, admission)
-        self.waiting.popleft()
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         self._num_running_computed += request.num_computed_tokens  # hit or restored
@@ -512,6 +571,9 @@ class Scheduler:
                 f"{len(sample_seq_ids)} sampled sequences"
             )
         num_batched = self._take_scheduled_batch()
+        if self._counts_service:
+            for seq_id in sample_seq_ids:  # one output token (or beam step) each
+                self.queue.on_served(by_seq_id[seq_id], 0, 1)
         finished = self._batch.append(token_ids[:num_batched]) if num_batched else []
         first_tokens: list[Request] = []
         beam_groups: list[Request] = []
@@ -553,6 +615,7 @@ class Scheduler:
         outside it together hold exactly the running requests, each once, every batch
         member decodes, and ``num_running_computed_tokens`` is the running requests' sum."""
         self._batch.check()
+        self.queue.check_integrity()
         num_computed = sum(r.num_computed_tokens for r in self.running)
         if num_computed != self._num_running_computed:
             raise RuntimeError(

@@ -63,6 +63,7 @@ CHOICES = {
     "preemption": ("recompute", "swap"),
     "quantizer": ("none", "fp8", "int4"),
     "tier": ("none", "host"),
+    "queue": ("fcfs", "lpm", "priority", "fair"),
 }
 
 
@@ -94,8 +95,8 @@ def test_the_combinations_cover_every_plugin_and_leave_out_only_refused_ones():
         assert {c[group] for c in VALID} == set(names)
     # paged: 3 prefix caches with lru, 2 with sliding_window (not radix); contiguous: no
     # prefix cache, lru only; each with 2 preemptions and 3 quantizers; a host tier is
-    # refused with sliding_window only
-    assert len(VALID) == (3 + 2) * 2 * 3 + 1 * 2 * 3 + (3 * 2 * 3 + 1 * 2 * 3)
+    # refused with sliding_window only; every queue with every combination
+    assert len(VALID) == ((3 + 2) * 2 * 3 + 1 * 2 * 3 + (3 * 2 * 3 + 1 * 2 * 3)) * 4
 
 
 def _plugin_config(group: str, name: str, **keys: Any) -> Any:

@@ -29,10 +29,10 @@ class DoorOnly:
         return getattr(self._manager, name)
 
 
-def test_the_door_is_the_protocols_eight_calls_and_the_block_size() -> None:
+def test_the_door_is_the_protocols_eight_calls_one_query_and_the_block_size() -> None:
     calls = {"admit", "admit_together", "reserve_prefill", "grow", "fork"}
     calls |= {"take_step_blocks", "release", "finish_step"}
-    assert calls | {"block_size"} == DOOR
+    assert calls | {"num_cached_prefix_tokens", "block_size"} == DOOR
 
 
 def test_the_stand_in_refuses_what_the_door_lacks() -> None:
@@ -47,6 +47,7 @@ def _run(door_only: bool, overrides: list[str]) -> tuple[list[Any], dict[str, An
         door = DoorOnly(engine.cache)
         engine.scheduler.cache = door  # type: ignore[assignment]
         engine.scheduler._forker._cache = door  # type: ignore[assignment]
+        engine.scheduler.queue.cache = door  # the queue's order reads the cache too
     shared = list(range(100, 124))
     for i in range(10):
         prompt = shared + list(range(200 + 30 * i, 200 + 30 * i + 8 + 2 * i))
@@ -71,9 +72,10 @@ def _run(door_only: bool, overrides: list[str]) -> tuple[list[Any], dict[str, An
     [
         ["+preemption=swap", "preemption.swap_space_gib=0.1", "cache.num_blocks=12"],
         ["+prefix=radix", "cache.num_blocks=12"],
+        ["+queue=lpm", "queue.max_overtakes=2", "cache.num_blocks=12"],
         ["+eviction=sliding_window", "eviction.window=32", "cache.num_blocks=12"],
     ],
-    ids=["swap", "radix-recompute", "sliding-window"],
+    ids=["swap", "radix-recompute", "lpm", "sliding-window"],
 )
 def test_the_scheduler_needs_nothing_past_its_door(overrides: list[str]) -> None:
     overrides = [*overrides, "cache.watermark=0"]
