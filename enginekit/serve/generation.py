@@ -52,6 +52,8 @@ class Generation:
         stop: list[str],
         extra_key: str | None,
         id_prefix: str,
+        priority: int = 0,
+        user: str | None = None,
     ) -> None:
         self.loop = loop
         self.metrics = metrics
@@ -60,7 +62,7 @@ class Generation:
         self.sampling = sampling
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._jobs = [
-            Job(f"{self.id}-{i}", prompt, sampling, i, self._events, extra_key)
+            Job(f"{self.id}-{i}", prompt, sampling, i, self._events, extra_key, priority, user)
             for i, prompt in enumerate(prompts)
         ]
         n = sampling.n

@@ -84,6 +84,8 @@ class Job:
     index: int
     events: asyncio.Queue[Event]
     extra_key: str | None = None
+    priority: int = 0  # the queue's order under +queue=priority (lower first)
+    user: str | None = None  # the tenant under +queue=fair
     received_at: float = field(default_factory=time.monotonic)
 
 
@@ -272,6 +274,8 @@ class EngineLoop:
                 job.sampling,
                 request_id=job.request_id,
                 extra_key=job.extra_key,
+                priority=job.priority,
+                user=job.user,
             )
         except EngineKitError as exc:
             return job.events, Refused(job.index, exc)

@@ -97,7 +97,9 @@ class _Sampled(BaseModel):
     stream_options: StreamOptions | None = None
     return_token_ids: StrictBool = False
     cache_salt: StrictStr | None = None
-    user: StrictStr | None = None
+    user: StrictStr | None = None  # the tenant +queue=fair shares service among
+    # lower is served first under +queue=priority; another queue refuses any but 0 (400)
+    priority: StrictInt = 0
     # OpenAI fields enginekit does not implement: refused unless neutral (``unsupported``).
     logprobs: Any = None
     presence_penalty: Any = None

@@ -171,6 +171,8 @@ class Server:
             body.stop_strings,
             body.cache_salt,
             id_prefix,
+            priority=body.priority,
+            user=body.user,
         )
 
     async def on_engine(self, fn: Callable[[Engine], _T]) -> _T:
