@@ -336,7 +336,7 @@ class Engine:
                 request.scripted_output_ids,
             )
             self.metrics.on_request_added(
-                request.seq_id, request.arrival_time, request.num_prompt_tokens
+                request.seq_id, request.arrival_time, request.num_prompt_tokens, request.tenant
             )
             self.scheduler.add_request(request)
 
@@ -357,7 +357,7 @@ class Engine:
         for request in update.first_tokens:
             request.first_token_time = self.clock
             if request.parent is None:
-                self.metrics.on_first_token(request.seq_id, self.clock)
+                self.metrics.on_first_token(request.seq_id, self.clock, request.num_cached_tokens)
         roots: list[Request] = []
         outputs: list[RequestOutput] = []
         for request in update.finished:

@@ -404,6 +404,12 @@ SWAP_IN_BYTES_TOTAL = MetricKey(
 TIME_TO_FIRST_TOKEN_SECONDS = MetricKey(
     "time_to_first_token_seconds", "TTFT", Unit.LATENCY, "first output token's time - arrival"
 )
+TIME_TO_FIRST_TOKEN_SECONDS_COLD = MetricKey(
+    "time_to_first_token_seconds_cold",
+    "cold",
+    Unit.LATENCY,
+    "TTFT of cold requests: those whose first admission hit no cached token (device or tier)",
+)
 TIME_PER_OUTPUT_TOKEN_SECONDS = MetricKey(
     "time_per_output_token_seconds",
     "TPOT",
@@ -439,6 +445,22 @@ OUTPUT_TOKENS_PER_S_PER_KV_GIB = MetricKey(
     "output per GiB of KV pool",
     Unit.TOKENS_PER_S_PER_GIB,
     "output tokens per second / the KV pool's GiB",
+)
+
+# ---- tenants (a run with more than one tenant only) --------------------------------------
+
+TOKENS_SERVED_BY_TENANT = MetricKey(
+    "tokens_served_by_tenant",
+    "served by tenant",
+    Unit.TOKENS,
+    "prompt + output tokens of each tenant's finished requests (the tenant: a request's "
+    "user, else its salt, else the shared one, named '')",
+)
+TENANT_SERVICE_MAX_MIN_RATIO = MetricKey(
+    "tenant_service_max_min_ratio",
+    "served, most / least served tenant",
+    Unit.COUNT,
+    "the most tokens served to one tenant / the fewest (None if a tenant got none)",
 )
 
 SUMMARY_KEYS: tuple[MetricKey, ...] = (
@@ -502,6 +524,7 @@ SUMMARY_KEYS: tuple[MetricKey, ...] = (
     SWAP_OUT_BYTES_TOTAL,
     SWAP_IN_BYTES_TOTAL,
     TIME_TO_FIRST_TOKEN_SECONDS,
+    TIME_TO_FIRST_TOKEN_SECONDS_COLD,
     TIME_PER_OUTPUT_TOKEN_SECONDS,
     E2E_REQUEST_LATENCY_SECONDS,
     DURATION_S,
@@ -509,10 +532,13 @@ SUMMARY_KEYS: tuple[MetricKey, ...] = (
     OUTPUT_TOKENS_PER_S,
     TOTAL_TOKENS_PER_S,
     OUTPUT_TOKENS_PER_S_PER_KV_GIB,
+    TOKENS_SERVED_BY_TENANT,
+    TENANT_SERVICE_MAX_MIN_RATIO,
 )
 
 LATENCY_KEYS: tuple[MetricKey, ...] = (
     TIME_TO_FIRST_TOKEN_SECONDS,
+    TIME_TO_FIRST_TOKEN_SECONDS_COLD,
     TIME_PER_OUTPUT_TOKEN_SECONDS,
     E2E_REQUEST_LATENCY_SECONDS,
 )
@@ -547,5 +573,12 @@ ADDED_WITH_TIERS: tuple[MetricKey, ...] = (
 """The keys ``Engine.summary`` adds for a run with KV tiers (``KVCacheManager.tier_stats``),
 each mapping by level name, fastest level first, but the avoided loads; a run without
 tiers has none of them. ``KV_TIER_HIT_RATE_PREDICTED`` is the driver's, for such a run."""
+
+ADDED_WITH_TENANTS: tuple[MetricKey, ...] = (
+    TOKENS_SERVED_BY_TENANT,
+    TENANT_SERVICE_MAX_MIN_RATIO,
+)
+"""The keys ``RunMetrics.summary`` adds for a run whose requests belong to more than one
+tenant (``Request.tenant``); a run of one tenant has none of them."""
 
 BY_KEY: Mapping[str, MetricKey] = MappingProxyType({m.key: m for m in SUMMARY_KEYS})

@@ -26,6 +26,7 @@ from enginekit.step import KVUsage
 
 LATENCY_KEYS: tuple[str, ...] = (
     "time_to_first_token_seconds",
+    "time_to_first_token_seconds_cold",
     "time_per_output_token_seconds",
     "e2e_request_latency_seconds",
 )
@@ -63,6 +64,8 @@ class _RequestRecord:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_output_tokens: int = 0
+    tenant: str = ""  # Request.tenant
+    num_cached_tokens: int | None = None  # prefix-cache hit at first admission, once known
 
 
 def latency_stats(samples: list[float]) -> dict[str, float | int | None]:
@@ -121,22 +124,29 @@ class RunMetrics:
 
     # ---- request lifecycle -------------------------------------------------------------
 
-    def on_request_added(self, key: Hashable, arrival_time: float, num_prompt_tokens: int) -> None:
-        """Starts the record of the request ``key`` names (unique over the run). Raises
-        EngineKitError for a key already added."""
+    def on_request_added(
+        self, key: Hashable, arrival_time: float, num_prompt_tokens: int, tenant: str = ""
+    ) -> None:
+        """Starts the record of the request ``key`` names (unique over the run), served
+        for ``tenant``. Raises EngineKitError for a key already added."""
         if key in self._requests:
             raise EngineKitError(f"metrics: request {key!r} was already added")
-        self._requests[key] = _RequestRecord(arrival_time, num_prompt_tokens)
+        self._requests[key] = _RequestRecord(arrival_time, num_prompt_tokens, tenant=tenant)
 
     def on_request_rejected(self) -> None:
         """A request was refused at admission to the engine (it could never be served)."""
         self.num_requests_rejected += 1
 
-    def on_first_token(self, key: Hashable, time: float) -> None:
-        """Records the first output token's time; later calls (after a preemption) are ignored."""
+    def on_first_token(
+        self, key: Hashable, time: float, num_cached_tokens: int | None = None
+    ) -> None:
+        """Records the first output token's time and the prefix-cache hit of the request's
+        first admission (None: not known; 0 makes it a cold request); later calls (after
+        a preemption) are ignored."""
         record = self._requests[key]
         if record.first_token_time is None:
             record.first_token_time = time
+            record.num_cached_tokens = num_cached_tokens
 
     def on_request_aborted(self, key: Hashable, time: float) -> None:
         """The request (which had arrived) was aborted at ``time``; it counts in no
@@ -251,6 +261,11 @@ class RunMetrics:
         ttft = [
             r.first_token_time - r.arrival_time for r in records if r.first_token_time is not None
         ]
+        ttft_cold = [
+            r.first_token_time - r.arrival_time
+            for r in records
+            if r.first_token_time is not None and r.num_cached_tokens == 0
+        ]
         e2e: list[float] = []
         tpot: list[float] = []
         ends: list[float] = []
@@ -340,6 +355,7 @@ class RunMetrics:
             mk.SWAP_OUT_BYTES_TOTAL.key: self.num_swapped_out_blocks * kv_bytes_per_block,
             mk.SWAP_IN_BYTES_TOTAL.key: self.num_swapped_in_blocks * kv_bytes_per_block,
             mk.TIME_TO_FIRST_TOKEN_SECONDS.key: latency_stats(ttft),
+            mk.TIME_TO_FIRST_TOKEN_SECONDS_COLD.key: latency_stats(ttft_cold),
             mk.TIME_PER_OUTPUT_TOKEN_SECONDS.key: latency_stats(tpot),
             mk.E2E_REQUEST_LATENCY_SECONDS.key: latency_stats(e2e),
             mk.DURATION_S.key: duration,
@@ -350,4 +366,14 @@ class RunMetrics:
                 None if output_tps is None else _ratio(output_tps, pool_bytes / mk.BYTES_PER_GIB)
             ),
         }
+        served: dict[str, int] = {}
+        for r in records:
+            done = r.num_prompt_tokens + r.num_output_tokens if r.finish_time is not None else 0
+            served[r.tenant] = served.get(r.tenant, 0) + done
+        if len(served) > 1:  # metric_keys.ADDED_WITH_TENANTS
+            summary[mk.TOKENS_SERVED_BY_TENANT.key] = dict(sorted(served.items()))
+            least = min(served.values())
+            summary[mk.TENANT_SERVICE_MAX_MIN_RATIO.key] = (
+                max(served.values()) / least if least else None
+            )
         return summary

@@ -143,6 +143,8 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str, _Fmt], ...]], ...] = (
             mk.OUTPUT_TOKENS_PER_S,
             mk.TOTAL_TOKENS_PER_S,
             mk.OUTPUT_TOKENS_PER_S_PER_KV_GIB,
+            mk.TOKENS_SERVED_BY_TENANT,
+            mk.TENANT_SERVICE_MAX_MIN_RATIO,
         ),
     ),
 )
