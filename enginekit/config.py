@@ -183,6 +183,9 @@ class WorkloadConfig:
     # trace: the trace file to replay (see enginekit.workloads.trace).
     path: str | None = None
     trace_format: str = "auto"  # trace: auto (by the first line) | jsonl | mooncake
+    # trace: every arrival time (and think time) multiplied by this: 2 replays the trace
+    # at half its rate
+    arrival_time_scale: float = 1.0
 
 
 @dataclass

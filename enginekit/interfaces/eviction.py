@@ -17,9 +17,9 @@ from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.structures import Access, AccessKind
 from enginekit.request import Request
 
-ACCESS_HOOKS = ("on_insert", "on_hit", "on_release", "on_evict", "hear")
-"""The methods of ``Eviction`` that hear accesses: a policy that overrides any of them
-hears them all (``hears_accesses``)."""
+ACCESS_HOOKS = ("on_insert", "on_hit", "on_release", "on_evict", "hear", "choose_victim")
+"""The methods of ``Eviction`` that hear accesses or choose by them: a policy that
+overrides any of them hears every access (``hears_accesses``)."""
 
 
 class AttentionSpan(NamedTuple):
@@ -58,9 +58,15 @@ class Eviction(Plugin, ABC):
     Accesses are delivered in batches, all of them before every ``evict`` call, after every
     step and before ``check_integrity``: a policy may count on having heard everything that
     happened before it is asked to choose. A policy that hears nothing pays nothing: the
-    pool does not log for it. Accesses are the pool's cached blocks (``block_hash``); with
-    ``radix``, whose tree holds its blocks itself, the tree's own order chooses (see
-    ``plugins.eviction`` in the architecture notes).
+    pool does not log for it.
+
+    **Two prefix caches.** Under ``block_hash`` the pool's hash map holds the cached
+    blocks: a policy hears all four kinds and ``evict`` picks victims among every block it
+    heard released. Under ``radix`` the tree holds its blocks itself and can give back only
+    the last block of an unlocked leaf: the policy hears the tree's insertions, hits and
+    evictions (a block's id is its content; no parent: the tree keeps the chain, and
+    evicts it from the tail by construction), and ``choose_victim`` picks each block among
+    the tree's candidates.
     """
 
     Config: ClassVar[type[EvictionConfig]] = EvictionConfig
@@ -114,6 +120,14 @@ class Eviction(Plugin, ABC):
 
     def on_evict(self, block_id: int) -> None:  # noqa: B027 - optional hook
         """Block ``block_id`` is no longer cached (the policy may have evicted it itself)."""
+
+    def choose_victim(self, candidates: Sequence[int]) -> int:
+        """For a prefix cache that holds its blocks itself (``radix``, whose tree can give
+        back only the last block of an unlocked leaf): the index in ``candidates`` (the
+        blocks the cache could evict next, in its own order: partly filled blocks first,
+        then least recently used) of the one to evict. Called once per block evicted,
+        after every access was heard. Default: 0, the cache's own order. Pure."""
+        return 0
 
     def check_integrity(self) -> None:  # noqa: B027 - optional hook
         """Raises KVCacheError if the policy's own state disagrees with the pool (called

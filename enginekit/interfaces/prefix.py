@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar, NamedTuple
 
 from enginekit.config import PrefixConfig
 from enginekit.interfaces.base import Plugin
 from enginekit.interfaces.context import KVContext
+from enginekit.interfaces.structures import Access
 from enginekit.request import Request
 
 
@@ -115,8 +116,25 @@ class PrefixCache(Plugin, ABC):
         a request that shares them takes them out of what ``evict`` can free. Pure."""
         return 0
 
-    def evict(self, num_blocks: int) -> list[int]:
+    def evict(
+        self, num_blocks: int, choose: Callable[[Sequence[int]], int] | None = None
+    ) -> list[int]:
         """Drops cache entries, least recently used first, until the references it gives
         up cover ``num_blocks`` blocks or nothing is left; returns those references (the
-        caller decrefs each once). Mutates the cache's index."""
+        caller decrefs each once). With ``choose`` (an eviction policy's
+        ``choose_victim``), each block dropped is the one ``choose`` picks among the
+        blocks the cache could drop next, listed in its own order. Mutates the cache's
+        index."""
+        return []
+
+    def record_accesses(self, on: bool) -> None:  # noqa: B027 - optional hook
+        """Starts (``on``) or stops logging the accesses to the blocks the cache holds
+        itself (``take_accesses``): an eviction policy hears them. Default: nothing to
+        log (the pool logs the blocks cached in its hash map)."""
+
+    def take_accesses(self) -> list[Access]:
+        """The accesses to the blocks the cache holds itself since the last call, oldest
+        first, as ``BlockPool.take_accesses`` gives the pool's: insertions, hits and
+        evictions (a cache that chooses among its own candidates reports no releases).
+        Default: none."""
         return []

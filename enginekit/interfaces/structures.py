@@ -631,6 +631,19 @@ class RadixTree(Protocol):
         """Every node, sorted by id."""
         ...
 
+    def evictable_tails(self) -> list[tuple[int, int]]:
+        """Every eviction candidate (an unlocked leaf) as (node id, the block ``evict``
+        would trim off it next: its last), in ``evict``'s order: what an eviction policy
+        choosing its own victims chooses among."""
+        ...
+
+    def evict_tail(self, node_id: int) -> int:
+        """One round of ``evict`` on the candidate a caller chose: trims the last block off
+        the unlocked leaf ``node_id`` and returns the released reference (the caller frees
+        it once). Raises KVCacheError, changing nothing, for an unknown node or one that is
+        not a candidate (the root, a locked node, a node with children)."""
+        ...
+
     def check_integrity(self) -> None:
         """Raises KVCacheError naming the first broken invariant: parent and child links agree;
         children are keyed by their first token, hence distinct; every node is reachable from

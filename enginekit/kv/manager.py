@@ -127,6 +127,12 @@ class KVCacheManager:
         # ``_deliver_accesses`` hands them over.
         self._hears_accesses = type(eviction).hears_accesses()
         self.pool.record_accesses(self._hears_accesses)
+        prefix.record_accesses(self._hears_accesses)
+        # How a prefix cache holding its own blocks (radix) picks each victim: the policy's
+        # choice among its candidates, or (None) its own order.
+        self._choose_victim = (
+            eviction.choose_victim if _overrides(eviction, Eviction, "choose_victim") else None
+        )
         # The call back that makes room for growing tables (all or nothing, beyond the
         # promises): where evicting in the pool's LRU order is all ``_try_make_room`` would
         # do (the eviction policy keeps the default order, the prefix cache neither hears
@@ -320,6 +326,8 @@ class KVCacheManager:
         """Hands the accesses the pool logged since the last call to the eviction policy
         (one that hears them: ``Eviction.hears_accesses``)."""
         accesses = self.pool.take_accesses()
+        if self._cache_holds_blocks:
+            accesses += self.prefix.take_accesses()
         if accesses:
             self.eviction.hear(accesses)
 
@@ -576,7 +584,9 @@ class KVCacheManager:
                 self._tiers_on_evict.on_evicted(evicted, [True] * len(evicted))
             shortfall = num_free_blocks - pool.num_free_blocks
         while shortfall > 0 and self._num_cache_only_blocks():
-            released = self.prefix.evict(shortfall)
+            if self._hears_accesses:
+                self._deliver_accesses()
+            released = self.prefix.evict(shortfall, self._choose_victim)
             pool.free(released)
             if self._tiers_on_evict is not None:  # a block a table still holds stays
                 is_free = [pool.ref_count(b) == 0 for b in released]

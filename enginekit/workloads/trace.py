@@ -28,6 +28,8 @@ naming its line number and field before any request is made (nothing is half-loa
 the run then reads the lines again as it needs them. Requests come in arrival order of
 their sessions' first turns (ties: file order), each session's later turns right after
 its first. ``workload.num_requests`` does not apply: the whole file is replayed.
+``workload.arrival_time_scale`` stretches time: every arrival and think time is multiplied
+by it (2 replays the trace at half its rate), so one trace can load a smaller system.
 """
 
 from __future__ import annotations
@@ -259,7 +261,10 @@ def _read_line(stream: IO[bytes], offset: int) -> dict[str, Any]:
     return obj
 
 
-def _replay(path: Path, fmt: str, lines: list[_Line], vocab_size: int) -> Iterator[TrafficRequest]:
+def _replay(
+    path: Path, fmt: str, lines: list[_Line], vocab_size: int, scale: float
+) -> Iterator[TrafficRequest]:
+    """The requests of the trace, in replay order, their times multiplied by ``scale``."""
     order = _replay_order(lines)
     ids: dict[int, str] = {}
     with path.open("rb") as stream:
@@ -270,7 +275,7 @@ def _replay(path: Path, fmt: str, lines: list[_Line], vocab_size: int) -> Iterat
                 num_out = int(obj["output_length"])
                 output = pseudo_random_tokens(_OUTPUT_SALT + index, num_out, vocab_size)
                 yield TrafficRequest(
-                    f"req-{index}", prompt, output, lines[index].arrival_time, num_out
+                    f"req-{index}", prompt, output, lines[index].arrival_time * scale, num_out
                 )
                 continue
             request_id = obj["id"]
@@ -286,10 +291,10 @@ def _replay(path: Path, fmt: str, lines: list[_Line], vocab_size: int) -> Iterat
                 request_id,
                 np.asarray(obj["prompt_token_ids"], dtype=np.int32),
                 output,
-                float(obj["arrival_time"]),
+                float(obj["arrival_time"]) * scale,
                 num_out,
                 follows=None if previous is None else ids[previous],
-                think_time_s=float(obj.get("think_time_s") or 0.0),
+                think_time_s=float(obj.get("think_time_s") or 0.0) * scale,
                 extra_key=obj.get("extra_key"),
                 prepend_context=False,
             )
@@ -300,12 +305,17 @@ def open_trace(config: WorkloadConfig, vocab_size: int, max_model_len: int) -> W
     now. ConfigError without a path, for a missing file or a bad line."""
     if not config.path:
         raise ConfigError("workload=trace needs workload.path=<file>")
+    scale = config.arrival_time_scale
+    if not scale > 0:
+        raise ConfigError(f"workload.arrival_time_scale must be > 0, got {scale}")
     path = Path(config.path)
     if not path.is_file():
         raise ConfigError(f"workload.path={config.path!r}: no such file")
     fmt, lines = _scan(path, config.trace_format, vocab_size)
     source = f"trace {path.name} ({fmt}, {len(lines):,} requests)"
-    return Workload(len(lines), lambda: _replay(path, fmt, lines, vocab_size), source)
+    if scale != 1:
+        source += f", times x{scale:g}"
+    return Workload(len(lines), lambda: _replay(path, fmt, lines, vocab_size, scale), source)
 
 
 def _session_lines(group: list[TrafficRequest]) -> Iterator[dict[str, Any]]:

@@ -144,6 +144,17 @@ impl PyRadixTree {
         })
     }
 
+    fn evictable_tails<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        guard(|| Ok(PyList::new(py, self.inner.evictable_tails()?)?))
+    }
+
+    fn evict_tail(&mut self, node_id: &Bound<'_, PyAny>) -> PyResult<u32> {
+        guard(|| {
+            let n = node_arg(node_id)?;
+            self.inner.evict_tail(n).map_err(to_py)
+        })
+    }
+
     fn nodes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         guard(|| {
             let node_type = self.node_type.bind(py);

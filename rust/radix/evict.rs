@@ -2,7 +2,7 @@
 //! [`EvictKey`](super::EvictKey) order.
 
 use super::RadixTree;
-use crate::error::{try_with_capacity, KvResult};
+use crate::error::{cache_err, try_collect, try_with_capacity, KvResult};
 
 impl RadixTree {
     /// Releases tree references at block granularity until `num_blocks` distinct blocks have
@@ -34,6 +34,33 @@ impl RadixTree {
             released.push(self.trim_last_block(id));
         }
         Ok(released)
+    }
+
+    /// Every eviction candidate (an unlocked leaf) with the block [`evict`](Self::evict)
+    /// would trim off it next (its last), in eviction order: what a policy choosing its
+    /// own victims chooses among (`Memory` error if the host cannot hold them).
+    pub fn evictable_tails(&self) -> KvResult<Vec<(u64, u32)>> {
+        try_collect(
+            self.evictable.iter().map(|&(_, _, id)| {
+                let block = self.node(id).blocks.last();
+                (id, *block.expect("a non-root node references a block"))
+            }),
+            "the evictable tails",
+        )
+    }
+
+    /// One round of [`evict`](Self::evict) on the candidate a caller chose: trims the last
+    /// block off the unlocked leaf `node_id` and returns the released reference (the caller
+    /// frees it once). `Cache` error, changing nothing, for an unknown node or one that is
+    /// not a candidate (the root, a locked node, a node with children).
+    pub fn evict_tail(&mut self, node_id: u64) -> KvResult<u32> {
+        self.check_node(node_id)?;
+        if !self.is_candidate(node_id) {
+            return cache_err(format!(
+                "node {node_id} is not an unlocked leaf: cannot evict its tail"
+            ));
+        }
+        Ok(self.trim_last_block(node_id))
     }
 
     /// Cuts the edge of the unlocked leaf `id` back to the start of its last block and drops

@@ -670,3 +670,21 @@ fn a_match_the_host_cannot_hold_is_a_memory_error() {
     )));
     assert_eq!(t.match_prefix(&tokens).unwrap().num_tokens, 1 << 19);
 }
+
+#[test]
+fn a_chosen_tail_is_trimmed_as_one_round_of_evict() {
+    let mut t = tree(2);
+    let a = t.insert(&[1, 2, 3, 4], &[10, 11]).unwrap().node_id;
+    let b = t.insert(&[5, 6], &[20]).unwrap().node_id;
+    // Both unlocked leaves, a older: a's last block first, then b's.
+    assert_eq!(t.evictable_tails().unwrap(), vec![(a, 11), (b, 20)]);
+    assert_eq!(t.evict_tail(b).unwrap(), 20);
+    assert_eq!(t.evictable_tails().unwrap(), vec![(a, 11)]);
+    assert_eq!(t.evict_tail(a).unwrap(), 11);
+    assert_eq!(t.evictable_tails().unwrap(), vec![(a, 10)]);
+    t.lock(a).unwrap();
+    assert!(cache_msg(t.evict_tail(a)).contains("not an unlocked leaf"));
+    assert!(cache_msg(t.evict_tail(ROOT)).contains("not an unlocked leaf"));
+    assert!(t.evictable_tails().unwrap().is_empty());
+    t.check_integrity().unwrap();
+}

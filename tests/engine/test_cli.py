@@ -65,7 +65,7 @@ def test_help_lists_every_installed_plugin_as_typed(cli):
     out = result.stdout
     assert "+allocator=contiguous | paged*" in out
     assert "+prefix=block_hash* | none | radix" in out
-    assert "+eviction=lru*" in out
+    assert "+eviction=chain_aware | lfu | lru* | sliding_window | slru" in out
     assert "+preemption=recompute* | swap" in out
     assert "+quantizer=fp8 | int4 | none*" in out
     assert "model=" in out and "llama-3-8b*" in out

@@ -132,6 +132,33 @@ def test_a_later_turn_waits_for_the_earlier_one_and_its_think_time(tmp_path) -> 
     assert summary[mk.PREFIX_CACHE_HITS_IDEAL.key] == 32
 
 
+def test_arrival_time_scale_stretches_arrivals_and_think_times(tmp_path) -> None:
+    path = _write(
+        tmp_path / "t.jsonl",
+        [
+            _line(1, session="a", turn=0, arrival_time=1.5),
+            _line(2, session="a", turn=1, think_time_s=2.0),
+            _line(3, arrival_time=0.5),
+        ],
+    )
+    config = WorkloadConfig(name="trace", path=str(path), arrival_time_scale=4.0)
+    workload = open_trace(config, 1000, 4096)
+    times = [(r.request_id, r.arrival_time, r.think_time_s) for r in workload]
+    assert times == [("r3", 2.0, 0.0), ("r1", 6.0, 0.0), ("r2", 0.0, 8.0)]
+    assert workload.source.endswith("times x4")
+    mooncake = _write(
+        tmp_path / "m.jsonl",
+        [{"timestamp": 250, "input_length": 8, "output_length": 1, "hash_ids": [1]}],
+    )
+    config = WorkloadConfig(name="trace", path=str(mooncake), arrival_time_scale=2.0)
+    assert [r.arrival_time for r in open_trace(config, 1000, 4096)] == [0.5]
+    for bad in (0.0, -1.0):
+        with pytest.raises(ConfigError, match="workload.arrival_time_scale must be > 0"):
+            open_trace(
+                WorkloadConfig(name="trace", path=str(path), arrival_time_scale=bad), 1000, 4096
+            )
+
+
 def test_salted_requests_miss_what_other_salts_computed(tmp_path) -> None:
     prompt = list(range(1, 70))
     path = _write(

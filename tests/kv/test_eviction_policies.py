@@ -348,3 +348,96 @@ def test_victims_follow_the_rule_and_both_backends_choose_the_same(policy, ops):
     native = run(True, policy, ops)
     twin = run(False, policy, ops)
     assert native == twin
+
+
+# ---- in an engine, under both prefix caches --------------------------------------------
+
+
+def _engine_run(policy: str, prefix: str, native: bool, seed: int) -> tuple[Any, Any]:
+    """A tight pool under the tiny model on the simulator: 30 ragged requests, a third of
+    them sharing a 24-token head, stepped to the end with every invariant (the policy's
+    own included) checked after every step. Returns each request's tokens and the run's
+    prefix-cache hits."""
+    import random
+
+    from enginekit import Engine, SamplingParams
+    from enginekit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from enginekit.plugins import load_plugin
+
+    cls, config = POLICIES[policy]
+    engine = Engine(
+        EngineConfig(
+            eviction=config,
+            prefix=load_plugin("prefix", prefix).Config(),
+            model=ModelConfig(name="tiny"),
+            cache=CacheConfig(block_size=4, num_blocks=40, watermark=0.0),
+            scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
+            progress=False,
+        ),
+        make_backend(native),
+    )
+    assert isinstance(engine.cache.eviction, cls)
+    rng = random.Random(seed)
+    heads = [rng.choices(range(3, 500), k=24) for _ in range(3)]
+    ids = []
+    for _ in range(30):
+        prompt = rng.choice(heads)[: rng.choice((0, 12, 24))] + rng.choices(range(3, 500), k=8)
+        sampling = SamplingParams(max_tokens=rng.choice((4, 12)), ignore_eos=True, seed=1)
+        ids.append(engine.add_request(prompt, sampling))
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_integrity()
+    summary = engine.summary()
+    tokens = [engine.output(i).output_token_ids for i in ids]
+    return tokens, (summary["prefix_cache_hits"], summary["num_preemptions_total"])
+
+
+@pytest.mark.parametrize("prefix", ["block_hash", "radix"])
+@pytest.mark.parametrize("policy", ["slru", "lfu", "chain_aware"])
+def test_each_policy_runs_an_engine_the_same_on_both_backends(policy, prefix):
+    native = _engine_run(policy, prefix, True, seed=7)
+    assert native == _engine_run(policy, prefix, False, seed=7)
+    assert native[1][0] > 0  # the shared heads hit
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_under_radix_a_policy_picks_among_the_tree_s_tails(native):
+    """slru's choice among the tree's candidates: the first tail not hit since it was
+    cached. A 13-token prompt used twice (its second use hits its 3 whole blocks), then two
+    one-off prompts: room for a new prompt takes the one-offs' tails before the reused
+    prefix's, where the tree's own order (partly filled blocks, then the least recently
+    used leaf) takes the reused prefix's."""
+    from enginekit import Engine, SamplingParams
+    from enginekit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from enginekit.plugins import load_plugin
+
+    def run(policy: str) -> int:
+        engine = Engine(
+            EngineConfig(
+                eviction=POLICIES[policy][1],
+                prefix=load_plugin("prefix", "radix").Config(),
+                model=ModelConfig(name="tiny"),
+                cache=CacheConfig(block_size=4, num_blocks=12, watermark=0.0),
+                scheduler=SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64),
+                progress=False,
+            ),
+            make_backend(native),
+        )
+        sampling = SamplingParams(max_tokens=1, ignore_eos=True)
+        reused = list(range(10, 23))  # 3 blocks and a partly filled one
+        for prompt in (reused, reused, list(range(100, 112)), list(range(200, 212))):
+            engine.add_request(prompt, sampling)
+            while engine.has_unfinished_requests():
+                engine.step()
+                engine.check_integrity()
+        engine.add_request(list(range(300, 320)), sampling)  # 5 blocks: evicts
+        while engine.has_unfinished_requests():
+            engine.step()
+            engine.check_integrity()
+        probe = engine.add_request(reused[:12] + [1], sampling)
+        while engine.has_unfinished_requests():
+            engine.step()
+        return engine.output(probe).num_cached_tokens
+
+    assert run("slru") == 12  # the reused prefix survived
+    assert run("lru") < 12

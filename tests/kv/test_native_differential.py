@@ -325,6 +325,8 @@ BASELINES: dict[str, Callable[[World], Args]] = {
     "RadixTree.evict": lambda w: {"num_blocks": 1},
     "RadixTree.nodes": lambda w: {},
     "RadixTree.check_integrity": lambda w: {},
+    "RadixTree.evictable_tails": lambda w: {},
+    "RadixTree.evict_tail": lambda w: {"node_id": 1},
 }
 
 

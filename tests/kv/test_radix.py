@@ -18,6 +18,7 @@ from native_args import NOT_A_LIST
 
 from enginekit import Engine, SamplingParams, _native
 from enginekit.errors import KVCacheError
+from enginekit.interfaces import RadixNode
 from enginekit.kv.backend import make_backend
 from enginekit.kv.pyref import PyRadixTree
 
@@ -631,6 +632,22 @@ class RadixTwins(RuleBasedStateMachine):
             assert self.python.num_evictable_blocks() == num_before - min(num_blocks, num_before)
             assert num_block_refs(self.python) == refs_before - len(result[1])
 
+    @rule(data=st.data())
+    def evict_a_chosen_tail(self, data: st.DataObject) -> None:
+        """A policy's victim: any candidate ``evictable_tails`` lists, trimmed as one round
+        of ``evict`` would; or a node that is no candidate, refused."""
+        tails = self.both("evictable_tails")[1]
+        assert [block for _, block in tails] == [
+            n.block_ids[-1] for n in candidates_in_order(self.python)
+        ]
+        if tails and data.draw(st.integers(0, 4)):
+            node_id = data.draw(st.sampled_from(tails))[0]
+        else:
+            node_id = self.node_id(data)
+        result = self.both("evict_tail", node_id)
+        if result[0] == "returned":
+            self.refs.subtract([result[1]])
+
     @invariant()
     def same_state_and_intact(self) -> None:
         if not hasattr(self, "native"):
@@ -642,6 +659,30 @@ class RadixTwins(RuleBasedStateMachine):
         held = Counter(b for n in self.python.nodes() for b in n.block_ids)
         assert +self.refs == held
         assert self.native.num_evictable_blocks() == len(unlocked_only_blocks(self.python))
+
+
+def candidates_in_order(tree: PyRadixTree) -> list[RadixNode]:
+    """The unlocked leaves, in ``evict``'s order: those ending inside a block first, then
+    least recent stamp, then lower id."""
+    nodes = tree.nodes()
+    parents = {n.parent_id for n in nodes}
+    leaves = [n for n in nodes if n.parent_id is not None and n.node_id not in parents]
+    unlocked = [n for n in leaves if n.lock_count == 0]
+    ends = {n.node_id: _end(nodes, n) for n in unlocked}
+    return sorted(
+        unlocked,
+        key=lambda n: (ends[n.node_id] % tree.block_size == 0, n.stamp, n.node_id),
+    )
+
+
+def _end(nodes: list[RadixNode], node: RadixNode) -> int:
+    """The absolute position after the node's last token."""
+    by_id = {n.node_id: n for n in nodes}
+    end, current = 0, node
+    while current.parent_id is not None:
+        end += len(current.token_ids)
+        current = by_id[current.parent_id]
+    return end
 
 
 TestRadixTwins = RadixTwins.TestCase

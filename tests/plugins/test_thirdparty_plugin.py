@@ -62,7 +62,7 @@ def test_selected_and_configured_from_the_command_line(cli, installed_plugin, tm
     assert report["header"]["eviction"] == "mru (enginekit-mru-eviction 0.3.1)"
     assert report["summary"]["num_requests"] == 12
     help_text = cli("--help", extra_pythonpath=[installed_plugin]).stdout
-    assert "+eviction=lru* | mru" in help_text
+    assert "+eviction=chain_aware | lfu | lru* | mru | sliding_window | slru" in help_text
 
 
 def test_unknown_key_of_a_third_party_plugin_lists_its_keys(cli, installed_plugin):

@@ -349,6 +349,31 @@ class PyRadixTree:
             self._evictable = None
         return released
 
+    def evictable_tails(self) -> list[tuple[int, int]]:
+        """Every eviction candidate (an unlocked leaf) with the block ``evict`` would trim
+        off it next (its last), in eviction order: what a policy choosing its own victims
+        chooses among."""
+        candidates = sorted(
+            self._evict_key(i)
+            for i, n in self._nodes.items()
+            if i != ROOT and n.lock_count == 0 and not n.children
+        )
+        return [(node_id, self._nodes[node_id].blocks[-1]) for _, _, node_id in candidates]
+
+    def evict_tail(self, node_id: int) -> int:
+        """One round of ``evict`` on the candidate a caller chose: trims the last block off
+        the unlocked leaf ``node_id`` and returns the released reference (the caller frees
+        it once). Raises KVCacheError, changing nothing, for an unknown node or one that is
+        not a candidate (the root, a locked node, a node with children)."""
+        node_id = self._known(node_id)
+        node = self._nodes[node_id]
+        if node_id == ROOT or node.lock_count or node.children:
+            raise KVCacheError(f"node {node_id} is not an unlocked leaf: cannot evict its tail")
+        block_id = self._trim_last_block(node_id)
+        self._drop_ref(block_id)
+        self._evictable = None
+        return block_id
+
     def _drop_ref(self, block_id: int) -> bool:
         """One reference to the block fewer; whether it was the last."""
         self._refs[block_id] -= 1

@@ -28,8 +28,8 @@ class ChainAwareEviction(Eviction):
     evictable blocks, as ``lru`` would.
 
     Parents are contents (the hash chain), not block ids, so the rule holds across
-    duplicate copies of a prefix. Hears the pool's accesses; ``radix`` evicts its tree
-    from the leaves by construction.
+    duplicate copies of a prefix. Under ``radix`` the tree's own order is this rule
+    already: it gives back only the tails of leaves.
     """
 
     Config = ChainAwareConfig

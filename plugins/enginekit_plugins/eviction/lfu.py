@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from enginekit.config import EvictionConfig
@@ -30,7 +31,8 @@ class LFUEviction(Eviction):
     ranks by log2(count at its last use) + (its last use) / half_life, set at its last use,
     and a heap of the evictable blocks keyed by it gives the victims. Ties go to the block
     released first. A huge half-life is pure LFU; a small one approaches LRU by last use.
-    Hears the pool's accesses; ``radix`` keeps its tree's own order.
+    Under ``radix`` (whose tree gives back only leaf tails) the victim is the tail of
+    lowest rank.
     """
 
     Config = LFUConfig
@@ -95,6 +97,13 @@ class LFUEviction(Eviction):
             self._heap = [(self.rank(b), n, b) for b, n in released.items()]
             heapq.heapify(self._heap)
         return self.evict_blocks(victims)
+
+    def choose_victim(self, candidates: Sequence[int]) -> int:
+        """Under radix: the candidate of lowest rank (the first in the tree's order among
+        equals; one never heard of ranks lowest)."""
+        count = self._count
+        ranks = [self.rank(b) if b in count else -math.inf for b in candidates]
+        return ranks.index(min(ranks))
 
     def check_integrity(self) -> None:
         evictable = set(self.kv.pool.evictable_block_ids())

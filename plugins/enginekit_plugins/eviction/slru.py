@@ -4,6 +4,7 @@ outlive blocks used once."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from enginekit.config import EvictionConfig
@@ -27,8 +28,9 @@ class SLRUEviction(Eviction):
     released blocks drop to the most recent end of probation when it overflows. Victims
     come from probation's least recently released end first, then protected's.
 
-    With no reuse at all, every block is in probation: the order is ``lru``'s. Hears the
-    pool's accesses; ``radix`` keeps its tree's own order.
+    With no reuse at all, every block is in probation: the order is ``lru``'s. Under
+    ``radix`` (whose tree gives back only leaf tails) the victim is the first tail in the
+    tree's order that was not hit since it was cached, else the tree's first.
     """
 
     Config = SLRUConfig
@@ -75,6 +77,12 @@ class SLRUEviction(Eviction):
                 self._reused.discard(block_id)
                 victims.append(block_id)
         return self.evict_blocks(victims)
+
+    def choose_victim(self, candidates: Sequence[int]) -> int:
+        """Under radix: the first candidate (the tree's order) not hit since it was
+        cached, else the first."""
+        reused = self._reused
+        return next((i for i, b in enumerate(candidates) if b not in reused), 0)
 
     def check_integrity(self) -> None:
         evictable = set(self.kv.pool.evictable_block_ids())

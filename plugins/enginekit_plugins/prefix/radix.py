@@ -4,16 +4,16 @@ copy-on-write reuse of a partially matched last block."""
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from enginekit.config import PrefixConfig
-from enginekit.interfaces import NO_MATCH, KVContext, PrefixCache, PrefixMatch
+from enginekit.interfaces import NO_MATCH, Access, AccessKind, KVContext, PrefixCache, PrefixMatch
 from enginekit.request import Request
 
 if TYPE_CHECKING:
-    from enginekit.interfaces import RadixTree
+    from enginekit.interfaces import InsertResult, RadixTree
 
 
 @dataclass
@@ -28,8 +28,9 @@ class RadixPrefixCache(PrefixCache):
     unlocked leaves: partly filled last blocks first (a block-granular cache would not hold
     them at all), then the least recently used leaf's, so a released sequence loses its
     tail before its prefix and a request for one block costs one, as in a block LRU list
-    (the eviction plugin only sees the pool's hash-cached blocks, which this cache does not
-    create).
+    (an eviction policy that chooses its own victims, ``Eviction.choose_victim``, picks
+    each among the tails of the unlocked leaves instead, having heard the tree's
+    insertions, hits and evictions).
 
     A prompt matches at token granularity, up to its last token. When the match ends
     inside a block, the manager copies that block into one of the request's own
@@ -70,6 +71,9 @@ class RadixPrefixCache(PrefixCache):
         # KV has become computed. seq_id -> (the count at its last match, tokens matched).
         self._num_gains = 0
         self._last_match: dict[int, tuple[int, int]] = {}
+        # The accesses to the tree's blocks since the last take_accesses, for an eviction
+        # policy that hears them; None while not recording.
+        self._accesses: list[Access] | None = None
 
     def match(self, request: Request) -> PrefixMatch:
         tree = self._trees.get(request.extra_key)
@@ -180,8 +184,11 @@ class RadixPrefixCache(PrefixCache):
         tokens = request.token_ids
         if num_tokens < len(tokens):
             tokens = tokens[:num_tokens]
+        is_first = seq_id not in self._num_inserted
         result = tree.insert(tokens, block_ids)
         self._num_gains += 1
+        if self._accesses is not None:
+            self._log_insert(block_ids, num_tokens - result.num_new_tokens, is_first, result)
         pool = self.kv.pool
         pool.incref_all(result.new_block_refs)
         if result.released_block_refs:
@@ -195,6 +202,29 @@ class RadixPrefixCache(PrefixCache):
         self._locked_node[seq_id] = result.node_id
         self._num_inserted[seq_id] = num_tokens
         return block_ids
+
+    def _log_insert(
+        self, block_ids: list[int], num_stored: int, is_first: bool, result: InsertResult
+    ) -> None:
+        """Logs an insertion: at a request's first, the whole blocks of the prefix the tree
+        held already as hits (its match: the tree's own blocks, shared); then every block
+        the tree took a new reference on as cached (its id is its content)."""
+        log = self._accesses
+        assert log is not None
+        if is_first:
+            for block_id in block_ids[: num_stored // self.kv.spec.block_size]:
+                log.append((AccessKind.HIT, block_id, block_id, None))
+        for block_id in dict.fromkeys(result.new_block_refs):
+            log.append((AccessKind.INSERT, block_id, block_id, None))
+
+    def record_accesses(self, on: bool) -> None:
+        self._accesses = [] if on else None
+
+    def take_accesses(self) -> list[Access]:
+        if not self._accesses:
+            return []
+        taken, self._accesses = self._accesses, []
+        return taken
 
     def num_evictable_blocks(self) -> int:
         # Distinct blocks, not tree references: a block two nodes share (a chunk inserted
@@ -212,17 +242,41 @@ class RadixPrefixCache(PrefixCache):
         ids = list(block_ids)
         return sum([tree.num_evictable_among(ids) for tree in self._trees.values()])
 
-    def evict(self, num_blocks: int) -> list[int]:
+    def evict(
+        self, num_blocks: int, choose: Callable[[Sequence[int]], int] | None = None
+    ) -> list[int]:
+        if choose is not None:
+            released = self._evict_chosen(num_blocks, choose)
+        else:
+            released = []
+            num_left = num_blocks
+            for tree in self._trees.values():
+                if num_left <= 0:
+                    break
+                # A tree's evict(n) frees exactly min(n, its evictable blocks) distinct
+                # blocks (it may release more references: a block two nodes share is one).
+                num_freed = min(num_left, tree.num_evictable_blocks())
+                released += tree.evict(num_left)
+                num_left -= num_freed
+        if self._accesses is not None:
+            self._accesses += [(AccessKind.EVICT, b, b, None) for b in released]
+        return released
+
+    def _evict_chosen(self, num_blocks: int, choose: Callable[[Sequence[int]], int]) -> list[int]:
+        """``evict``, each block the one ``choose`` picks among every tree's candidates
+        (the trees' orders one after another). One listing per block: a trimmed leaf's
+        next block joins the candidates."""
         released: list[int] = []
-        num_left = num_blocks
-        for tree in self._trees.values():
-            if num_left <= 0:
+        trees = list(self._trees.values())
+        target = max(0, self.num_evictable_blocks() - num_blocks)
+        while self.num_evictable_blocks() > target:
+            candidates = [
+                (tree, node, block) for tree in trees for node, block in tree.evictable_tails()
+            ]
+            if not candidates:
                 break
-            # A tree's evict(n) frees exactly min(n, its evictable blocks) distinct blocks
-            # (it may release more references: a block two nodes share is one block).
-            num_freed = min(num_left, tree.num_evictable_blocks())
-            released += tree.evict(num_left)
-            num_left -= num_freed
+            tree, node, _ = candidates[choose([block for _, _, block in candidates])]
+            released.append(tree.evict_tail(node))
         return released
 
     def held_block_ids(self) -> list[int]:
