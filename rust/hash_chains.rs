@@ -229,7 +229,11 @@ impl HashChains {
             .map_err(|e| memory_err("the filling sequences", e))?;
         let mut indices = try_with_capacity(seq_ids.len(), "the filled blocks' indices")?;
         let mut names = try_with_capacity(seq_ids.len(), "the filled blocks' names")?;
-        let mut parents = try_with_capacity(seq_ids.len(), "the filled blocks' parents")?;
+        let logged = pool.is_recording_accesses();
+        let mut parents = Vec::new();
+        if logged {
+            try_reserve(&mut parents, seq_ids.len(), "the filled blocks' parents")?;
+        }
         for (i, &s) in seq_ids.iter().enumerate() {
             let chain = match self.chains.get(&s) {
                 Some(c) if c.is_all_published() && seen.insert(s) => c,
@@ -240,7 +244,9 @@ impl HashChains {
                 }
             };
             let parent = chain.names.last().copied().unwrap_or(self.root_hash);
-            parents.push(chain.names.last().copied());
+            if logged {
+                parents.push(chain.names.last().copied());
+            }
             indices.push(chain.names.len() as u64);
             names.push(hash_block(
                 parent,
