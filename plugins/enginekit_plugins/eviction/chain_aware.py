@@ -63,6 +63,15 @@ class ChainAwareEviction(Eviction):
         self._released[block_id] = self._num_released
         if self.is_leaf(block_id):
             heapq.heappush(self._leaves, (self._num_released, block_id))
+            if len(self._leaves) > 4 * len(self._released) + 64:
+                self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The leaves' heap without its stale entries (blocks hit, evicted or given a
+        successor since their push), when those are most of it: its size stays within a
+        constant of the evictable blocks'."""
+        self._leaves = [(n, b) for b, n in self._released.items() if self.is_leaf(b)]
+        heapq.heapify(self._leaves)
 
     def on_evict(self, block_id: int) -> None:
         content = self._content.pop(block_id, None)
@@ -96,9 +105,6 @@ class ChainAwareEviction(Eviction):
             block_id = next(iter(released))  # successors in use: the oldest evictable
             self.on_evict(block_id)
             victims.append(block_id)
-        if len(leaves) > 4 * len(released) + 64:  # stale entries dominate: rebuild
-            self._leaves = [(n, b) for b, n in released.items() if self.is_leaf(b)]
-            heapq.heapify(self._leaves)
         return self.evict_blocks(victims)
 
     def check_integrity(self) -> None:

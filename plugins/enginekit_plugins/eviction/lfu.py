@@ -78,6 +78,15 @@ class LFUEviction(Eviction):
         self._num_released += 1
         self._released[block_id] = self._num_released
         heapq.heappush(self._heap, (self.rank(block_id), self._num_released, block_id))
+        if len(self._heap) > 4 * len(self._released) + 64:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The heap without its stale entries (blocks hit or evicted since their push),
+        when those are most of it: its size stays within a constant of the evictable
+        blocks'."""
+        self._heap = [(self.rank(b), n, b) for b, n in self._released.items()]
+        heapq.heapify(self._heap)
 
     def on_evict(self, block_id: int) -> None:
         self._released.pop(block_id, None)
@@ -93,9 +102,6 @@ class LFUEviction(Eviction):
                 continue  # hit or evicted since this entry was pushed
             self.on_evict(block_id)
             victims.append(block_id)
-        if len(heap) > 4 * len(released) + 64:  # stale entries dominate: rebuild
-            self._heap = [(self.rank(b), n, b) for b, n in released.items()]
-            heapq.heapify(self._heap)
         return self.evict_blocks(victims)
 
     def choose_victim(self, candidates: Sequence[int]) -> int:
