@@ -18,6 +18,10 @@ Runs, side by side where there is something to compare:
 - ``bench_kv_quant_capacity.py --executor sim``: its printed tables, verbatim;
 - ``bench_tiers.py``: Mooncake's conversation trace replayed whole, device only, with a
   host tier and with host and disk tiers, its printed table verbatim;
+- ``bench_eviction.py``: each eviction policy's hit rate against Belady's OPT on
+  Mooncake's trace at three pools (and on ShareGPT's conversations), its table verbatim;
+- ``bench_queue.py``: each queue order at saturation (throughput, cold requests' TTFT)
+  and two tenants, one flooding (the service each gets), its tables verbatim;
 - ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
 - the claims (``enginekit.claims.job``): the main table, the rest folded;
 - ``tools/kernel_proxies.py --ci``: the kernels compiled offline for sm_90a (registers,
@@ -32,7 +36,12 @@ GPU or "no GPU"), the date, the command and how long it took. Absolute times are
 machine's; the ratios are what carries over.
 
     python3 benchmarks/results.py [--quick] [--out docs/results.md] [--readme README.md]
-        [--print] [--kernels FILE]
+        [--print] [--kernels FILE] [--tiers FILE] [--eviction FILE]
+        [--eviction-sharegpt FILE] [--queue FILE]
+
+``--tiers``, ``--eviction``, ``--eviction-sharegpt`` and ``--queue`` take the ``--json``
+report of a run of that benchmark (the replays take from seconds to half an hour); without
+one the benchmark runs here.
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ from enginekit.extras import exit_if_missing  # noqa: E402
 exit_if_missing("benchmarks/results.py", extras=["data", "torch"], modules=["triton"])
 
 import bench_bookkeeping  # noqa: E402
+import bench_eviction  # noqa: E402
+import bench_queue  # noqa: E402
 import bench_simulator  # noqa: E402
 import bench_tiers  # noqa: E402
 import kernel_proxies  # noqa: E402
@@ -717,13 +728,103 @@ def tiers_section(path: Path | None = None) -> tuple[str, list[Headline]]:
     return text, [Headline(what, figure, TIERS_HEADING)]
 
 
+def _bench_json(path: Path | None, script: str, *args: str) -> object:
+    """The ``--json`` report in ``path``, or (None) that of a run of ``script`` here."""
+    if path is not None:
+        return json.loads(path.read_text())
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "report.json"
+        command = [sys.executable, str(BENCHMARKS / script), *args, "--json", str(out)]
+        subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
+        return json.loads(out.read_text())
+
+
+EVICTION_HEADING = "## Eviction policies against Belady's OPT (simulated)"
+
+
+def eviction_section(
+    mooncake: Path | None = None, sharegpt: Path | None = None
+) -> tuple[str, list[Headline]]:
+    """bench_eviction.py on Mooncake's trace and on ShareGPT's conversations (or their
+    ``--json`` reports)."""
+    trace_rows = _bench_json(mooncake, "bench_eviction.py")
+    chat_rows = _bench_json(sharegpt, "bench_eviction.py", "--workload", "sharegpt")
+    assert isinstance(trace_rows, list) and isinstance(chat_rows, list)
+    text = (
+        f"{EVICTION_HEADING}\n\n"
+        "`python3 benchmarks/bench_eviction.py`: Mooncake's 12,031 requests at an eighth of "
+        "their rate (one simulated H200 serves that without a queue) on Llama-3.1-8B, "
+        "`block_hash`, each policy at three device pools. `OPT` is Belady's on the same "
+        "run's block accesses (furthest next lookup first, per block: an upper bound on "
+        "every policy's hits on the stream's model of the pool), `share of OPT` the "
+        "policy's first-admission hit rate over it, `LRU curve` the LRU stack-distance "
+        "prediction, `unbounded` a cache that keeps every block:\n\n"
+        f"{bench_eviction.format_table(trace_rows)}\n\n"
+        "`python3 benchmarks/bench_eviction.py --workload sharegpt`: ShareGPT V3 "
+        "conversations turn by turn (`+experiment=sharegpt_multiturn`: Llama-2-7B, 2,000 "
+        "turns):\n\n"
+        f"{bench_eviction.format_table(chat_rows)}\n"
+    )
+    sizes = sorted({r["num_blocks"] for r in trace_rows})
+    by = {(r["policy"], r["num_blocks"]): r for r in trace_rows}
+    best = {
+        n: max((r for r in trace_rows if r["num_blocks"] == n), key=lambda r: r["hit_rate"])
+        for n in sizes
+    }
+    figure = (
+        f"share of OPT at {' / '.join(f'{n:,}' for n in sizes)} blocks: lru "
+        + " / ".join(f"{by['lru', n]['share_of_opt']:.0%}" for n in sizes)
+        + "; best "
+        + " / ".join(f"{best[n]['policy']} {best[n]['share_of_opt']:.0%}" for n in sizes)
+    )
+    what = "Eviction policies, Mooncake trace at 1/8 rate on Llama-3.1-8B / H200 (simulated)"
+    return text, [Headline(what, figure, EVICTION_HEADING)]
+
+
+QUEUE_HEADING = "## Queue order at saturation (simulated)"
+
+
+def queue_section(path: Path | None = None) -> tuple[str, list[Headline]]:
+    """bench_queue.py (or its ``--json`` report)."""
+    report = _bench_json(path, "bench_queue.py")
+    assert isinstance(report, dict)
+    rows = report["rows"]
+    text = (
+        f"{QUEUE_HEADING}\n\n"
+        "`python3 benchmarks/bench_queue.py`: (a) prompt groups sharing long prefixes and "
+        "cold prompts arriving faster than a simulated H200 serves them (Llama-3-8B); "
+        "a cold request is one that hit no cached token at its first admission. (b) two "
+        "tenants, one arriving ten times as fast, and the tokens each was served while "
+        "both had work:\n\n"
+        f"{bench_queue.table(rows)}\n"
+    )
+    prefix = {r["queue"]: r for r in rows if r["experiment"] == "prefix"}
+    tenants = {r["queue"]: r for r in rows if r["experiment"] == "tenants"}
+    fcfs, lpm = prefix["fcfs"], prefix["lpm"]
+    figure = (
+        f"lpm {lpm['total_tokens_per_s'] / fcfs['total_tokens_per_s']:.2f}× fcfs's "
+        f"throughput, cold p99 TTFT {lpm['cold_ttft_p99_s'] / fcfs['cold_ttft_p99_s']:.2f}×; "
+        f"fair: flooding/light service {tenants['fair']['flood_to_light']:.2f} "
+        f"(fcfs {tenants['fcfs']['flood_to_light']:.2f})"
+    )
+    what = "Queue order: lpm and fair against fcfs at saturation (simulated)"
+    return text, [Headline(what, figure, QUEUE_HEADING)]
+
+
 def build(
-    quick: bool, previous: str = "", kernels: Path | None = None, tiers: Path | None = None
+    quick: bool,
+    previous: str = "",
+    kernels: Path | None = None,
+    tiers: Path | None = None,
+    eviction: tuple[Path | None, Path | None] = (None, None),
+    queue: Path | None = None,
 ) -> tuple[list[str], list[Headline]]:
     """Every section of docs/results.md, in order, and the README's headline rows;
     ``previous``: the last docs/results.md, whose GPU and trained-model figures are kept
     when they cannot be measured here; ``kernels``: a ``bench_kernels.py --json`` report;
-    ``tiers``: a ``bench_tiers.py --json`` report (None: run it)."""
+    ``tiers``: a ``bench_tiers.py --json`` report (None: run it); ``eviction``: the
+    ``bench_eviction.py --json`` reports of Mooncake's trace and of ShareGPT; ``queue``:
+    a ``bench_queue.py --json`` report (None: run them)."""
     sections: list[str] = []
     headlines: list[Headline] = []
     for measure in (
@@ -734,6 +835,8 @@ def build(
         curve_section,
         capacity_section,
         lambda: tiers_section(tiers),
+        lambda: eviction_section(*eviction),
+        lambda: queue_section(queue),
     ):
         text, rows = measure()
         sections.append(text)
@@ -814,16 +917,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tiers", type=Path, metavar="FILE", help="a bench_tiers.py --json report (else run it)"
     )
+    for flag, what in (
+        ("--eviction", "a bench_eviction.py --json report of Mooncake's trace"),
+        ("--eviction-sharegpt", "a bench_eviction.py --workload sharegpt --json report"),
+        ("--queue", "a bench_queue.py --json report"),
+    ):
+        parser.add_argument(flag, type=Path, metavar="FILE", help=f"{what} (else run it)")
     args = parser.parse_args(argv)
     command = "python3 benchmarks/results.py" + " --quick" * args.quick
     if args.kernels is not None:
         command += f" --kernels {args.kernels}"
-    if args.tiers is not None:
-        command += f" --tiers {args.tiers}"
+    for flag, value in (
+        ("--tiers", args.tiers),
+        ("--eviction", args.eviction),
+        ("--eviction-sharegpt", args.eviction_sharegpt),
+        ("--queue", args.queue),
+    ):
+        if value is not None:
+            command += f" {flag} {value}"
     start = time.perf_counter()
     # the last results file; before the first, the README, where the results used to be
     previous = (args.out if args.out.is_file() else args.readme).read_text()
-    sections, headlines = build(args.quick, previous, args.kernels, args.tiers)
+    sections, headlines = build(
+        args.quick,
+        previous,
+        args.kernels,
+        args.tiers,
+        (args.eviction, args.eviction_sharegpt),
+        args.queue,
+    )
     document = results_document(sections, command, time.perf_counter() - start)
     block = headline_block(headlines, command)
     if args.print:

@@ -135,6 +135,52 @@ def test_the_offline_compile_section_tabulates_every_kernel_and_counts_spills(mo
     assert section.endswith("Failed: copy-c: the call failed: boom\n")
 
 
+def _eviction_row(policy: str, num_blocks: int, hit: float, opt: float) -> dict:
+    return {
+        "policy": policy, "num_blocks": num_blocks, "requests": 10, "hit_rate": hit,
+        "hit_rate_opt": opt, "share_of_opt": hit / opt, "hit_rate_lru_curve": hit,
+        "hit_rate_unbounded": 0.5, "num_preemptions": 0, "ttft_mean_s": 1.0, "cpu_s": 3.0,
+    }  # fmt: skip
+
+
+def test_the_eviction_and_queue_sections_tabulate_their_reports(monkeypatch, tmp_path):
+    results = _results(monkeypatch)
+    trace = tmp_path / "trace.json"
+    runs = (("lru", 100, 0.1), ("slru", 100, 0.2), ("lru", 200, 0.3), ("lfu", 200, 0.2))
+    rows = [_eviction_row(policy, n, hit, 0.4) for policy, n, hit in runs]
+    trace.write_text(json.dumps(rows))
+    chat = tmp_path / "chat.json"
+    chat.write_text(json.dumps([_eviction_row("lru", 64, 0.5, 0.6)]))
+    text, (headline,) = results.eviction_section(trace, chat)
+    assert text.startswith(results.EVICTION_HEADING + "\n")
+    assert "| 100 | slru | 20.0% | +10.00 pt | 40.0% | 50.0% |" in text
+    assert "| 64 | lru | 50.0% | +0.00 pt | 60.0% | 83.3% |" in text
+    assert (
+        headline.figure
+        == "share of OPT at 100 / 200 blocks: lru 25% / 75%; best slru 50% / lru 75%"
+    )
+    queue = tmp_path / "queue.json"
+    prefix = {"experiment": "prefix", "requests": 1, "prefix_hit_rate": 0.5, "cold_requests": 1,
+              "cold_ttft_p50_s": 1.0, "ttft_p99_s": 3.0}  # fmt: skip
+    tenants = {
+        "experiment": "tenants",
+        "contended_s": 1.0,
+        "served_tokens": {"light": 1, "flood": 2},
+    }
+    queue.write_text(json.dumps({"rows": [
+        prefix | {"queue": "fcfs", "total_tokens_per_s": 100.0, "cold_ttft_p99_s": 4.0},
+        prefix | {"queue": "lpm", "total_tokens_per_s": 150.0, "cold_ttft_p99_s": 2.0},
+        tenants | {"queue": "fcfs", "flood_to_light": 9.0},
+        tenants | {"queue": "fair", "flood_to_light": 1.1},
+    ]}))  # fmt: skip
+    text, (headline,) = results.queue_section(queue)
+    assert text.startswith(results.QUEUE_HEADING + "\n") and "| lpm | 150 |" in text
+    assert headline.figure == (
+        "lpm 1.50× fcfs's throughput, cold p99 TTFT 0.50×; fair: flooding/light service 1.10 "
+        "(fcfs 9.00)"
+    )
+
+
 def test_docs_results_is_the_generators_whole_document(monkeypatch):
     """docs/results.md says which command wrote it, lists its sections with working
     anchors, and holds only sections the generator writes (no hand-written ones)."""
