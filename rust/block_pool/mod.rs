@@ -372,8 +372,12 @@ impl BlockPool {
             self.lru_unlink(block_id);
         }
         self.ref_count[b] += 1;
-        if let (Some(log), Some(h)) = (&mut self.accesses, self.hash[b]) {
-            log.push(Access::new(AccessKind::Hit, block_id, h, None));
+        if let Some(log) = &mut self.accesses {
+            // The hash is read only while recording: a pool that does not record pays
+            // this branch alone.
+            if let Some(h) = self.hash[b] {
+                log.push(Access::new(AccessKind::Hit, block_id, h, None));
+            }
         }
     }
 
