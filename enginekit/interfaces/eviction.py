@@ -42,12 +42,13 @@ class Eviction(Plugin, ABC):
     """Chooses the cached blocks to evict.
 
     **Accesses.** A policy that overrides an access hook (``on_insert``, ``on_hit``,
-    ``on_release``, ``on_evict``, or ``hear`` for all four at once) hears every access to
-    the pool's cached blocks, in the order they happened, once per access:
+    ``on_release``, ``on_evict``, ``hear`` for all four at once, or ``choose_victim``)
+    hears every access to the cached blocks, in the order they happened, once per access:
 
     - ``on_insert(block, content, parent)``: a used block was cached under ``content`` (its
       hash: the same content has the same hash in every process), chained to the content
-      ``parent`` (None: the sequence's first block, or a parent that is not cached);
+      ``parent`` (None: the sequence's first block, the block after a hole, and under
+      ``radix`` always);
     - ``on_hit(block)``: a cached block gained a reference (a prefix hit, a fork sharing
       it); it is in use until its release;
     - ``on_release(block)``: a cached block lost its last reference: it is evictable now;
