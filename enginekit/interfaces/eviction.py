@@ -47,8 +47,7 @@ class Eviction(Plugin, ABC):
 
     - ``on_insert(block, content, parent)``: a used block was cached under ``content`` (its
       hash: the same content has the same hash in every process), chained to the content
-      ``parent`` (None: the sequence's first block, the block after a hole, and under
-      ``radix`` always);
+      ``parent`` (None: the sequence's first block, and under ``radix`` always);
     - ``on_hit(block)``: a cached block gained a reference (a prefix hit, a fork sharing
       it); it is in use until its release;
     - ``on_release(block)``: a cached block lost its last reference: it is evictable now;
