@@ -125,7 +125,8 @@ def test_count_below_matches_counting_each_prefix() -> None:
 Event = tuple
 
 
-def _stream(events: list[Event]) -> AccessStream:
+def access_stream_of(events: list[Event]) -> AccessStream:
+    """The ``AccessStream`` of hand-written events (see ``Event``), in their order."""
     ids, event, kind, query, pinned = [], [], [], [], []
     for e, (what, blocks, count, *rest) in enumerate(events):
         for k, block in enumerate(blocks):
@@ -200,7 +201,7 @@ def test_the_pinned_rule_on_a_hand_built_stream() -> None:
         ("lookup", [6, 7], 2, 5),  # e: 7 (its root) is held by c; 6 was never computed
         ("lookup", [8], 1, 5),  # f: 8 is still cached; d's lookup took 0, 1, 2 out
     ]
-    sizes = min_pool_sizes(_stream(events)).tolist()
+    sizes = min_pool_sizes(access_stream_of(events)).tolist()
     assert sizes == [NO_HIT] * 2 + [NO_HIT] + [NO_HIT] * 5 + [
         # d: 0 has 8 and 9 released after it (d = 2), 1 has 0, 8, 9 (3), 2 has 1, 0, 8, 9
         max(2, 3, 4) + 5 + 1,
@@ -246,7 +247,7 @@ def test_the_pinned_rule_matches_its_brute_force_evaluation() -> None:
     rng = random.Random(11)
     for _ in range(300):
         events = _random_events(rng)
-        assert min_pool_sizes(_stream(events)).tolist() == _rule_sizes(events)
+        assert min_pool_sizes(access_stream_of(events)).tolist() == _rule_sizes(events)
 
 
 def _pool_hits(events: list[Event], capacity: int) -> int:
@@ -304,7 +305,7 @@ def test_the_pinned_rule_bounds_a_simulated_pool_from_above() -> None:
                     if len(blocks) - 1 - k < count:
                         references[block] -= 1
             exact.append(event)
-        sizes = np.asarray(min_pool_sizes(_stream(exact)))
+        sizes = np.asarray(min_pool_sizes(access_stream_of(exact)))
         peak = max([e[3] for e in exact if e[0] == "lookup"] + [1]) + 3
         for capacity in range(peak, peak + 12):
             predicted = int(((sizes != NO_HIT) & (sizes <= capacity)).sum())
@@ -315,7 +316,7 @@ def test_the_pinned_rule_bounds_a_simulated_pool_from_above() -> None:
             path = _random_path(rng, tree)
             events.append(("lookup", path[::-1], rng.randrange(len(path) + 1), 0))
             events.append(("release", [50 + len(events)] + path[::-1], len(path)))
-        sizes = np.asarray(min_pool_sizes(_stream(events)))
+        sizes = np.asarray(min_pool_sizes(access_stream_of(events)))
         for capacity in range(1, 12):
             predicted = int(((sizes != NO_HIT) & (sizes <= capacity)).sum())
             assert predicted == _pool_hits(events, capacity)

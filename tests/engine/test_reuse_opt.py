@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_reuse import Event, access_stream_of
 
 from enginekit import Engine
 from enginekit import metric_keys as mk
@@ -16,37 +17,9 @@ from enginekit.app import compose_config
 from enginekit.driver import WorkloadDriver
 from enginekit.report import render_report
 from enginekit.reuse import AccessStream, min_pool_sizes
-from enginekit.reuse.curve import LOOKUP, NO_HIT, RELEASE_HELD, RELEASE_WRITTEN
+from enginekit.reuse.curve import NO_HIT
 from enginekit.reuse.opt import opt_curve, opt_hit_rate, opt_hits, reuse_intervals
 from enginekit.reuse.simulate import simulate_lru, simulate_opt, simulate_pool
-
-# An event: ("lookup", blocks deepest first, how many of its last blocks are queried,
-# pinned) or ("release", blocks deepest first, how many of its last blocks it held).
-Event = tuple
-
-
-def _stream(events: list[Event]) -> AccessStream:
-    ids, event, kind, query, pinned = [], [], [], [], []
-    for e, (what, blocks, count, *rest) in enumerate(events):
-        for k, block in enumerate(blocks):
-            from_end = len(blocks) - 1 - k
-            ids.append(block)
-            event.append(e)
-            if what == "lookup":
-                kind.append(LOOKUP)
-                query.append(from_end < count)
-                pinned.append(rest[0])
-            else:
-                kind.append(RELEASE_HELD if from_end < count else RELEASE_WRITTEN)
-                query.append(False)
-                pinned.append(0)
-    return AccessStream(
-        np.asarray(ids, np.int32),
-        np.asarray(event, np.int64),
-        np.asarray(kind, np.int8),
-        np.asarray(query, bool),
-        np.asarray(pinned, np.int64),
-    )
 
 
 @st.composite
@@ -128,7 +101,7 @@ def _best_of_every_choice(stream: AccessStream, size: int) -> int:
 @settings(max_examples=60, deadline=None)
 @given(_events(max_requests=10))
 def test_the_sweep_keeps_the_most_of_every_keep_or_evict_choice(events: list[Event]) -> None:
-    stream = _stream(events)
+    stream = access_stream_of(events)
     if len(reuse_intervals(stream).start) > 9:
         return
     for size in range(0, 8):
@@ -141,7 +114,7 @@ def test_opt_is_belady_simulated_and_bounds_lru_at_every_size(events: list[Event
     """The sweep is Belady's furthest-next-query eviction simulated; it hits at least
     every block LRU hits, and LRU's prefix matches are at most its hits and at most the
     curve's (which reads the pool at the lookup only)."""
-    stream = _stream(events)
+    stream = access_stream_of(events)
     opt = opt_curve(stream, list(SIZES))
     assert (np.diff(opt) >= 0).all()  # more blocks never hit less
     for size, best in zip(SIZES, opt.tolist(), strict=True):
@@ -156,7 +129,7 @@ def test_opt_is_belady_simulated_and_bounds_lru_at_every_size(events: list[Event
 def test_with_the_pools_own_pinned_blocks_the_curve_is_lru_and_opt_bounds_it(
     events: list[Event],
 ) -> None:
-    stream = _stream(_own_pinned(events))
+    stream = access_stream_of(_own_pinned(events))
     opt = opt_curve(stream, [*SIZES, 10**6])
     for size, best in zip(SIZES, opt[:-1].tolist(), strict=True):
         curve = _curve_hits(stream, size)
@@ -174,7 +147,7 @@ def test_the_classic_example() -> None:
     events: list[Event] = []
     for block in refs:
         events += [("lookup", [block], 1, 0), ("release", [block], 1)]
-    stream = _stream(events)
+    stream = access_stream_of(events)
     assert simulate_lru(stream, 3) == (8, 8)
     assert opt_hits(stream, 3) == simulate_opt(stream, 3).per_block == 12
     assert opt_curve(stream, [1, 2, 3, 4, 6]).tolist() == [5, 9, 12, 13, 14]
@@ -198,7 +171,7 @@ def test_pinned_blocks_take_the_room_of_cached_ones() -> None:
         ("lookup", [1], 1, 0),
         ("lookup", [2], 1, 0),
     ]
-    stream = _stream(events)
+    stream = access_stream_of(events)
     assert opt_hits(stream, 3) == 1 and simulate_lru(stream, 3).prefix == 1
     assert _curve_hits(stream, 3) == 2
     assert opt_hits(stream, 4) == 2
