@@ -310,6 +310,23 @@ def min_pool_sizes(stream: AccessStream) -> npt.NDArray[np.int32]:
     return out
 
 
+def references_after(
+    kind: npt.NDArray[np.int8], order: npt.NDArray[np.int32], same: np.ndarray
+) -> npt.NDArray[np.int32]:
+    """The references each block has right after each access, in ``order`` (the accesses
+    sorted by block id, as ``_sorted_by_id`` gives them with ``same``): a running sum over
+    the block's own accesses, +1 at a lookup, -1 at a release of a block it held. Pure."""
+    delta = (kind == LOOKUP).astype(np.int8)
+    delta -= kind == RELEASE_HELD
+    delta = delta[order]
+    running = np.cumsum(delta, dtype=np.int32)
+    group_starts = np.concatenate([[0], np.flatnonzero(~same) + 1])
+    before_group = running[group_starts] - delta[group_starts]
+    if before_group.any():  # a block whose lookups its releases do not all drop
+        running -= np.repeat(before_group, np.diff(group_starts, append=len(order)))
+    return running
+
+
 def query_pool_sizes(
     stream: AccessStream,
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
@@ -322,16 +339,7 @@ def query_pool_sizes(
     if not len(queries):
         return queries, np.zeros(0, dtype=np.int32)
     order, same = _sorted_by_id(ids)
-    # references to each block after each access: a running sum over its own accesses
-    delta = (kind == LOOKUP).astype(np.int8)
-    delta -= kind == RELEASE_HELD
-    delta = delta[order]
-    running = np.cumsum(delta, dtype=np.int32)
-    group_starts = np.concatenate([[0], np.flatnonzero(~same) + 1])
-    before_group = running[group_starts] - delta[group_starts]
-    if before_group.any():  # a block whose lookups its releases do not all drop
-        running -= np.repeat(before_group, np.diff(group_starts, append=n))
-    del delta, group_starts, before_group
+    running = references_after(kind, order, same)
     sorted_kind = kind[order]
     is_entry = np.empty(n, dtype=bool)  # the block enters the eviction order here
     is_entry[order] = (sorted_kind != LOOKUP) & (running == 0)

@@ -77,13 +77,13 @@ import numpy.typing as npt
 
 from enginekit.reuse.curve import (
     LOOKUP,
-    RELEASE_HELD,
     AccessStream,
     IntArray,
     _flatnonzero32,
     _neighbour_at,
     _rank,
     _sorted_by_id,
+    references_after,
 )
 
 
@@ -116,22 +116,13 @@ def reuse_intervals(stream: AccessStream) -> ReuseIntervals:
         empty = np.zeros(0, dtype=np.int64)
         return ReuseIntervals(empty, pinned, np.zeros(0, dtype=bool), empty, empty, empty)
     order, same = _sorted_by_id(ids)
-    # references to each block before each access: a running sum over its own accesses
-    delta = (kind == LOOKUP).astype(np.int32)
-    delta -= kind == RELEASE_HELD
-    delta = delta[order]
-    running = np.cumsum(delta, dtype=np.int64)
-    group_starts = np.concatenate([[0], np.flatnonzero(~same) + 1])
-    before_group = running[group_starts] - delta[group_starts]
-    running -= np.repeat(before_group, np.diff(group_starts, append=n))
-    running -= delta  # before the access
-    before = np.empty(n, dtype=np.int64)
-    before[order] = running
-    del delta, running, group_starts, before_group
-    held = before[queries] > 0
+    after = np.empty(n, dtype=np.int32)
+    after[order] = references_after(kind, order, same)
+    held = after[queries] > 1  # a lookup of a block referenced before it
+    del after
     rank = _rank(order)
     previous = _neighbour_at(order, same, rank, queries, -1)
-    del order, same, rank, before
+    del order, same, rank
     reuse = np.flatnonzero(~held & (previous >= 0))
     start = previous[reuse].astype(np.int64)
     by_start = np.argsort(start, kind="stable")
