@@ -687,20 +687,25 @@ def carried_section(text: str, heading: str) -> str:
     return (heading + "\n" + body).rstrip("\n") + "\n"
 
 
+def _bench_json(path: Path | None, script: str, *args: str) -> object:
+    """The ``--json`` report in ``path``, or (None) that of a run of ``script`` here."""
+    if path is not None:
+        return json.loads(path.read_text())
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "report.json"
+        command = [sys.executable, str(BENCHMARKS / script), *args, "--json", str(out)]
+        subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
+        return json.loads(out.read_text())
+
+
 TIERS_HEADING = "## KV tiers on Mooncake's conversation trace (simulated)"
 
 
 def tiers_section(path: Path | None = None) -> tuple[str, list[Headline]]:
     """bench_tiers.py on the whole trace (its replays, two at a time), or the rows of such
     a run in ``path`` (``bench_tiers.py --json``: the replays take half an hour here)."""
-    if path is None:
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "tiers.json"
-            command = [sys.executable, str(BENCHMARKS / "bench_tiers.py"), "--json", str(path)]
-            subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
-            listed = json.loads(path.read_text())
-    else:
-        listed = json.loads(path.read_text())
+    listed = _bench_json(path, "bench_tiers.py")
+    assert isinstance(listed, list)
     out = bench_tiers.format_table(listed)
     rows = {(row["config"], row["time_scale"]): row for row in listed}
     text = (
@@ -726,17 +731,6 @@ def tiers_section(path: Path | None = None) -> tuple[str, list[Headline]]:
     )
     what = "KV tiers, Mooncake conversation trace on Llama-3.1-8B / H200 (simulated)"
     return text, [Headline(what, figure, TIERS_HEADING)]
-
-
-def _bench_json(path: Path | None, script: str, *args: str) -> object:
-    """The ``--json`` report in ``path``, or (None) that of a run of ``script`` here."""
-    if path is not None:
-        return json.loads(path.read_text())
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "report.json"
-        command = [sys.executable, str(BENCHMARKS / script), *args, "--json", str(out)]
-        subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
-        return json.loads(out.read_text())
 
 
 EVICTION_HEADING = "## Eviction policies against Belady's OPT (simulated)"
