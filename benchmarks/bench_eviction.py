@@ -155,8 +155,10 @@ def main() -> int:
     if args.workload == "mooncake":
         pools = [int(x) for x in (args.pools or "15000,30000,55000").split(",")]
         lines = Path(args.trace).read_text().splitlines()[: args.limit]
-        trace = Path(folder.name) / "trace.jsonl"
-        trace.write_text("\n".join(lines) + "\n")
+        trace = Path(args.trace)
+        if args.limit:  # the first lines, in a file of their own
+            trace = Path(folder.name) / "trace.jsonl"
+            trace.write_text("\n".join(lines) + "\n")
         workload = [
             "workload=trace",
             f"workload.path={trace}",
