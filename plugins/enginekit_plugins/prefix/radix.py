@@ -184,10 +184,10 @@ class RadixPrefixCache(PrefixCache):
         tokens = request.token_ids
         if num_tokens < len(tokens):
             tokens = tokens[:num_tokens]
-        is_first = seq_id not in self._num_inserted
         result = tree.insert(tokens, block_ids)
         self._num_gains += 1
         if self._accesses is not None:
+            is_first = seq_id not in self._num_inserted  # counted at the end of this call
             self._log_insert(block_ids, num_tokens - result.num_new_tokens, is_first, result)
         pool = self.kv.pool
         pool.incref_all(result.new_block_refs)
