@@ -16,6 +16,7 @@ published), ``release`` frees it tail first, ``evict`` asks the policy for room.
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 import pytest
@@ -27,9 +28,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kv_manager import make_manager
 
+from enginekit import Engine, SamplingParams
+from enginekit import metric_keys as mk
+from enginekit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, WorkloadConfig
+from enginekit.driver import WorkloadDriver
 from enginekit.errors import ConfigError
 from enginekit.interfaces import AccessKind, AttentionSpan, Eviction
 from enginekit.kv.backend import make_backend, make_context
+from enginekit.plugins import load_plugin
 from enginekit.spec.kv import KVSpec
 from enginekit.spec.model import model_preset
 
@@ -353,30 +359,45 @@ def test_victims_follow_the_rule_and_both_backends_choose_the_same(policy, ops):
 # ---- in an engine, under both prefix caches --------------------------------------------
 
 
-def _engine_run(policy: str, prefix: str, native: bool, seed: int) -> tuple[Any, Any]:
-    """A tight pool under the tiny model on the simulator: 30 ragged requests, a third of
-    them sharing a 24-token head, stepped to the end with every invariant (the policy's
-    own included) checked after every step. Returns each request's tokens and the run's
-    prefix-cache hits."""
-    import random
-
-    from enginekit import Engine, SamplingParams
-    from enginekit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from enginekit.plugins import load_plugin
-
-    cls, config = POLICIES[policy]
-    engine = Engine(
+def tiny_engine(
+    policy: str,
+    num_blocks: int,
+    *,
+    native: bool = True,
+    prefix: str = "block_hash",
+    max_num_seqs: int = 4,
+    workload: WorkloadConfig | None = None,
+) -> Engine:
+    """The tiny model on the simulator under eviction ``policy``: blocks of 4 tokens, no
+    watermark, the Rust structures or (``native`` false) their twins."""
+    return Engine(
         EngineConfig(
-            eviction=config,
+            eviction=POLICIES[policy][1],
             prefix=load_plugin("prefix", prefix).Config(),
             model=ModelConfig(name="tiny"),
-            cache=CacheConfig(block_size=4, num_blocks=40, watermark=0.0),
-            scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
+            cache=CacheConfig(block_size=4, num_blocks=num_blocks, watermark=0.0),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64),
+            workload=workload or WorkloadConfig(),
             progress=False,
         ),
         make_backend(native),
     )
-    assert isinstance(engine.cache.eviction, cls)
+
+
+def step_to_the_end(engine: Engine) -> None:
+    """Steps until every request has finished, checking every invariant (the policy's
+    own included) after every step."""
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_integrity()
+
+
+def _engine_run(policy: str, prefix: str, native: bool, seed: int) -> tuple[Any, Any]:
+    """A tight pool: 30 ragged requests, a third of them sharing a 24-token head, stepped
+    to the end. Returns each request's tokens, and the run's prefix-cache hits and
+    preemptions."""
+    engine = tiny_engine(policy, 40, native=native, prefix=prefix)
+    assert isinstance(engine.cache.eviction, POLICIES[policy][0])
     rng = random.Random(seed)
     heads = [rng.choices(range(3, 500), k=24) for _ in range(3)]
     ids = []
@@ -384,9 +405,7 @@ def _engine_run(policy: str, prefix: str, native: bool, seed: int) -> tuple[Any,
         prompt = rng.choice(heads)[: rng.choice((0, 12, 24))] + rng.choices(range(3, 500), k=8)
         sampling = SamplingParams(max_tokens=rng.choice((4, 12)), ignore_eos=True, seed=1)
         ids.append(engine.add_request(prompt, sampling))
-    while engine.has_unfinished_requests():
-        engine.step()
-        engine.check_integrity()
+    step_to_the_end(engine)
     summary = engine.summary()
     tokens = [engine.output(i).output_token_ids for i in ids]
     return tokens, (summary["prefix_cache_hits"], summary["num_preemptions_total"])
@@ -407,36 +426,17 @@ def test_under_radix_a_policy_picks_among_the_tree_s_tails(native):
     one-off prompts: room for a new prompt takes the one-offs' tails before the reused
     prefix's, where the tree's own order (partly filled blocks, then the least recently
     used leaf) takes the reused prefix's."""
-    from enginekit import Engine, SamplingParams
-    from enginekit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from enginekit.plugins import load_plugin
 
     def run(policy: str) -> int:
-        engine = Engine(
-            EngineConfig(
-                eviction=POLICIES[policy][1],
-                prefix=load_plugin("prefix", "radix").Config(),
-                model=ModelConfig(name="tiny"),
-                cache=CacheConfig(block_size=4, num_blocks=12, watermark=0.0),
-                scheduler=SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64),
-                progress=False,
-            ),
-            make_backend(native),
-        )
+        engine = tiny_engine(policy, 12, native=native, prefix="radix", max_num_seqs=1)
         sampling = SamplingParams(max_tokens=1, ignore_eos=True)
         reused = list(range(10, 23))  # 3 blocks and a partly filled one
-        for prompt in (reused, reused, list(range(100, 112)), list(range(200, 212))):
+        prompts = (reused, reused, list(range(100, 112)), list(range(200, 212)))
+        for prompt in (*prompts, list(range(300, 320))):  # the last, 5 blocks, evicts
             engine.add_request(prompt, sampling)
-            while engine.has_unfinished_requests():
-                engine.step()
-                engine.check_integrity()
-        engine.add_request(list(range(300, 320)), sampling)  # 5 blocks: evicts
-        while engine.has_unfinished_requests():
-            engine.step()
-            engine.check_integrity()
+            step_to_the_end(engine)
         probe = engine.add_request(reused[:12] + [1], sampling)
-        while engine.has_unfinished_requests():
-            engine.step()
+        step_to_the_end(engine)
         return engine.output(probe).num_cached_tokens
 
     assert run("slru") == 12  # the reused prefix survived
@@ -451,43 +451,23 @@ def test_no_policy_beats_belady_s_opt_on_its_own_run(policy, seed, num_blocks):
     same run's block accesses, on random multi-turn runs of the tiny model in small pools,
     up to one block of hits: OPT bounds every policy on the recorded stream's model of the
     pool (its pinned blocks read once per step), which an engine run can pass by a block
-    (seed 2204 at 48 blocks: lru hits 306 blocks,
-    as the LRU curve predicts, where OPT and lru simulated block by block on the stream
-    hit 305; ``tests/engine/test_reuse_opt.py`` checks the bound on streams)."""
-    from enginekit import Engine
-    from enginekit import metric_keys as mk
-    from enginekit.config import (
-        CacheConfig,
-        EngineConfig,
-        ModelConfig,
-        SchedulerConfig,
-        WorkloadConfig,
+    (seed 2204 at 48 blocks: lru hits 306 blocks, as the LRU curve predicts, where OPT and
+    lru simulated block by block on the stream hit 305; ``tests/engine/test_reuse_opt.py``
+    checks the bound on streams)."""
+    workload = WorkloadConfig(
+        name="multiturn",
+        num_requests=40,
+        seed=seed,
+        shared_prefix_len=16,
+        min_turns=2,
+        max_turns=4,
+        message_len=10,
+        min_output_len=2,
+        max_output_len=8,
+        arrival_rate=20.0,
+        think_time_s=0.05,
     )
-    from enginekit.driver import WorkloadDriver
-
-    engine = Engine(
-        EngineConfig(
-            eviction=POLICIES[policy][1],
-            model=ModelConfig(name="tiny"),
-            cache=CacheConfig(block_size=4, num_blocks=num_blocks, watermark=0.0),
-            scheduler=SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=64),
-            workload=WorkloadConfig(
-                name="multiturn",
-                num_requests=40,
-                seed=seed,
-                shared_prefix_len=16,
-                min_turns=2,
-                max_turns=4,
-                message_len=10,
-                min_output_len=2,
-                max_output_len=8,
-                arrival_rate=20.0,
-                think_time_s=0.05,
-            ),
-            progress=False,
-        ),
-        make_backend(True),
-    )
+    engine = tiny_engine(policy, num_blocks, max_num_seqs=3, workload=workload)
     driver = WorkloadDriver(engine)
     driver.add_workload()
     summary = driver.run().summary
