@@ -14,6 +14,10 @@ from enginekit.errors import InvalidRequestError
 # overflow them (softmax of inf is NaN), and it samples as greedily as 0 does anyway.
 MIN_TEMPERATURE = 1e-5
 MAX_EXTRA_KEY_BYTES = 2**32 - 1  # the block hash stores the salt's length in 4 bytes
+# The most alternatives ``logprobs`` and ``prompt_logprobs`` may ask per token (vLLM's
+# default ``max_logprobs``): each costs a top-k over the vocabulary and a Python tuple.
+MAX_LOGPROBS = 20
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY]
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,31 @@ class SamplingParams:
     ``seed + k``. ``beam_width > 1`` is beam search (greedy: temperature 0): the
     ``beam_width`` sequences of highest total log-probability are kept at every step, and
     the best ``n`` are returned; beams fork and are pruned by reference counts.
+
+    Shaping the distribution (vLLM's semantics). A sampled row's logits go through, in
+    order: the ``min_tokens`` mask, the penalties, then (temperature 0) argmax, or
+    division by the temperature, ``min_p``, ``top_k``, ``top_p`` and one draw from the
+    request's generator (seeded by ``seed``):
+
+    - ``min_tokens``: the first ``min_tokens`` output tokens are never a stop: the torch
+      sampler masks ``stop_token_ids`` and EOS (unless ``ignore_eos``) to -inf while the
+      output is shorter, and a stop token an executor returns among them (the simulator's
+      script) does not stop the output. 0 <= min_tokens <= max_tokens.
+    - ``repetition_penalty`` (> 0; 1 is off): the logit of every token seen in the prompt
+      or the output so far is divided by it where positive, multiplied where negative.
+    - ``frequency_penalty`` and ``presence_penalty`` (in [-2, 2]; 0 is off): subtracted
+      from a token's logit, times the number of times it occurs in the output so far,
+      and once if it occurs at all (the prompt does not count).
+    - ``min_p`` (in [0, 1]; 0 is off): after the temperature, tokens whose probability is
+      below ``min_p`` times the most likely token's are dropped.
+
+    The penalties apply to greedy rows too. ``logprobs`` (None, or 0 to ``MAX_LOGPROBS``)
+    asks, for every output token, its ``TokenLogprob`` under the model's raw distribution
+    (before the mask, the penalties and the temperature) with that many most likely
+    alternatives; ``prompt_logprobs`` the same for every prompt token but the first. They,
+    the penalties and ``min_p`` need an executor with a model distribution (not the
+    simulator's scripted tokens). Beam search scores beams on the raw distribution, so it
+    refuses ``logprobs`` and the penalties.
 
     Every field is checked here, so that a step never meets a bad value: InvalidRequestError
     names the field and the value. Counts and ids are ints (numpy integers are converted;
@@ -42,6 +71,13 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     beam_width: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         """Checks every field; raises InvalidRequestError naming the first bad one and its
@@ -74,6 +110,38 @@ class SamplingParams:
             put(self, "seed", _int_field("seed", self.seed, None, kind="an int or None"))
         put(self, "n", _int_field("n", self.n, 1))
         put(self, "beam_width", _int_field("beam_width", self.beam_width, 1))
+        for name in ("presence_penalty", "frequency_penalty"):
+            penalty = _real_field(name, getattr(self, name))
+            if not -MAX_PENALTY <= penalty <= MAX_PENALTY:
+                raise InvalidRequestError(
+                    f"sampling.{name} must be in [{-MAX_PENALTY}, {MAX_PENALTY}], got {penalty}"
+                )
+            put(self, name, penalty)
+        repetition_penalty = _real_field("repetition_penalty", self.repetition_penalty)
+        if repetition_penalty <= 0:
+            raise InvalidRequestError(
+                f"sampling.repetition_penalty must be > 0 (1 = off), got {repetition_penalty}"
+            )
+        put(self, "repetition_penalty", repetition_penalty)
+        min_p = _real_field("min_p", self.min_p)
+        if not 0.0 <= min_p <= 1.0:
+            raise InvalidRequestError(f"sampling.min_p must be in [0, 1], got {min_p}")
+        put(self, "min_p", min_p)
+        put(self, "min_tokens", _int_field("min_tokens", self.min_tokens, 0))
+        if self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(
+                f"sampling.min_tokens ({self.min_tokens}) cannot exceed "
+                f"sampling.max_tokens ({self.max_tokens})"
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                count = _int_field(name, value, 0, kind="an int or None")
+                if count > MAX_LOGPROBS:
+                    raise InvalidRequestError(
+                        f"sampling.{name} must be in [0, {MAX_LOGPROBS}] or None, got {count}"
+                    )
+                put(self, name, count)
         if self.beam_width > 1:
             if self.temperature != 0:
                 raise InvalidRequestError(
@@ -84,6 +152,67 @@ class SamplingParams:
                 raise InvalidRequestError(
                     f"sampling.n ({self.n}) cannot exceed sampling.beam_width ({self.beam_width})"
                 )
+            refused = [
+                f"sampling.{name}={getattr(self, name)}"
+                for name in ("logprobs", *_PENALTIES)
+                if getattr(self, name) != _NEUTRAL[name]
+            ]
+            if refused:
+                raise InvalidRequestError(
+                    f"{refused[0]} is not available with beam search (beams are scored on "
+                    "the raw distribution)"
+                )
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any penalty is on (each needs the tokens seen so far). Pure."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    def distribution_fields(self) -> list[str]:
+        """The fields set away from neutral that need the model's next-token
+        distribution, as ``name=value`` (logprobs, prompt_logprobs, the penalties,
+        min_p): what an executor without one refuses. Pure."""
+        return [
+            f"{name}={getattr(self, name)}"
+            for name in _DISTRIBUTION_FIELDS
+            if getattr(self, name) != _NEUTRAL[name]
+        ]
+
+
+_PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+_DISTRIBUTION_FIELDS = ("logprobs", "prompt_logprobs", *_PENALTIES, "min_p")
+# Each field's value that leaves the distribution as the model gives it.
+_NEUTRAL: dict[str, object] = {
+    "logprobs": None,
+    "prompt_logprobs": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability under the model's raw next-token distribution: the
+    log_softmax of the logits, before the ``min_tokens`` mask, the penalties and the
+    temperature (vLLM's default, ``raw_logprobs``).
+
+    ``rank`` is the token's place in that distribution, 1 for the most likely: the number
+    of tokens whose logprob is at least its own (so tied tokens share the lowest place).
+    ``top`` holds the ``num`` most likely tokens as (token id, logprob), most likely first
+    (``num`` is the request's ``logprobs`` or ``prompt_logprobs``; 0 gives an empty
+    tuple); the token itself appears there too when it is among them. A logprob may be
+    -inf (a token the model gives no probability)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
 
 
 def _shown(value: object) -> str:
@@ -256,10 +385,19 @@ class Request:
     # offered it (kept until every live beam of the request has its own).
     cumulative_logprob: float = 0.0
     candidates: Sequence[tuple[int, float]] | None = None
+    # With ``sampling.logprobs``: one entry per output token, aligned with them (the
+    # scheduler appends both from the same step; a recomputed sequence keeps its
+    # entries, and its re-prefill samples only the tokens that follow them). Else None.
+    output_logprobs: list[TokenLogprob] | None = field(default=None, init=False)
+    # With ``sampling.prompt_logprobs``: one entry per prompt token, the first None, set
+    # once by the engine when the request arrives. Else None.
+    prompt_logprobs: list[TokenLogprob | None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
+        if self.sampling.logprobs is not None:
+            self.output_logprobs = []
 
     @property
     def num_computed_tokens(self) -> int:
@@ -304,13 +442,15 @@ class Request:
     def stop_status(self, token_id: int, eos_token_id: int | None) -> RequestStatus | None:
         """What the rules of its sampling make of ``token_id``, its newest token (already
         appended): FINISHED_STOPPED on one of its stop token ids, or on EOS unless it
-        ignores EOS; else FINISHED_LENGTH once it has ``max_tokens`` output tokens; None:
-        it goes on. The one statement of when a request stops; the decode batch's passes
-        only find the members it may stop. Pure."""
+        ignores EOS, once more than ``min_tokens`` output tokens are there (the first
+        ``min_tokens`` never stop it); else FINISHED_LENGTH once it has ``max_tokens``
+        output tokens; None: it goes on. The one statement of when a request stops; the
+        decode batch's passes only find the members it may stop. Pure."""
         sampling = self.sampling
-        if token_id in sampling.stop_token_ids or (
-            token_id == eos_token_id and not sampling.ignore_eos
-        ):
+        if (
+            token_id in sampling.stop_token_ids
+            or (token_id == eos_token_id and not sampling.ignore_eos)
+        ) and self.num_output_tokens > sampling.min_tokens:
             return RequestStatus.FINISHED_STOPPED
         if self.num_output_tokens >= sampling.max_tokens:
             return RequestStatus.FINISHED_LENGTH
@@ -374,7 +514,7 @@ class Request:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What a caller reads back about one request."""
+    """What a caller reads back about one request (a snapshot: its lists are its own)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -389,6 +529,12 @@ class RequestOutput:
     finish_time: float | None  # when the last sample finished
     samples: list[list[int]]  # n outputs: the samples in order, or the best beams first
     finish_reasons: list[str | None]  # each sample's own reason (None while it runs)
+    # With ``sampling.logprobs``: per sample (aligned with ``samples``), one TokenLogprob
+    # per token of that sample, in order. None when not asked.
+    logprobs: list[list[TokenLogprob]] | None = None
+    # With ``sampling.prompt_logprobs``: one entry per prompt token, None for the first
+    # (it has no context). None when not asked (or before the request has arrived).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @classmethod
     def of(cls, request: Request) -> RequestOutput:
@@ -415,4 +561,12 @@ class RequestOutput:
             finish_time=max((r.finish_time or 0.0) for r in group) if done else None,
             samples=[r.output_token_ids for r in samples],
             finish_reasons=[r.status.value if r.is_finished else None for r in samples],
+            logprobs=(
+                None
+                if request.output_logprobs is None
+                else [list(r.output_logprobs or ()) for r in samples]
+            ),
+            prompt_logprobs=(
+                None if request.prompt_logprobs is None else list(request.prompt_logprobs)
+            ),
         )
