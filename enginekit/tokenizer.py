@@ -1,15 +1,19 @@
 """Text in and out: the tokenizer that ships in a model's Hugging Face folder.
 
 Loaded from ``model.path`` only, never from the network. Models without a folder (the
-presets, ``tiny``) take token ids. Workloads made of text (ShareGPT) take
-``Tokenizer.for_workload``: the folder's tokenizer when ``model.path`` has one, otherwise
+presets, ``tiny``) take token ids in ``Engine.add_request``. Workloads made of text
+(ShareGPT) take ``Tokenizer.for_workload``: the folder's tokenizer when ``model.path`` has
+one, otherwise
 ``SentencePieceTokenizer``, Mistral-7B's 32,000-token SentencePiece vocabulary as the
 ``mistral-common`` package ships it (``tokenizer.model.v1``), loaded with
-``sentencepiece`` (the ``data`` extra), never from the network.
+``sentencepiece`` (the ``data`` extra), never from the network. The server gives that
+vocabulary to the models without a folder whose vocabulary has its size (``tiny``), with
+``SENTENCEPIECE_CHAT_TEMPLATE``; ``enginekit.tokenizer_folder`` writes it as a folder.
 """
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -77,12 +81,50 @@ SENTENCEPIECE_PACKAGE = "mistral_common"
 SENTENCEPIECE_MODEL = "data/tokenizer.model.v1"  # Mistral-7B v0.1's, 32,000 pieces
 DATA_EXTRA_HINT = install_hint(["data"])
 
+SENTENCEPIECE_CHAT_TEMPLATE = (
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{%- set system = messages[0]['content'] %}"
+    "{%- set turns = messages[1:] %}"
+    "{%- else %}"
+    "{%- set system = none %}"
+    "{%- set turns = messages %}"
+    "{%- endif %}"
+    "{%- if not turns %}"
+    "{{- raise_exception('the conversation has no user message') }}"
+    "{%- endif %}"
+    "{{- bos_token }}"
+    "{%- for message in turns %}"
+    "{%- if message['role'] != ('user' if loop.index0 % 2 == 0 else 'assistant') %}"
+    "{{- raise_exception('after an optional first system message, the roles must "
+    "alternate user, assistant, user, ...; got ' ~ message['role'] ~ ' at turn ' "
+    "~ loop.index) }}"
+    "{%- endif %}"
+    "{%- if message['role'] == 'user' %}"
+    "{{- '[INST] ' }}"
+    "{%- if loop.first and system is not none %}"
+    "{{- system ~ '\\n\\n' }}"
+    "{%- endif %}"
+    "{{- message['content'] ~ ' [/INST]' }}"
+    "{%- else %}"
+    "{{- ' ' ~ message['content'] ~ eos_token }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+"""The chat template of the SentencePiece vocabulary (Jinja, as Hugging Face tokenizers
+carry theirs): Mistral's instruct format, ``<s>[INST] user [/INST] assistant</s>[INST]
+user [/INST]``. A first system message is folded into the first user turn (``system``,
+a blank line, then the user's text), as Mistral's own template does; after it the roles
+alternate user, assistant, ..., starting with the user, and anything else is refused
+(``raise_exception``). The generation prompt is empty: ``[/INST]`` already hands the turn
+to the assistant."""
+
 
 class SentencePieceTokenizer:
     """Mistral-7B's SentencePiece vocabulary (32,000 ids; BOS 1, EOS 2), read from the
     ``mistral-common`` package with ``sentencepiece``. ``encode`` puts BOS first when
-    ``add_special_tokens``, as Mistral's and Llama-2's tokenizers do. ConfigError at
-    construction when either package is missing."""
+    ``add_special_tokens``, as Mistral's and Llama-2's tokenizers do. ``model_proto`` is
+    the vocabulary's file; ``piece``, ``score``, ``special_tokens`` and ``byte_value``
+    describe its pieces. ConfigError at construction when either package is missing."""
 
     def __init__(self) -> None:
         try:
@@ -96,7 +138,10 @@ class SentencePieceTokenizer:
                 f"({type(exc).__name__}: {exc}); {DATA_EXTRA_HINT}"
             ) from None
         self._inner: Any = sentencepiece.SentencePieceProcessor(model_proto=proto)
+        self.model_proto: bytes = proto
         self.bos_token_id = int(self._inner.bos_id())
+        self.eos_token_id = int(self._inner.eos_id())
+        self.unk_token_id = int(self._inner.unk_id())
 
     @property
     def name(self) -> str:
@@ -116,3 +161,29 @@ class SentencePieceTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._inner.decode(token_ids))
+
+    def piece(self, token_id: int) -> str:
+        """The piece of ``token_id`` as the vocabulary spells it (``▁`` for a space,
+        ``<0x0A>`` for a byte)."""
+        return str(self._inner.id_to_piece(token_id))
+
+    def score(self, token_id: int) -> float:
+        """The piece's score: BPE merges the adjacent pair whose merged piece scores
+        highest first."""
+        return float(self._inner.get_score(token_id))
+
+    @functools.cached_property
+    def special_tokens(self) -> dict[str, int]:
+        """The control and unknown pieces (``<unk>``, ``<s>``, ``</s>``) -> their ids."""
+        inner = self._inner
+        return {
+            self.piece(i): i
+            for i in range(self.vocab_size)
+            if inner.is_control(i) or inner.is_unknown(i)
+        }
+
+    def byte_value(self, token_id: int) -> int | None:
+        """The byte a byte-fallback piece (``<0xNN>``) stands for; None for other pieces."""
+        if not self._inner.is_byte(token_id):
+            return None
+        return int(self.piece(token_id)[3:5], 16)
