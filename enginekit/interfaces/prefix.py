@@ -9,6 +9,7 @@ from typing import ClassVar, NamedTuple
 from enginekit.config import PrefixConfig
 from enginekit.interfaces.base import Plugin
 from enginekit.interfaces.context import KVContext
+from enginekit.interfaces.kv_events import RemovedBlocks, StoredBlocks
 from enginekit.interfaces.structures import Access
 from enginekit.request import Request
 
@@ -137,4 +138,17 @@ class PrefixCache(Plugin, ABC):
         first, as ``BlockPool.take_accesses`` gives the pool's: insertions, hits and
         evictions (a cache that chooses among its own candidates reports no releases).
         Default: none."""
+        return []
+
+    def record_block_events(self, on: bool) -> None:  # noqa: B027 - optional hook
+        """Starts (``on``, on an empty cache) or stops logging which full blocks' contents
+        the blocks the cache holds itself gain and lose (``take_block_events``), for KV
+        events. Default: nothing to log (the manager reads the blocks cached in the pool's
+        hash map from the pool's accesses)."""
+
+    def take_block_events(self) -> list[StoredBlocks | RemovedBlocks]:
+        """The events logged since the last call, oldest first: a block's content is
+        stored when its last position enters the cache and removed when it leaves, each
+        chain hash (``enginekit.interfaces.kv_events``) once until it is removed. Default:
+        none."""
         return []

@@ -15,10 +15,12 @@ from enginekit.errors import KVCacheError, OutOfBlocksError
 from enginekit.interfaces.capabilities import HoleAllocator, WindowedEviction
 from enginekit.interfaces.context import KVContext
 from enginekit.interfaces.eviction import BlockRange, Eviction
+from enginekit.interfaces.kv_events import KVEvent
 from enginekit.interfaces.prefix import NO_MATCH, PrefixCache, PrefixMatch
 from enginekit.interfaces.scheduler_cache import Admission, StepBlocks
-from enginekit.interfaces.structures import IntBatch
+from enginekit.interfaces.structures import Access, IntBatch
 from enginekit.kv.block_ops import BlockOps
+from enginekit.kv.events import KVEventLog, Published
 from enginekit.kv.forks import SharedTails
 from enginekit.kv.promises import PrefillPromises
 from enginekit.kv.swap_space import SwapSpace
@@ -150,6 +152,10 @@ class KVCacheManager:
             else self._try_make_room
         )
         self._refusal: _Refusal | None = None  # see still_refused
+        # The KV events while they are logged (record_kv_events), else None; and the pool
+        # accesses the event log took before the eviction policy (if it hears) heard them.
+        self._kv_events: KVEventLog | None = None
+        self._unheard: list[Access] = []
 
     @property
     def spec(self) -> KVSpec:
@@ -290,6 +296,11 @@ class KVCacheManager:
         """See ``SchedulerCache.take_step_blocks``."""
         if filled:
             self.prefix.on_decodes_computed(filled, num_computed_tokens)
+            if self._kv_events is not None:
+                block_size = self._block_size
+                self._log_kv_events(
+                    [(r, n // block_size) for r, n in zip(filled, num_computed_tokens, strict=True)]
+                )
         copies, swap_outs, swap_ins = self._block_ops.take()
         tables = None if table_seq_ids is None else self._export_tables(table_seq_ids)
         if self.tiers is None:
@@ -324,12 +335,72 @@ class KVCacheManager:
 
     def _deliver_accesses(self) -> None:
         """Hands the accesses the pool logged since the last call to the eviction policy
-        (one that hears them: ``Eviction.hears_accesses``)."""
+        (one that hears them: ``Eviction.hears_accesses``), those the KV events took in
+        the meantime first."""
         accesses = self.pool.take_accesses()
+        if self._kv_events is not None and accesses:
+            self._kv_events.hear_pool(accesses, ())
+        if self._unheard:
+            accesses = self._unheard + accesses
+            self._unheard = []
         if self._cache_holds_blocks:
             accesses += self.prefix.take_accesses()
         if accesses:
             self.eviction.hear(accesses)
+
+    # -- KV events -----------------------------------------------------------------------
+
+    def record_kv_events(self, on: bool) -> None:
+        """Starts (``on``) or stops logging KV events (``take_kv_events``): the changes to
+        the set of full blocks whose contents the cache holds, named by their chain hashes
+        (``enginekit.interfaces.kv_events``). Starting needs an empty cache, every block
+        free (KVCacheError otherwise: what it held before would be unknown to the events);
+        its first event is ``CacheCleared``. While on, the pool logs its accesses (for the
+        eviction policy as before, if it hears them: it hears the same ones, at the same
+        calls) and the prefix cache its own block events; off, neither costs anything."""
+        pool = self.pool
+        if not on:
+            if self._kv_events is not None and self._hears_accesses:
+                self._unheard += pool.take_accesses()
+            self._kv_events = None
+            pool.record_accesses(self._hears_accesses)
+            self.prefix.record_block_events(False)
+            return
+        if self._kv_events is not None:
+            return
+        if pool.num_free_blocks != pool.num_blocks:
+            raise KVCacheError(
+                f"KV events must start on an empty cache: {pool.num_blocks - pool.num_free_blocks} "
+                "blocks are in use or cached"
+            )
+        if self._hears_accesses:
+            self._unheard += pool.take_accesses()  # before the events start: the policy's
+        pool.record_accesses(True)
+        self.prefix.record_block_events(True)
+        backend = self.context.backend
+        self._kv_events = KVEventLog(self.tables, backend.hash_blocks, self._block_size)
+
+    def take_kv_events(self) -> list[KVEvent]:
+        """The KV events since the last call, oldest first (none while not logging)."""
+        if self._kv_events is None:
+            return []
+        self._log_kv_events(())
+        return self._kv_events.take()
+
+    def _log_kv_events(self, published: Sequence[Published]) -> None:
+        """Moves what the pool and the prefix cache logged into the KV events, right after
+        the blocks of ``published`` were published; keeps the pool's accesses for the
+        eviction policy, if it hears them (``_deliver_accesses``)."""
+        log = self._kv_events
+        assert log is not None
+        accesses = self.pool.take_accesses()
+        if accesses:
+            if self._hears_accesses:
+                self._unheard += accesses
+            log.hear_pool(accesses, published)
+        events = self.prefix.take_block_events()
+        if events:
+            log.extend(events)
 
     # -- admission -----------------------------------------------------------------------
 
@@ -544,6 +615,8 @@ class KVCacheManager:
                 )
         if end > start:
             self.prefix.on_computed(request, end)
+            if self._kv_events is not None:
+                self._log_kv_events([(request, end // self._block_size)])
         return end - start
 
     def _try_grow(self, seq_ids: IntBatch, num_tokens: IntBatch) -> bool:

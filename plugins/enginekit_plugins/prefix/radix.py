@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from enginekit.config import PrefixConfig
+from enginekit.errors import KVCacheError
 from enginekit.interfaces import NO_MATCH, Access, AccessKind, KVContext, PrefixCache, PrefixMatch
+from enginekit.interfaces.kv_events import RemovedBlocks, StoredBlocks
 from enginekit.request import Request
 
 if TYPE_CHECKING:
-    from enginekit.interfaces import InsertResult, RadixTree
+    from enginekit.interfaces import InsertResult, RadixNode, RadixTree
 
 
 @dataclass
@@ -74,6 +76,10 @@ class RadixPrefixCache(PrefixCache):
         # The accesses to the tree's blocks since the last take_accesses, for an eviction
         # policy that hears them; None while not recording.
         self._accesses: list[Access] | None = None
+        # While KV events are logged: the block events since the last take_block_events,
+        # and each block whose every position a tree holds -> its content's chain hash.
+        self._block_events: list[StoredBlocks | RemovedBlocks] | None = None
+        self._full_blocks: dict[int, int] = {}
 
     def match(self, request: Request) -> PrefixMatch:
         tree = self._trees.get(request.extra_key)
@@ -189,6 +195,8 @@ class RadixPrefixCache(PrefixCache):
         if self._accesses is not None:
             is_first = seq_id not in self._num_inserted  # counted at the end of this call
             self._log_insert(block_ids, num_tokens - result.num_new_tokens, is_first, result)
+        if self._block_events is not None:
+            self._log_stored(request, num_tokens - result.num_new_tokens, num_tokens, block_ids)
         pool = self.kv.pool
         pool.incref_all(result.new_block_refs)
         if result.released_block_refs:
@@ -216,6 +224,79 @@ class RadixPrefixCache(PrefixCache):
                 log.append((AccessKind.HIT, block_id, block_id, None))
         for block_id in dict.fromkeys(result.new_block_refs):
             log.append((AccessKind.INSERT, block_id, block_id, None))
+
+    def _log_stored(
+        self, request: Request, num_stored: int, num_tokens: int, block_ids: list[int]
+    ) -> None:
+        """Logs the full blocks an insertion of the request's first ``num_tokens`` tokens
+        completed in the tree, which held ``num_stored`` of them before: blocks
+        ``num_stored // block_size`` up to ``num_tokens // block_size``. Their positions
+        past ``num_stored`` are a new leaf's, which references the request's own blocks
+        (``block_ids``), so those blocks hold the contents."""
+        block_size = self.kv.spec.block_size
+        first, end = num_stored // block_size, num_tokens // block_size
+        if first >= end:
+            return
+        assert self._block_events is not None
+        tokens = request.token_ids[: end * block_size]
+        names = self.kv.backend.hash_blocks(tokens, block_size, request.extra_key)
+        self._full_blocks.update(zip(block_ids[first:end], names[first:end], strict=True))
+        parent = names[first - 1] if first else None
+        stored = StoredBlocks(names[first:end], parent, tokens[first * block_size :])
+        self._block_events.append(stored)
+
+    def _log_removed(self, released: list[int]) -> None:
+        """Logs the full blocks whose contents an eviction took out of the tree: a trimmed
+        block the tree held whole. Only a leaf is trimmed, and a leaf holds a full block's
+        last position with that block, so the block's first released reference is the one
+        that takes its content; a reference released later (an ancestor's, which holds the
+        block's first positions only) takes none."""
+        assert self._block_events is not None
+        full = self._full_blocks
+        names = [full.pop(b) for b in released if b in full]
+        if names:
+            self._block_events.append(RemovedBlocks(names))
+
+    def record_block_events(self, on: bool) -> None:
+        """See ``PrefixCache.record_block_events``; the trees must hold nothing when it
+        starts (KVCacheError otherwise)."""
+        if on and self._block_events is None and self.held_block_ids():
+            raise KVCacheError("KV events must start on an empty radix tree")
+        if not on:
+            self._block_events = None
+            self._full_blocks = {}
+        elif self._block_events is None:
+            self._block_events = []
+
+    def take_block_events(self) -> list[StoredBlocks | RemovedBlocks]:
+        if not self._block_events:
+            return []
+        taken, self._block_events = self._block_events, []
+        return taken
+
+    def full_blocks(self) -> dict[int, int]:
+        """Every block whose positions the trees all hold (a full block's content), read
+        off the trees' nodes: block id -> the chain hash of its content. For checks; slow."""
+        block_size = self.kv.spec.block_size
+        full: dict[int, int] = {}
+        for extra_key, tree in self._trees.items():
+            nodes = {node.node_id: node for node in tree.nodes()}
+            for node in nodes.values():
+                if node.parent_id is None:
+                    continue
+                edges = []  # the node's path from the root, edge by edge, last first
+                ancestor: RadixNode | None = node
+                while ancestor is not None:
+                    edges.append(ancestor.token_ids)
+                    parent_id = ancestor.parent_id
+                    ancestor = nodes[parent_id] if parent_id is not None else None
+                path = [token for edge in reversed(edges) for token in edge]
+                start = len(path) - len(node.token_ids)
+                names = self.kv.backend.hash_blocks(path, block_size, extra_key)
+                # The blocks whose last position lies on this node's edge.
+                for index in range(start // block_size, len(path) // block_size):
+                    full[node.block_ids[index - start // block_size]] = names[index]
+        return full
 
     def record_accesses(self, on: bool) -> None:
         self._accesses = [] if on else None
@@ -260,6 +341,8 @@ class RadixPrefixCache(PrefixCache):
                 num_left -= num_freed
         if self._accesses is not None:
             self._accesses += [(AccessKind.EVICT, b, b, None) for b in released]
+        if self._block_events is not None:
+            self._log_removed(released)
         return released
 
     def _evict_chosen(self, num_blocks: int, choose: Callable[[Sequence[int]], int]) -> list[int]:
@@ -283,5 +366,12 @@ class RadixPrefixCache(PrefixCache):
         return [b for tree in self._trees.values() for node in tree.nodes() for b in node.block_ids]
 
     def check_integrity(self) -> None:
+        """The trees' own invariants; while KV events are logged, also that the blocks
+        logged as stored and not removed are exactly the trees' full blocks."""
         for tree in self._trees.values():
             tree.check_integrity()
+        if self._block_events is not None and self._full_blocks != self.full_blocks():
+            raise KVCacheError(
+                "the radix cache's KV events disagree with its trees: logged "
+                f"{sorted(self._full_blocks.items())}, held {sorted(self.full_blocks().items())}"
+            )
