@@ -189,6 +189,23 @@ class WorkloadConfig:
 
 
 @dataclass
+class KVEventsConfig:
+    """KV events (``serve.kv_events``): the full blocks the prefix cache gains and loses,
+    published over ZMQ in vLLM's wire format for cache-aware routers
+    (``enginekit.serve.kv_events``). ``endpoint``: the PUB socket, bound when it holds a
+    ``*`` or is ``ipc://`` or ``inproc://``, else connected; ``replay_endpoint``: a ROUTER
+    socket answering replays of the last ``buffer_steps`` batches (None: none); ``hwm``:
+    the PUB socket's high-water mark (messages a slow subscriber may lag by)."""
+
+    enabled: bool = False
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    topic: str = ""
+    buffer_steps: int = 10000
+    hwm: int = 100000
+
+
+@dataclass
 class ServeConfig:
     """The HTTP server (``python -m enginekit.serve``); every other entry point ignores it.
 
@@ -207,6 +224,7 @@ class ServeConfig:
     time_scale: float = 1.0
     shutdown_timeout_s: float = 30.0
     log_level: str = "info"  # uvicorn's: critical | error | warning | info | debug | trace
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
 
 @dataclass

@@ -42,9 +42,15 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
 """Each extra -> the modules it brings that enginekit imports, all of which a command
 needing the extra needs."""
 
-OTHER_MODULES: dict[str, str] = {"triton": "torch", "tokenizers": "torch", "httpx": "serve"}
+OTHER_MODULES: dict[str, str] = {
+    "triton": "torch",
+    "tokenizers": "torch",
+    "httpx": "serve",
+    "zmq": "serve",
+    "msgspec": "serve",
+}
 """Modules an extra brings that only some commands need (the kernels, the serving
-benchmark's client) or by dependency -> that extra."""
+benchmark's client, the server's KV events) or by dependency -> that extra."""
 
 LAUNCHER_MODULES: dict[str, tuple[str, ...]] = {
     "joblib": ("hydra_plugins.hydra_joblib_launcher", "joblib"),

@@ -1,7 +1,8 @@
 """``python -m enginekit.serve [+group=plugin ...] [key=value ...]``: serve the engine over
 HTTP (OpenAI-compatible), with the overrides ``python -m enginekit`` takes and the
 ``serve.*`` keys (host, port, served_model_name, max_waiting, retry_after_s, time_scale,
-shutdown_timeout_s, log_level).
+shutdown_timeout_s, log_level, and the ``serve.kv_events.*`` group: KV events for
+cache-aware routers, ``enginekit.serve.kv_events``).
 
 Prints ``enginekit: serving <model> at <url>`` once the port is bound. SIGINT or SIGTERM
 shut it down: live requests get ``serve.shutdown_timeout_s`` to finish, the rest are
@@ -29,6 +30,11 @@ Keys of its own: serve.host=127.0.0.1 serve.port=8000 (0: any free port)
   serve.served_model_name=null (model.path, else model.name) serve.max_waiting=1024
   serve.retry_after_s=1 serve.time_scale=1.0 (executor=sim: simulated seconds per wall
   second) serve.shutdown_timeout_s=30 serve.log_level=info
+  serve.kv_events.enabled=false (true: publish the cached blocks over ZMQ in vLLM's KV-event
+  format, for cache-aware routers) serve.kv_events.endpoint=tcp://*:5557 (PUB; bound if it
+  holds *) serve.kv_events.replay_endpoint=null (ROUTER: replays kept batches)
+  serve.kv_events.topic= serve.kv_events.buffer_steps=10000 (batches kept for replays)
+  serve.kv_events.hwm=100000
 
 Example: python -m enginekit.serve executor=torch model.path=./model +prefix=radix serve.port=8000
 """

@@ -135,6 +135,11 @@ class EngineLoop:
     wall times already). ``metrics`` receives the histograms' samples.
     """
 
+    # Called with the engine on the loop thread after each step, each batch of commands
+    # (adds, aborts, finishes, calls) and the last aborts (the KV events' publisher); must
+    # not block. None: nothing.
+    after_engine: Callable[[Engine], None] | None = None
+
     def __init__(
         self,
         engine: Engine,
@@ -399,6 +404,8 @@ class EngineLoop:
             tier_loads_avoided_blocks=tiers.num_avoided_blocks if tiers is not None else 0,
         )
         self.backlog.update(num_taken, num_waiting)
+        if self.after_engine is not None:
+            self.after_engine(engine)
 
     def _output_rate(self) -> float:
         """Tokens handed over in the last RATE_WINDOW_S wall seconds, per second of the

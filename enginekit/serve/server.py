@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,6 +26,9 @@ from enginekit.serve.loop import Backlog, EngineLoop
 from enginekit.serve.prometheus import ServeMetrics, Snapshot
 from enginekit.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from enginekit.serve.text import TextCodec
+
+if TYPE_CHECKING:
+    from enginekit.serve.kv_events import KVEventPublisher
 
 LOOP_STOP_TIMEOUT_S = 30.0  # the engine loop ends within one step of being told to
 _T = TypeVar("_T")
@@ -40,6 +43,11 @@ class Server:
         cfg = self.engine.config
         self.config = cfg.serve
         _check_serve_config(self.config)
+        if self.config.kv_events.enabled:  # the only servers that need pyzmq and msgspec
+            from enginekit.serve.kv_events import check_kv_events_config
+
+            check_kv_events_config(self.config.kv_events)
+        self.kv_events: KVEventPublisher | None = None  # serve.kv_events, while serving
         self.codec = TextCodec.of_model_path(cfg.model.path)
         self.model_name = str(cfg.serve.served_model_name or cfg.model.path or cfg.model.name)
         self.created = int(time.time())
@@ -77,12 +85,19 @@ class Server:
             self.engine, asyncio.get_running_loop(), self.metrics, self.backlog, self.pace
         )
         self.loop = loop
+        if self.config.kv_events.enabled:
+            from enginekit.serve.kv_events import KVEventPublisher
+
+            self.kv_events = KVEventPublisher(self.engine, self.config.kv_events)
+            loop.after_engine = self.kv_events.after_engine
         loop.start()
         try:
             yield
         finally:
             self.is_stopping = True
             await asyncio.to_thread(loop.stop, LOOP_STOP_TIMEOUT_S)
+            if self.kv_events is not None:
+                await asyncio.to_thread(self.kv_events.close)
 
     @property
     def is_healthy(self) -> bool:
