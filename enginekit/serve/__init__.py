@@ -13,10 +13,12 @@ Modules: ``server`` (the engine, tokenizer, loop and metrics the routes use), ``
 (the routes), ``loop`` (the thread that owns the engine), ``generation`` (one HTTP
 request's engine requests and choices), ``text`` (tokenizer, chat template, streaming
 detokenization, stop strings), ``protocol`` (request bodies and OpenAI's error shape),
-``prometheus`` (the metrics), ``run`` (uvicorn in the foreground or on a thread).
-Needs the ``serve`` extra (fastapi, uvicorn, prometheus-client): importing this package
-does not, so that ``python -m enginekit.serve`` can name the extra when it is missing;
-``BackgroundServer`` and ``Server`` are imported on first use.
+``prometheus`` (the metrics), ``kv_events`` (the cache's KV events over ZMQ, in vLLM's
+format, for cache-aware routers), ``run`` (uvicorn in the foreground or on a thread).
+Needs the ``serve`` extra (fastapi, uvicorn, prometheus-client; pyzmq and msgspec for KV
+events): importing this package does not, so that ``python -m enginekit.serve`` can name
+the extra when it is missing; ``BackgroundServer`` and ``Server`` are imported on first
+use.
 """
 
 from __future__ import annotations
