@@ -237,20 +237,21 @@ def summarize(outcomes: list[Outcome], duration: float, num_prompts: int) -> dic
 
 
 def prefix_counters(base_url: str) -> tuple[float, float] | None:
-    """(prefix-cache queries, hits) from an enginekit server's /metrics; None elsewhere."""
+    """(prefix-cache queries, hits) from a server's /metrics (vLLM's counters, which
+    enginekit serves too; summed over their series); None elsewhere."""
     try:
         text = httpx.get(f"{base_url}/metrics", timeout=10).text
     except httpx.HTTPError:
         return None
-    values = {}
+    values: dict[str, float] = {}
     for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in ("enginekit:prefix_cache_queries_total", "enginekit:prefix_cache_hits_total"):
-            values[name] = float(value)
+        series, _, value = line.rpartition(" ")
+        name = series.partition("{")[0]
+        if name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+            values[name] = values.get(name, 0.0) + float(value)
     if len(values) < 2:
         return None
-    queries = values["enginekit:prefix_cache_queries_total"]
-    return queries, values["enginekit:prefix_cache_hits_total"]
+    return values["vllm:prefix_cache_queries_total"], values["vllm:prefix_cache_hits_total"]
 
 
 def render(result: dict[str, Any]) -> str:

@@ -10,8 +10,13 @@ is. After each step it hands every touched request's new tokens to its queue, al
 requests), and publishes a ``Snapshot`` of the engine's counters for ``/metrics`` (a
 frozen value swapped in whole: readers on other threads never see a half-made one).
 
-``executor=sim`` is paced: a step of simulated time t takes at least t / time_scale wall
-seconds, so clients see the simulated latencies (scaled).
+A step's tokens are released when the step is over. For the torch executor that is as
+soon as ``engine.step()`` returns (its step times are wall times). ``executor=sim`` is
+paced: a step that starts at wall time t0 and takes simulated time t releases its tokens
+at t0 + t / time_scale, never earlier, so clients see the simulated latencies (scaled):
+a long prompt's first token comes after its prefill, not before. Requests sent while a
+step runs wait for the next one, as on a GPU. The latency histograms observe the release
+times: the server's TTFT is what a client on loopback measures, less the network.
 
 Ownership: the engine, ``_live`` and the counters behind the snapshot belong to the loop
 thread; the inbox (behind its lock) and the backlog are the only state both sides touch. Once
@@ -121,8 +126,12 @@ class Backlog:
 
 @dataclass(eq=False)
 class _Live:
+    """A live request's progress, in wall-clock (``time.monotonic``) times: the start of
+    the first step that scheduled it, and the releases of its first and latest tokens."""
+
     job: Job
     num_sent: list[int] = field(default_factory=list)  # tokens handed over, per sample
+    scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
 
@@ -162,7 +171,8 @@ class EngineLoop:
         self._stop_requested = False
         self._lock = threading.Lock()  # orders sends against the loop's closing
         self._closed = False
-        # Counters of finished requests (the loop's own), and the output-rate window.
+        # The loop's own counters (tokens as released, requests as ended), and the
+        # output-rate window.
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished_by_reason: dict[str, int] = {}
@@ -295,29 +305,43 @@ class EngineLoop:
         if request_id not in self._live:
             return []
         end(request_id)
-        return self._collect({request_id: self.engine.output(request_id)}, [request_id])
+        output = self.engine.output(request_id)
+        return self._collect({request_id: output}, [request_id], time.monotonic())
 
     def _step(self) -> None:
+        """Runs one engine step and releases what it gave (see the module docstring):
+        its tokens to the handlers, its samples to the histograms, a new snapshot."""
         engine = self.engine
         started = time.monotonic()
         clock = engine.clock
+        steps_before, tokens_before = _work_done(engine)
         finished = {output.request_id: output for output in engine.step()}
+        if self._pace is not None:
+            _sleep_until(started + (engine.clock - clock) * self._pace)
+        released = time.monotonic()
         running = {(r.parent or r).request_id for r in engine.scheduler.running}
         touched = [rid for rid in self._live if rid in running or rid in finished]
-        self._post(self._collect(finished, touched))
+        self._note_scheduled(touched, started)
+        steps_after, tokens_after = _work_done(engine)
+        if steps_after > steps_before:  # not an empty step (nothing could run)
+            self.metrics.iteration_tokens.observe(tokens_after - tokens_before)
+        self._post(self._collect(finished, touched, released))
         self._publish(num_taken=0)
-        if self._pace is not None:
-            delay = (engine.clock - clock) * self._pace - (time.monotonic() - started)
-            if delay > 0:
-                time.sleep(delay)
+
+    def _note_scheduled(self, request_ids: list[str], step_started: float) -> None:
+        """The requests a step ran were scheduled when it started, if not before."""
+        for request_id in request_ids:
+            live = self._live[request_id]
+            if live.scheduled_at is None:
+                live.scheduled_at = step_started
 
     def _collect(
-        self, finished: dict[str, RequestOutput], request_ids: list[str]
+        self, finished: dict[str, RequestOutput], request_ids: list[str], now: float
     ) -> list[tuple[asyncio.Queue[Event], Event]]:
-        """The events of ``request_ids`` after a step: their new tokens, and for those in
-        ``finished`` (which leave the engine and ``_live``) the final output. Observes the
-        latency histograms and counts the finished requests."""
-        now = time.monotonic()
+        """The events of ``request_ids``, released at ``now``: their new tokens, and for
+        those in ``finished`` (which leave the engine and ``_live``) the final output.
+        Counts the released tokens, observes the latency histograms and counts the
+        requests that ended."""
         events: list[tuple[asyncio.Queue[Event], Event]] = []
         num_new_total = 0
         for request_id in request_ids:
@@ -333,12 +357,7 @@ class EngineLoop:
             if num_new:
                 num_new_total += num_new
                 live.num_sent = [len(s) for s in samples]
-                if live.first_token_at is None:
-                    self.metrics.time_to_first_token.observe(now - live.job.received_at)
-                elif live.last_token_at is not None:
-                    self.metrics.inter_token_latency.observe(now - live.last_token_at)
-                live.last_token_at = now
-                live.first_token_at = live.first_token_at or now
+                self._count_released(live, num_new, now)
             if final is not None:
                 self._count_finished(live, final, now)
                 del self._live[request_id]
@@ -349,18 +368,45 @@ class EngineLoop:
             self._rate_window.append((now, num_new_total))
         return events
 
+    def _count_released(self, live: _Live, num_new: int, now: float) -> None:
+        """``num_new`` tokens of ``live`` released at ``now``: the token counters move (the
+        prompt's with the first token, as vLLM counts it), and TTFT or ITL is observed."""
+        self._generation_tokens += num_new
+        if live.first_token_at is None:
+            live.first_token_at = now
+            self._prompt_tokens += len(live.job.prompt_token_ids)
+            self.metrics.time_to_first_token.observe(now - live.job.received_at)
+        elif live.last_token_at is not None:
+            self.metrics.inter_token_latency.observe(now - live.last_token_at)
+        live.last_token_at = now
+
     def _count_finished(self, live: _Live, final: RequestOutput, now: float) -> None:
+        """Counts the request's end by reason; for one that finished (aborted ones apart),
+        observes its phases and sizes. A phase a request never reached (a finish before
+        any token) lasts 0."""
         reason = final.finish_reason or "abort"
         self._finished_by_reason[reason] = self._finished_by_reason.get(reason, 0) + 1
         if reason == "abort":
             return
-        num_prompt = len(final.prompt_token_ids)
-        num_generated = sum(map(len, final.samples))
-        self._prompt_tokens += num_prompt
-        self._generation_tokens += num_generated
-        self.metrics.e2e_request_latency.observe(now - live.job.received_at)
-        self.metrics.request_prompt_tokens.observe(num_prompt)
-        self.metrics.request_generation_tokens.observe(num_generated)
+        metrics = self.metrics
+        arrived = live.job.received_at
+        scheduled = live.scheduled_at if live.scheduled_at is not None else now
+        first = live.first_token_at if live.first_token_at is not None else now
+        last = live.last_token_at if live.last_token_at is not None else now
+        metrics.e2e_request_latency.observe(now - arrived)
+        metrics.request_queue_time.observe(scheduled - arrived)
+        metrics.request_prefill_time.observe(first - scheduled)
+        metrics.request_decode_time.observe(last - first)
+        metrics.request_inference_time.observe(last - scheduled)
+        lengths = [len(sample) for sample in final.samples]
+        longest = max(lengths, default=0)
+        if longest > 1:
+            metrics.request_time_per_output_token.observe((last - first) / (longest - 1))
+        metrics.request_prompt_tokens.observe(len(final.prompt_token_ids))
+        metrics.request_generation_tokens.observe(sum(lengths))
+        metrics.request_max_num_generation_tokens.observe(longest)
+        metrics.request_params_n.observe(live.job.sampling.n)
+        metrics.request_params_max_tokens.observe(live.job.sampling.max_tokens)
 
     def _post(self, events: list[tuple[asyncio.Queue[Event], Event]]) -> None:
         """Hands ``events`` to their queues on the event loop's thread, in one wake-up."""
@@ -438,3 +484,16 @@ class EngineLoop:
 def _put_all(events: list[tuple[asyncio.Queue[Event], Event]]) -> None:
     for queue, event in events:
         queue.put_nowait(event)
+
+
+def _sleep_until(deadline: float) -> None:
+    """Returns once ``time.monotonic()`` has reached ``deadline``, never before."""
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(left)
+
+
+def _work_done(engine: Engine) -> tuple[int, int]:
+    """The engine's steps so far and the tokens they computed (prefill and decode)."""
+    metrics = engine.metrics
+    num_tokens = metrics.num_prefill_tokens_computed + metrics.num_decode_tokens_computed
+    return metrics.num_steps, num_tokens

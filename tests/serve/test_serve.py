@@ -73,13 +73,18 @@ def words(token_ids: list[int]) -> list[str]:
 
 def scrape(url: str) -> dict[str, float]:
     """``/metrics`` parsed by prometheus-client's parser: sample name with its labels
-    (``name{k="v"}``) -> value."""
+    (``name{k="v"}``) -> value. Every sample has the ``model_name`` label, and vLLM's
+    theirs and ``engine="0"``; the key leaves them out."""
     text = httpx.get(f"{url}/metrics").text
     values = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+            labels = dict(sample.labels)
+            assert labels.pop("model_name"), sample
+            if sample.name.startswith("vllm:"):
+                assert labels.pop("engine") == "0", sample
+            shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            values[f"{sample.name}{{{shown}}}" if shown else sample.name] = sample.value
     return values
 
 
@@ -88,8 +93,8 @@ def wait_until_idle(url: str, timeout_s: float = 20.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
         metrics = scrape(url)
-        idle = metrics["enginekit:num_requests_running"] == 0
-        if idle and metrics["enginekit:num_requests_waiting"] == 0:
+        idle = metrics["vllm:num_requests_running"] == 0
+        if idle and metrics["vllm:num_requests_waiting"] == 0:
             return metrics
         assert time.monotonic() < deadline, metrics
         time.sleep(0.02)
@@ -271,7 +276,7 @@ def test_stop_strings_and_stop_tokens_end_the_output(served, client, model):
     tokens = [t for t in full.token_ids]
     later = [t for t in tokens[4:] if t > 2 and f"w{t}" not in " ".join(words(tokens[:4]))]
     stop = f"w{later[0]}"
-    before = scrape(served[0]).get('enginekit:request_success_total{finished_reason="stop"}', 0)
+    before = scrape(served[0]).get('vllm:request_success_total{finished_reason="stop"}', 0)
 
     cut = client.completions.create(**base, stop=[stop, "never"], extra_body=extra).choices[0]
     assert cut.finish_reason == "stop"
@@ -286,7 +291,7 @@ def test_stop_strings_and_stop_tokens_end_the_output(served, client, model):
 
     # the engine requests ended as finished, not aborted
     wait_until_idle(served[0])
-    after = scrape(served[0])['enginekit:request_success_total{finished_reason="stop"}']
+    after = scrape(served[0])['vllm:request_success_total{finished_reason="stop"}']
     assert after >= before + 2
 
     by_token = client.completions.create(
@@ -355,13 +360,13 @@ def test_64_concurrent_streams_complete_and_leave_the_cache_empty(served, model,
         offline.step()
     assert results == [offline.output(i).output_token_ids for i in ids]
     metrics = wait_until_idle(url)
-    assert metrics["enginekit:kv_cache_usage_perc"] == 0
-    assert metrics["enginekit:num_requests_running"] == 0
+    assert metrics["vllm:kv_cache_usage_perc"] == 0
+    assert metrics["vllm:num_requests_running"] == 0
 
 
 def test_a_client_that_disconnects_leaves_no_block_held(served, model):
     url, server = served
-    before = scrape(url).get('enginekit:request_success_total{finished_reason="abort"}', 0)
+    before = scrape(url).get('vllm:request_success_total{finished_reason="abort"}', 0)
     body = {"model": model, "prompt": [60, 61, 62], "max_tokens": 1500, "ignore_eos": True,
             "stream": True}  # fmt: skip
     with httpx.stream("POST", f"{url}/v1/completions", json=body) as response:
@@ -369,49 +374,54 @@ def test_a_client_that_disconnects_leaves_no_block_held(served, model):
         got = [line for line, _ in zip(lines, range(6), strict=False) if line]
         assert len(got) == 3  # three chunks, then the client leaves
         running = scrape(url)
-        assert running["enginekit:num_requests_running"] == 1
-        assert running["enginekit:kv_cache_usage_perc"] > 0
+        assert running["vllm:num_requests_running"] == 1
+        assert running["vllm:kv_cache_usage_perc"] > 0
     metrics = wait_until_idle(url)
-    assert metrics["enginekit:kv_cache_usage_perc"] == 0
-    assert metrics['enginekit:request_success_total{finished_reason="abort"}'] == before + 1
+    assert metrics["vllm:kv_cache_usage_perc"] == 0
+    assert metrics['vllm:request_success_total{finished_reason="abort"}'] == before + 1
 
     # not streaming: the client gives up waiting
     body = {**body, "stream": False}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{url}/v1/completions", json=body, timeout=0.5)
     metrics = wait_until_idle(url)
-    assert metrics["enginekit:kv_cache_usage_perc"] == 0
-    assert metrics['enginekit:request_success_total{finished_reason="abort"}'] == before + 2
+    assert metrics["vllm:kv_cache_usage_perc"] == 0
+    assert metrics['vllm:request_success_total{finished_reason="abort"}'] == before + 2
     assert server.loop is not None
     server.loop.call(lambda engine: engine.check_integrity()).result(timeout=10)
 
 
 def test_metrics_parse_and_their_counters_equal_the_engines_summary(served, client, model):
     url, _ = served
+    metrics_before = wait_until_idle(url)
+    summary_before = httpx.get(f"{url}/summary").json()["summary"]
     client.completions.create(model=model, prompt=[80, 81, 82, 83, 84, 85], max_tokens=4)
     client.completions.create(model=model, prompt=[80, 81, 82, 83, 84, 86], max_tokens=4)
     metrics = wait_until_idle(url)
     summary = httpx.get(f"{url}/summary").json()["summary"]
     pairs = {
-        "enginekit:prompt_tokens_total": "prompt_tokens_total",
-        "enginekit:generation_tokens_total": "generation_tokens_total",
-        "enginekit:prefix_cache_queries_total": "prefix_cache_queries",
-        "enginekit:prefix_cache_hits_total": "prefix_cache_hits",
-        "enginekit:num_preemptions_total": "num_preemptions_total",
+        "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+        "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+        "vllm:num_preemptions_total": "num_preemptions_total",
         "enginekit:recomputed_tokens_total": "recomputed_tokens_total",
         "enginekit:swap_out_bytes_total": "swap_out_bytes_total",
     }
     assert {m: metrics[m] for m in pairs} == {m: summary[k] for m, k in pairs.items()}
-    assert metrics["enginekit:prefix_cache_hits_total"] > 0  # the shared prefix hit
-    finished = sum(v for k, v in metrics.items() if k.startswith("enginekit:request_success"))
-    aborted = metrics['enginekit:request_success_total{finished_reason="abort"}']
+    # Token counters count aborted requests' tokens too (the summary leaves those
+    # requests out): over requests that finished, they move as the summary's do.
+    for name, key in (("vllm:prompt_tokens_total", "prompt_tokens_total"),
+                      ("vllm:generation_tokens_total", "generation_tokens_total")):  # fmt: skip
+        assert metrics[name] - metrics_before[name] == summary[key] - summary_before[key] > 0
+    assert metrics["vllm:prefix_cache_hits_total"] > 0  # the shared prefix hit
+    finished = sum(v for k, v in metrics.items() if k.startswith("vllm:request_success"))
+    aborted = metrics['vllm:request_success_total{finished_reason="abort"}']
     assert finished - aborted == summary["num_requests_finished"]
-    assert metrics["enginekit:e2e_request_latency_seconds_count"] == finished - aborted
-    assert metrics["enginekit:request_generation_tokens_sum"] == summary["generation_tokens_total"]
+    assert metrics["vllm:e2e_request_latency_seconds_count"] == finished - aborted
+    assert metrics["vllm:request_generation_tokens_sum"] == summary["generation_tokens_total"]
     assert metrics["enginekit:kv_cache_num_blocks"] == 400
     plugins = {k: v for k, v in metrics.items() if k.startswith("enginekit:plugin_info")}
     assert any('group="prefix"' in k and 'name="radix"' in k for k in plugins)
     assert len(plugins) == len(PLUGIN_GROUPS) and all(v == 1 for v in plugins.values())
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
                  "request_prompt_tokens"):  # fmt: skip
-        assert metrics[f"enginekit:{name}_count"] > 0
+        assert metrics[f"vllm:{name}_count"] > 0

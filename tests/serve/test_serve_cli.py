@@ -15,6 +15,7 @@ import time
 import httpx
 import openai
 from conftest import REPO_ROOT
+from test_serve import scrape
 
 from enginekit.serve.__main__ import main
 
@@ -94,7 +95,7 @@ def test_the_command_line_serves_benchmarks_and_shuts_down_cleanly(tmp_path):
         )
         asker.start()
         deadline = time.monotonic() + 10
-        while "enginekit:num_requests_running 2.0" not in httpx.get(f"{url}/metrics").text:
+        while scrape(url)["vllm:num_requests_running"] != 2:
             assert time.monotonic() < deadline and not short
             time.sleep(0.01)  # until the short request runs beside the long one
         proc.send_signal(signal.SIGTERM)

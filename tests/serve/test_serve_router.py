@@ -70,7 +70,7 @@ def test_a_conversation_stays_on_the_replica_that_holds_its_prefix(tmp_path):
             )
             messages.append({"role": "assistant", "content": reply.choices[0].message.content})
             cached.append(reply.usage.prompt_tokens_details.cached_tokens)
-            queries.append([scrape(u)["enginekit:prefix_cache_queries_total"] for u in urls])
+            queries.append([scrape(u)["vllm:prefix_cache_queries_total"] for u in urls])
         holder = 0 if queries[0][0] > 0 else 1
         other = 1 - holder
         assert [q[other] for q in queries] == [0, 0, 0]  # the other replica saw no turn

@@ -52,7 +52,7 @@ def test_a_full_queue_answers_503_and_what_was_queued_completes():
         for thread in queued:
             thread.start()
         deadline = time.monotonic() + 10
-        while scrape(url)["enginekit:num_requests_waiting"] < 2:
+        while scrape(url)["vllm:num_requests_waiting"] < 2:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         with pytest.raises(openai.APIStatusError) as caught:
@@ -67,7 +67,7 @@ def test_a_full_queue_answers_503_and_what_was_queued_completes():
         assert all(r.usage.completion_tokens == 5 for r in results)
         metrics = wait_until_idle(url)
         assert metrics['enginekit:request_rejected_total{reason="queue_full"}'] == 1
-        assert metrics["enginekit:kv_cache_usage_perc"] == 0
+        assert metrics["vllm:kv_cache_usage_perc"] == 0
 
 
 def test_simulated_steps_take_their_time_scaled_in_wall_clock():
@@ -146,7 +146,7 @@ def test_preemptions_under_a_small_pool_count_as_the_summary_counts_them():
         metrics = wait_until_idle(url)
         summary = httpx.get(f"{url}/summary").json()["summary"]
     assert summary["num_preemptions_total"] > 0
-    assert metrics["enginekit:num_preemptions_total"] == summary["num_preemptions_total"]
+    assert metrics["vllm:num_preemptions_total"] == summary["num_preemptions_total"]
     for kind, count in summary["num_preemptions_by_kind"].items():
         assert metrics[f'enginekit:preemptions_by_kind_total{{kind="{kind}"}}'] == count
     assert metrics["enginekit:recomputed_tokens_total"] == summary["recomputed_tokens_total"] > 0
@@ -156,7 +156,7 @@ def test_preemptions_under_a_small_pool_count_as_the_summary_counts_them():
         if name.startswith("enginekit:recomputed_tokens_by_kind_total{")
     }
     assert sum(by_kind.values()) == summary["recomputed_tokens_total"]
-    assert metrics["enginekit:generation_tokens_total"] == summary["generation_tokens_total"] == 480
+    assert metrics["vllm:generation_tokens_total"] == summary["generation_tokens_total"] == 480
 
 
 def test_the_engine_calls_the_server_relies_on_finish_and_release():

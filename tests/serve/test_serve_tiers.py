@@ -56,7 +56,7 @@ def test_a_host_level_counts_in_metrics_as_in_the_summary() -> None:
     assert summary[mk.KV_TIER_LOADED_BYTES.key] == {"host": 2 * BLOCK_BYTES}
     assert summary[mk.KV_TIER_WRITTEN_BYTES.key] == {"host": 6 * BLOCK_BYTES}
     assert summary[mk.KV_TIER_EVICTED_BLOCKS.key] == {"host": 2}
-    assert metrics["enginekit:prefix_cache_hits_total"] == summary[mk.PREFIX_CACHE_HITS.key] == 96
+    assert metrics["vllm:prefix_cache_hits_total"] == summary[mk.PREFIX_CACHE_HITS.key] == 96
 
 
 def test_a_server_without_tiers_has_no_level_series() -> None:
