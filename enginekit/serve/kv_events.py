@@ -180,10 +180,10 @@ class KVEventPublisher:
                 self.replay_endpoint = self._open(
                     self._replay, "replay_endpoint", str(config.replay_endpoint), bind=True
                 )
-        except ConfigError:
+            engine.cache.record_kv_events(True)  # KVCacheError unless the cache is empty
+        except BaseException:
             self._context.destroy(linger=0)
             raise
-        engine.cache.record_kv_events(True)
         self._thread = threading.Thread(target=self._send_all, name="enginekit-kv-events")
         self._thread.daemon = True
         self._thread.start()
