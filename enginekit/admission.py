@@ -21,6 +21,7 @@ class ServingLimits(NamedTuple):
     executor: str  # its name, for messages
     supports_forks: bool  # the executor can run forked sequences (n > 1, beams)
     supports_beam_search: bool  # the executor returns beam candidates
+    has_distribution: bool = False  # the executor computes a next-token distribution
 
 
 class Arguments(NamedTuple):
@@ -81,8 +82,17 @@ def check_servable(
     """Raises RequestRejectedError, saying why, if the request can never be served: empty,
     a token outside the vocabulary, prompt plus max_tokens beyond the model's context, more
     blocks than the whole cache (with the watermark, and with every beam brought back at
-    once after a preemption), or forks this executor or allocator cannot run. Pure."""
+    once after a preemption), or forks this executor or allocator cannot run;
+    InvalidRequestError (naming the field) for sampling that needs a next-token
+    distribution the executor does not have (``SamplingParams.distribution_fields``).
+    Pure."""
     what = f"request {request_id!r}"
+    if sampling.needs_distribution and not limits.has_distribution:
+        raise InvalidRequestError(
+            f"{what}: sampling.{sampling.distribution_fields()[0]} needs the model's "
+            f"next-token distribution; the {limits.executor} executor scripts its tokens "
+            "and has none"
+        )
     if sampling.beam_width > 1 and not limits.supports_beam_search:
         raise RequestRejectedError(
             f"{what}: beam search needs an executor that returns candidates; "

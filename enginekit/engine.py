@@ -162,6 +162,7 @@ class Engine:
             cfg.executor,
             self.executor.supports_forks,
             self.executor.supports_beam_search,
+            self.executor.has_distribution,
         )
         self.metrics = RunMetrics()
         self.clock = 0.0
@@ -202,10 +203,13 @@ class Engine:
         (InvalidRequestError). ``user`` names the tenant ``+queue=fair`` shares service
         among (default: the salt, else one shared tenant). ``arrival_time`` (seconds;
         default: now) is clamped at 0. Raises, queuing nothing, InvalidRequestError for an
-        argument of the wrong type or value (naming it), RequestRejectedError if the
-        request can never be served: empty, a token outside the vocabulary (prompt or
-        script), prompt plus max_tokens beyond the model's context, or more blocks than the
-        whole cache. Whatever it accepts, no later step raises for it."""
+        argument of the wrong type or value (naming it) or sampling that needs a
+        next-token distribution the executor lacks (``Executor.has_distribution``),
+        RequestRejectedError if the request can never be served: empty, a token outside
+        the vocabulary (prompt or script), prompt plus max_tokens beyond the model's
+        context, or more blocks than the whole cache. Whatever it accepts, no later step
+        raises for it. ``prompt_logprobs`` are computed when the request arrives
+        (``Executor.score_prompt``)."""
         if request_id is not None and not isinstance(request_id, str):
             raise InvalidRequestError(
                 f"request_id must be a str or None, got {type(request_id).__name__}"
@@ -335,6 +339,11 @@ class Engine:
                 request.sampling,
                 request.scripted_output_ids,
             )
+            num_top = request.sampling.prompt_logprobs
+            if num_top is not None:  # once: a preemption or a prefix hit changes nothing
+                request.prompt_logprobs = self.executor.score_prompt(
+                    request.prompt_token_ids, num_top
+                )
             self.metrics.on_request_added(
                 request.seq_id, request.arrival_time, request.num_prompt_tokens, request.tenant
             )

@@ -172,6 +172,17 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
         )
 
+    @property
+    def needs_distribution(self) -> bool:
+        """Whether any field needs the model's next-token distribution (a few attribute
+        reads: ``distribution_fields`` names them). Pure."""
+        return (
+            self.logprobs is not None
+            or self.prompt_logprobs is not None
+            or self.min_p != 0.0
+            or self.has_penalties
+        )
+
     def distribution_fields(self) -> list[str]:
         """The fields set away from neutral that need the model's next-token
         distribution, as ``name=value`` (logprobs, prompt_logprobs, the penalties,

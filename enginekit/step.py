@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from enginekit.request import TokenLogprob
+
 
 class BlockCopy(NamedTuple):
     src_block_id: int
@@ -121,12 +123,15 @@ class ModelOutput(NamedTuple):
     (``sampling.beam_width`` > 1) candidates[i] holds its 2 × beam_width most likely next
     tokens with their log-probabilities, most likely first (empty for other sequences).
     saved_payloads[i] is the bytes of ``SchedulerOutput.tier_saves[i]``'s block (empty
-    from an executor that moves no data: the simulator)."""
+    from an executor that moves no data: the simulator). logprobs[i] is the
+    ``TokenLogprob`` of next_token_ids[i] for a sequence whose ``sampling.logprobs`` is
+    set, else None; the whole list is None when no sampled sequence asked."""
 
     next_token_ids: list[int]
     step_time_s: float
     candidates: Sequence[Sequence[tuple[int, float]]] | None = None
     saved_payloads: Sequence[object] = ()
+    logprobs: Sequence[TokenLogprob | None] | None = None
 
 
 class KVUsage(NamedTuple):

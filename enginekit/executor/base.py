@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
-from enginekit.request import SamplingParams
+from enginekit.request import SamplingParams, TokenLogprob
 from enginekit.step import ModelOutput, SchedulerOutput
 
 
@@ -17,6 +17,9 @@ class Executor(ABC):
     needs_block_tables: ClassVar[bool] = False  # ask the scheduler for block_tables
     supports_forks: ClassVar[bool] = False  # can run parallel sampling (SchedulerOutput.forks)
     supports_beam_search: ClassVar[bool] = False  # returns ModelOutput.candidates
+    # computes a model's next-token distribution: the sampling fields that need one
+    # (``SamplingParams.distribution_fields``: logprobs, prompt logprobs, penalties, min_p)
+    has_distribution: ClassVar[bool] = False
 
     @abstractmethod
     def add_sequence(
@@ -32,6 +35,13 @@ class Executor(ABC):
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
         """Runs one step and returns one token per sample_seq_ids entry. Forgets the
         sequences in finished_seq_ids first."""
+
+    def score_prompt(self, token_ids: Sequence[int], num_top: int) -> list[TokenLogprob | None]:
+        """Every prompt token's TokenLogprob given the tokens before it (None for the
+        first), each with its ``num_top`` most likely alternatives: ``prompt_logprobs``.
+        Only for an executor that ``has_distribution``; raises NotImplementedError
+        otherwise."""
+        raise NotImplementedError(f"{type(self).__name__} has no next-token distribution")
 
     def attach_tiers(self, link_bytes_per_s: Sequence[float]) -> None:  # noqa: B027
         """The run has KV tiers whose level ``i`` moves ``link_bytes_per_s[i]`` bytes per

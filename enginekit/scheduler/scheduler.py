@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from enginekit.config import SchedulerConfig
@@ -31,7 +31,7 @@ from enginekit.interfaces.preemption import PreemptionMode
 from enginekit.interfaces.scheduler_cache import Admission, SchedulerCache
 from enginekit.interfaces.structures import IntBatch
 from enginekit.metrics import PreemptionEvent, PrefixQuery, SchedulerStats
-from enginekit.request import Request, RequestStatus
+from enginekit.request import Request, RequestStatus, TokenLogprob
 from enginekit.scheduler.beams import choose_continuations
 from enginekit.scheduler.decode_batch import DecodeBatch
 from enginekit.scheduler.decode_ops import decode_ops
@@ -559,9 +559,9 @@ class Scheduler:
         return num_batched
 
     def update(self, scheduled: SchedulerOutput, output: ModelOutput) -> StepUpdate:
-        """Appends each sampled token (beams: chooses the best continuations), finishes
-        requests that stop and releases their blocks. Mutates requests, queues and the
-        cache."""
+        """Appends each sampled token (beams: chooses the best continuations) and, for a
+        request that asked, its logprob entry; finishes requests that stop and releases
+        their blocks. Mutates requests, queues and the cache."""
         by_seq_id = self._by_seq_id
         token_ids = output.next_token_ids
         sample_seq_ids = scheduled.sample_seq_ids
@@ -571,6 +571,8 @@ class Scheduler:
                 f"{len(sample_seq_ids)} sampled sequences"
             )
         num_batched = self._take_scheduled_batch()
+        if output.logprobs is not None:
+            self._record_logprobs(sample_seq_ids, output.logprobs)
         if self._counts_service:
             for seq_id in sample_seq_ids:  # one output token (or beam step) each
                 self.queue.on_served(by_seq_id[seq_id], 0, 1)
@@ -607,6 +609,23 @@ class Scheduler:
         self.cache.finish_step(finished, self.running)
         stats, self._stats = self._stats, SchedulerStats()
         return StepUpdate(finished, first_tokens, stats)
+
+    def _record_logprobs(
+        self, sample_seq_ids: list[int], logprobs: Sequence[TokenLogprob | None]
+    ) -> None:
+        """Each sampled request that asked for logprobs gets its new token's entry (the
+        token itself is appended by the same update)."""
+        if len(logprobs) != len(sample_seq_ids):
+            raise ValueError(
+                f"the executor returned {len(logprobs)} logprobs for "
+                f"{len(sample_seq_ids)} sampled sequences"
+            )
+        by_seq_id = self._by_seq_id
+        for seq_id, entry in zip(sample_seq_ids, logprobs, strict=True):
+            if entry is not None:
+                recorded = by_seq_id[seq_id].output_logprobs
+                if recorded is not None:
+                    recorded.append(entry)
 
     # -- checks ----------------------------------------------------------------------------
 

@@ -15,6 +15,14 @@ in the SchedulerOutput). A preempted sequence keeps both. A forked sequence gets
 parent's parameters and a generator of its own (seeded with the request's seed + the
 sample's index, when the request has a seed); a forked sample draws its first token from
 the parent's logits.
+
+A sequence whose sampling is shaped by its own tokens or asks for logprobs (penalties,
+``min_tokens``, ``logprobs``) also keeps its tokens (``SequenceTokens``: the prompt, then
+each token a step computes), a fork a copy of its parent's. While no such sequence is
+registered a step samples as it always has; while one is, a step looks each of its
+computed sequences up once, and only the rows that ask are shaped (``sample_shaped``).
+``prompt_logprobs`` are computed when a request arrives (``score_prompt``: one more
+prefill of the prompt), and their time is added to the next step's.
 """
 
 from __future__ import annotations
@@ -30,10 +38,16 @@ from enginekit.executor.base import Executor
 from enginekit.executor.torch.batch import build_batch
 from enginekit.executor.torch.fp8_scales import FP8Scales
 from enginekit.executor.torch.kv_tensors import PagedKVTensors
-from enginekit.executor.torch.sampler import beam_candidates, request_seed, sample
+from enginekit.executor.torch.sampler import (
+    beam_candidates,
+    request_seed,
+    sample,
+    sample_shaped,
+)
+from enginekit.executor.torch.shaping import SequenceTokens, held_stop_ids
 from enginekit.kernels.ops import PagedOps
 from enginekit.models.llama import LlamaModel
-from enginekit.request import SamplingParams
+from enginekit.request import SamplingParams, TokenLogprob
 from enginekit.spec.kv import KVSpec
 from enginekit.step import ModelOutput, SchedulerOutput
 
@@ -41,6 +55,12 @@ from enginekit.step import ModelOutput, SchedulerOutput
 class _Sequence(NamedTuple):
     sampling: SamplingParams
     generator: torch.Generator
+    tokens: SequenceTokens | None  # kept for shaped sequences only (``_is_shaped``)
+
+
+def _is_shaped(sampling: SamplingParams) -> bool:
+    """Whether sampling ``sampling`` needs the sequence's tokens or its logprobs."""
+    return sampling.has_penalties or sampling.min_tokens > 0 or sampling.logprobs is not None
 
 
 class TorchExecutor(Executor):
@@ -54,6 +74,7 @@ class TorchExecutor(Executor):
     needs_block_tables = True
     supports_forks = True
     supports_beam_search = True
+    has_distribution = True
 
     def __init__(
         self,
@@ -78,6 +99,8 @@ class TorchExecutor(Executor):
         self.base_seed = base_seed
         self.eos_token_id = model.arch.eos_token_id
         self._sequences: dict[int, _Sequence] = {}
+        self._shaped: dict[int, SequenceTokens] = {}  # the shaped sequences' tokens
+        self._unbilled_s = 0.0  # prompt scoring since the last step, added to its time
         # What the builder chose and by which rule (pool sizing, threads), for describe().
         self.build_notes: dict[str, object] = {}
         self.num_steps = 0
@@ -94,14 +117,24 @@ class TorchExecutor(Executor):
         sampling: SamplingParams,
         scripted_output_ids: Sequence[int] | None = None,
     ) -> None:
-        """Registers ``seq_id`` (the prompt comes with each step; ``scripted_output_ids`` is
-        ignored: the model decides).
-        Raises ValueError if it is already registered."""
+        """Registers ``seq_id`` (the prompt comes with each step, and is kept only by a
+        sequence whose sampling is shaped by its tokens; ``scripted_output_ids`` is
+        ignored: the model decides). Raises ValueError if it is already registered."""
+        tokens = None
+        if _is_shaped(sampling):
+            tokens = SequenceTokens(list(prompt_token_ids), len(prompt_token_ids))
+        self._register(seq_id, sampling, tokens)
+
+    def _register(
+        self, seq_id: int, sampling: SamplingParams, tokens: SequenceTokens | None
+    ) -> None:
         if seq_id in self._sequences:
             raise ValueError(f"sequence {seq_id} is already registered with the executor")
         generator = torch.Generator(device=self.device)
         generator.manual_seed(request_seed(self.base_seed, seq_id, sampling))
-        self._sequences[seq_id] = _Sequence(sampling, generator)
+        self._sequences[seq_id] = _Sequence(sampling, generator, tokens)
+        if tokens is not None:
+            self._shaped[seq_id] = tokens
 
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
         """Registers the forks' children, then forgets ``finished_seq_ids`` (unknown ids
@@ -118,9 +151,11 @@ class TorchExecutor(Executor):
             sampling = parent.sampling
             if sampling.seed is not None:
                 sampling = dataclasses.replace(sampling, seed=sampling.seed + fork.sample_index)
-            self.add_sequence(fork.child_seq_id, (), sampling)
+            copied = None if parent.tokens is None else parent.tokens.copy()
+            self._register(fork.child_seq_id, sampling, copied)
         for seq_id in scheduled.finished_seq_ids:
             sequences.pop(seq_id, None)
+            self._shaped.pop(seq_id, None)
         kv = self.kv_tensors
         saved = kv.read_blocks([save.device_block_id for save in scheduled.tier_saves])
         kv.apply(
@@ -128,18 +163,66 @@ class TorchExecutor(Executor):
         )
         if scheduled.is_empty:
             return ModelOutput([], time.perf_counter() - started, saved_payloads=saved)
+        if self._shaped:
+            self._record_computed_tokens(scheduled)
         batch = build_batch(scheduled, self.kv_spec.block_size, self.device)
         logits = self.model.forward(
             batch, self.kv_tensors.on_device, self.ops, self._before_write()
         )
         sampled = [sequences[seq_id] for seq_id in scheduled.sample_seq_ids]
-        tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled])
-        widths = [s.sampling.beam_width for s in sampled]
-        candidates = beam_candidates(logits, widths) if max(widths, default=1) > 1 else None
-        elapsed = time.perf_counter() - started
+        params = [s.sampling for s in sampled]
+        generators = [s.generator for s in sampled]
+        widths = [p.beam_width for p in params]
+        logprobs: list[TokenLogprob | None] | None = None
+        held: list[list[int]] | None = None
+        if self._shaped and any(s.tokens is not None for s in sampled):
+            held = [self._held_stop_ids(s) for s in sampled]
+            tokens, logprobs = sample_shaped(
+                logits, params, generators, [s.tokens for s in sampled], held
+            )
+            if not any(p.logprobs is not None for p in params):
+                logprobs = None
+        else:
+            tokens = sample(logits, params, generators)
+        candidates = None
+        if max(widths, default=1) > 1:
+            candidates = beam_candidates(logits, widths, held)
+        elapsed = time.perf_counter() - started + self._unbilled_s
+        self._unbilled_s = 0.0
         self.num_steps += 1
         self.busy_time_s += elapsed
-        return ModelOutput(tokens, elapsed, candidates, saved)
+        return ModelOutput(tokens, elapsed, candidates, saved, logprobs)
+
+    def _held_stop_ids(self, sequence: _Sequence) -> list[int]:
+        """The tokens ``min_tokens`` forbids ``sequence`` to draw now."""
+        if sequence.tokens is None or not sequence.sampling.min_tokens:
+            return []
+        return held_stop_ids(
+            sequence.sampling, sequence.tokens.num_output_tokens, self.eos_token_id
+        )
+
+    def _record_computed_tokens(self, scheduled: SchedulerOutput) -> None:
+        """The shaped sequences' tokens grow by what this step computes (a sampled
+        token is learnt at the step that computes it: the next)."""
+        shaped = self._shaped
+        for seq_id, start, chunk in zip(
+            scheduled.prefill_seq_ids,
+            scheduled.prefill_starts,
+            scheduled.prefill_token_ids,
+            strict=True,
+        ):
+            tokens = shaped.get(seq_id)
+            if tokens is not None:
+                tokens.record(start, chunk)
+        for seq_id, context_len, token in zip(
+            scheduled.decode_seq_ids,
+            scheduled.decode_context_lens,
+            scheduled.decode_token_ids,
+            strict=True,
+        ):
+            tokens = shaped.get(seq_id)
+            if tokens is not None:
+                tokens.record(context_len - 1, (token,))
 
     def _before_write(
         self,
@@ -163,6 +246,25 @@ class TorchExecutor(Executor):
             token_ids,
             chunk_tokens,
         )
+
+    def score_prompt(
+        self, token_ids: Sequence[int], num_top: int, chunk_tokens: int = 512
+    ) -> list[TokenLogprob | None]:
+        """``prompt_logprobs``: each prompt token's TokenLogprob given the tokens before
+        it (None for the first), with ``num_top`` alternatives. Costs one more prefill of
+        the whole prompt, in chunks of ``chunk_tokens`` through a private pool of this
+        executor's KV format (``scoring.prompt_token_logprobs``: a prefix-cache hit saves
+        none of it and changes nothing), and a [chunk_tokens, vocab] float32 buffer at a
+        time; its time is added to the next step's. This executor's pool and sequences
+        are untouched."""
+        from enginekit.executor.torch.scoring import prompt_token_logprobs
+
+        started = time.perf_counter()
+        entries = prompt_token_logprobs(
+            self.model, self.ops, self.kv_spec, token_ids, num_top, chunk_tokens
+        )
+        self._unbilled_s += time.perf_counter() - started
+        return entries
 
     def tier_payload_bytes(self) -> int:
         return self.kv_tensors.payload_bytes

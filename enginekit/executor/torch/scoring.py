@@ -6,19 +6,22 @@ not only the sampled ones the scheduler asks for. ``teacher_forced_logprobs`` pr
 token sequence chunk by chunk into a private pool of the executor's format (so every
 chunk after the first attends keys and values that went through the quantizer, exactly
 as cached prefixes and decodes do) and returns every row's log-probabilities. It does
-not touch the executor's own pool.
+not touch the executor's own pool. ``prompt_token_logprobs`` reads a request's
+``prompt_logprobs`` out of those rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
 from enginekit.executor.torch.fp8_scales import FP8Scales
+from enginekit.executor.torch.logprobs import token_logprobs
 from enginekit.kernels.layout import KVTensors, allocate_kv_tensors
 from enginekit.kernels.ops import PagedOps
 from enginekit.models.llama import ForwardBatch, LlamaModel
+from enginekit.request import TokenLogprob
 from enginekit.spec.kv import KVSpec
 
 # Sees each layer's query, key and value [T, heads, head_dim] before the K/V are stored.
@@ -61,7 +64,7 @@ def chunk_batch(
     )
 
 
-def teacher_forced_logprobs(
+def teacher_forced_chunks(
     model: LlamaModel,
     ops: PagedOps,
     kv_spec: KVSpec,
@@ -69,11 +72,12 @@ def teacher_forced_logprobs(
     chunk_tokens: int,
     *,
     on_qkv: QKVHook | None = None,
-) -> torch.Tensor:
-    """float32 [len(token_ids), vocab]: row i is log p(· | token_ids[:i + 1]), computed in
-    prefill chunks of ``chunk_tokens`` over a private pool of ``kv_spec``'s format. An
-    fp8 pool calibrates on the first chunk unless the checkpoint has scales. Pure with
-    respect to everything but ``on_qkv``'s own effects."""
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(start, float32 [end - start, vocab]) for each prefill chunk [start, end) of
+    ``chunk_tokens`` tokens in turn: row r is log p(· | token_ids[:start + r + 1]),
+    computed over a private pool of ``kv_spec``'s format, so a caller holds one chunk's
+    rows at a time. An fp8 pool calibrates on the first chunk unless the checkpoint has
+    scales. Pure with respect to everything but ``on_qkv``'s own effects."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     pool, scales = private_pool(model, kv_spec, len(token_ids))
@@ -84,9 +88,46 @@ def teacher_forced_logprobs(
         if on_qkv is not None:
             on_qkv(layer, q, k, v)
 
-    rows = []
     for start in range(0, len(token_ids), chunk_tokens):
         end = min(start + chunk_tokens, len(token_ids))
         batch = chunk_batch(token_ids, start, end, kv_spec.block_size, model.device)
-        rows.append(model.forward(batch, pool, ops, before_write).log_softmax(-1))
-    return torch.cat(rows)
+        yield start, model.forward(batch, pool, ops, before_write).log_softmax(-1)
+
+
+def teacher_forced_logprobs(
+    model: LlamaModel,
+    ops: PagedOps,
+    kv_spec: KVSpec,
+    token_ids: Sequence[int],
+    chunk_tokens: int,
+    *,
+    on_qkv: QKVHook | None = None,
+) -> torch.Tensor:
+    """float32 [len(token_ids), vocab]: row i is log p(· | token_ids[:i + 1]), the rows of
+    ``teacher_forced_chunks`` end to end. Pure with respect to everything but ``on_qkv``'s
+    own effects."""
+    chunks = teacher_forced_chunks(model, ops, kv_spec, token_ids, chunk_tokens, on_qkv=on_qkv)
+    return torch.cat([rows for _, rows in chunks])
+
+
+def prompt_token_logprobs(
+    model: LlamaModel,
+    ops: PagedOps,
+    kv_spec: KVSpec,
+    token_ids: Sequence[int],
+    num_top: int,
+    chunk_tokens: int,
+) -> list[TokenLogprob | None]:
+    """Each of ``token_ids``' TokenLogprob given the tokens before it, with its
+    ``num_top`` most likely alternatives; None for the first token (no context). One
+    teacher-forced prefill of the tokens over a private pool (``teacher_forced_chunks``),
+    whatever a prefix cache holds, so the result depends on the tokens alone; it holds one
+    chunk's [chunk_tokens, vocab] rows at a time. Pure."""
+    entries: list[TokenLogprob | None] = [None]
+    for start, rows in teacher_forced_chunks(model, ops, kv_spec, token_ids, chunk_tokens):
+        # Row r predicts token start + r + 1; the prompt's last row predicts no token of it.
+        num_rows = min(rows.shape[0], len(token_ids) - start - 1)
+        if num_rows > 0:
+            targets = list(token_ids[start + 1 : start + 1 + num_rows])
+            entries += token_logprobs(rows[:num_rows], targets, [num_top] * num_rows)
+    return entries
