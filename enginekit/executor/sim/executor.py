@@ -102,7 +102,10 @@ class SimExecutor(Executor):
     ``ScriptedTokens``), from ``add_sequence`` until the step whose ``finished_seq_ids``
     lists the sequence. ``last_cost`` is the roofline
     of the latest step; ``num_steps``, ``num_compute_bound_steps`` and ``busy_time_s``
-    accumulate over non-empty steps. A forked sample draws pseudo-random tokens."""
+    accumulate over non-empty steps. A forked sample draws pseudo-random tokens. Its
+    tokens are scripted, not drawn from a distribution (``has_distribution`` is False):
+    requests asking for logprobs, penalties or min_p are refused when added, while
+    ``min_tokens`` (the scheduler's stop rule) and ``seed`` are taken."""
 
     supports_forks = True
     supports_beam_search = True
