@@ -1,6 +1,9 @@
 """The distribution-shaping fields of SamplingParams (penalties, min_p, min_tokens,
-logprobs, prompt_logprobs): every bad value refused by name, the neutral values as
-before, the stop rule of min_tokens, and the shapes a caller reads back."""
+logprobs, prompt_logprobs): every bad value refused by name, the stop rule of min_tokens
+and the shapes a caller reads back; on the torch executor, greedy decoding with penalties
+and min_tokens equals a greedy loop over transformers' logits with the same processing,
+min_p equals transformers' warper, and seeded draws do not depend on the batch; the
+simulator refuses what needs a distribution and keeps min_tokens and seeds."""
 
 from __future__ import annotations
 
@@ -8,8 +11,13 @@ import math
 
 import numpy as np
 import pytest
+import torch
+from torch_helpers import hf_config, hf_model, prompts, saved_engine
 
+from enginekit import Engine
 from enginekit.errors import InvalidRequestError
+from enginekit.executor.torch.sampler import beam_candidates, filter_logits
+from enginekit.models.tiny import random_state_dict
 from enginekit.request import (
     MAX_LOGPROBS,
     Request,
@@ -92,7 +100,8 @@ def test_good_values_are_kept_and_numpy_scalars_normalized():
 
 
 def test_distribution_fields_name_what_only_a_model_can_do():
-    assert SamplingParams(min_tokens=3, seed=4, temperature=0.5).distribution_fields() == []
+    unshaped = SamplingParams(min_tokens=3, seed=4, temperature=0.5)
+    assert unshaped.distribution_fields() == [] and not unshaped.needs_distribution
     assert not SamplingParams().has_penalties
     shaped = SamplingParams(logprobs=0, repetition_penalty=0.9, min_p=0.2, prompt_logprobs=1)
     assert shaped.distribution_fields() == [
@@ -101,7 +110,9 @@ def test_distribution_fields_name_what_only_a_model_can_do():
         "repetition_penalty=0.9",
         "min_p=0.2",
     ]
-    assert shaped.has_penalties
+    assert shaped.has_penalties and shaped.needs_distribution
+    for field in ("logprobs", "prompt_logprobs", "min_p", "frequency_penalty"):
+        assert SamplingParams(**{field: 1}).needs_distribution, field
     assert SamplingParams(frequency_penalty=-1).has_penalties
 
 
@@ -158,3 +169,191 @@ def test_token_logprob_is_a_frozen_value():
     with pytest.raises(AttributeError):
         first.rank = 2  # type: ignore[misc]
     assert TokenLogprob(5, -0.25, 1).top == ()
+
+
+# -- the torch executor against transformers ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    """(folder, transformers model) of the tiny Llama on seeded weights."""
+    config = hf_config("tiny")
+    model = hf_model(config, random_state_dict(config, seed=3))
+    folder = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def hf_shaped_greedy(model, prompt: list[int], sampling: SamplingParams) -> list[int]:
+    """A greedy loop over transformers' logits: the min_tokens mask, transformers'
+    RepetitionPenaltyLogitsProcessor, then frequency and presence penalties by their
+    formula over the output so far; stops as the engine does."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    eos = model.config.eos_token_id
+    vocab = model.config.vocab_size
+    repetition = RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
+    stops = set(sampling.stop_token_ids) | ({eos} if not sampling.ignore_eos else set())
+    ids, out = list(prompt), []
+    while len(out) < sampling.max_tokens:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[:, -1].float()
+        if len(out) < sampling.min_tokens:
+            logits[0, sorted(stops)] = float("-inf")
+        logits = repetition(torch.tensor([ids]), logits)[0]
+        counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=vocab).float()
+        logits = logits - sampling.frequency_penalty * counts
+        logits = logits - sampling.presence_penalty * (counts > 0).float()
+        token = int(torch.argmax(logits))
+        ids.append(token)
+        out.append(token)
+        if token in stops and len(out) > sampling.min_tokens:
+            break
+    return out
+
+
+def run_engine(folder, requests: list[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:
+    eng = saved_engine(folder)
+    ids = [eng.add_request(prompt, sampling) for prompt, sampling in requests]
+    eng.run()
+    return [eng.output(r) for r in ids]
+
+
+def test_greedy_with_penalties_equals_a_greedy_loop_over_transformers_logits(saved_tiny):
+    """Penalized rows beside a plain one in the same steps; each equals transformers'
+    loop with the same penalties, and each penalty changes the tokens of the row it
+    extends (a repetition penalty below 1 and a negative presence penalty make the
+    output repeat, so the penalties against repeats have repeats to act on)."""
+    folder, model = saved_tiny
+    vocab = model.config.vocab_size
+    prompt = prompts(vocab, shared=6, seed=3, n=1)[0]
+    base = dict(max_tokens=10, ignore_eos=True)
+    kinds = [
+        SamplingParams(**base),
+        SamplingParams(**base, repetition_penalty=0.6),
+        SamplingParams(**base, repetition_penalty=0.6, frequency_penalty=1.5),
+        SamplingParams(**base, repetition_penalty=0.6, presence_penalty=2.0),
+        SamplingParams(**base, presence_penalty=-2.0),
+        SamplingParams(**base, presence_penalty=-2.0, repetition_penalty=1.8),
+    ]
+    outputs = run_engine(folder, [(prompt, sampling) for sampling in kinds])
+    expected = [hf_shaped_greedy(model, prompt, sampling) for sampling in kinds]
+    assert [o.output_token_ids for o in outputs] == expected
+    for extended, extending in ((0, 1), (1, 2), (1, 3), (0, 4), (4, 5)):
+        assert expected[extended] != expected[extending], (extended, extending)
+
+
+def test_min_tokens_holds_off_the_stop_token_greedy_would_emit_first(saved_tiny):
+    folder, model = saved_tiny
+    vocab = model.config.vocab_size
+    prompt = prompts(vocab, shared=6, seed=4, n=1)[0]
+    first = hf_shaped_greedy(model, prompt, SamplingParams(max_tokens=1))[0]
+    stopping = SamplingParams(max_tokens=12, stop_token_ids=(first,))
+    held = SamplingParams(max_tokens=12, stop_token_ids=(first,), min_tokens=5)
+    outputs = run_engine(folder, [(prompt, stopping), (prompt, held)])
+    assert outputs[0].output_token_ids == [first]
+    tokens = outputs[1].output_token_ids
+    assert len(tokens) >= 5 and first not in tokens[:5]
+    assert tokens == hf_shaped_greedy(model, prompt, held)
+
+
+def test_min_p_drops_what_transformers_min_p_warper_drops(saved_tiny):
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper
+
+    _, model = saved_tiny
+    prompt = prompts(model.config.vocab_size, shared=6, seed=6, n=1)[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[:, -1].float()
+    ids = torch.tensor([prompt])
+    for temperature, min_p in ((0.5, 0.2), (1.0, 0.05), (2.0, 0.6)):
+        ours = filter_logits(logits[0], SamplingParams(temperature=temperature, min_p=min_p))
+        warped = TemperatureLogitsWarper(temperature)(ids, logits.clone())
+        theirs = MinPLogitsWarper(min_p)(ids, warped)[0]
+        kept = torch.isfinite(ours)
+        assert torch.equal(kept, torch.isfinite(theirs))
+        assert 1 < int(kept.sum()) < logits.shape[-1]  # some kept, some dropped
+        assert torch.allclose(ours[kept], theirs[kept])
+
+
+def test_min_p_of_one_samples_the_greedy_tokens(saved_tiny):
+    folder, model = saved_tiny
+    prompt = prompts(model.config.vocab_size, shared=6, seed=7, n=1)[0]
+    sampled = SamplingParams(max_tokens=6, temperature=1.0, min_p=1.0, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=6, ignore_eos=True)
+    (output,) = run_engine(folder, [(prompt, sampled)])
+    assert output.output_token_ids == hf_shaped_greedy(model, prompt, greedy)
+
+
+def test_seeded_shaped_draws_repeat_whatever_shares_the_batch(saved_tiny):
+    folder, model = saved_tiny
+    batch = prompts(model.config.vocab_size, shared=3, seed=9, n=4)
+
+    def seeded(seed: int, **shaping) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=8, temperature=1.0, seed=seed, ignore_eos=True, top_k=50, **shaping
+        )
+
+    shaping = dict(repetition_penalty=1.2, presence_penalty=0.4, min_p=0.02, logprobs=1)
+    alone = run_engine(folder, [(batch[0], seeded(7, **shaping)), (batch[0], seeded(7))])
+    others = [(p, seeded(100 + i, **shaping)) for i, p in enumerate(batch[1:])]
+    crowded = run_engine(
+        folder, [others[0], (batch[0], seeded(7, **shaping)), *others[1:], (batch[0], seeded(7))]
+    )
+    assert crowded[1].output_token_ids == alone[0].output_token_ids
+    assert crowded[-1].output_token_ids == alone[1].output_token_ids
+    # The same raw logprobs (up to the float noise of a different batch).
+    assert crowded[1].logprobs is not None and alone[0].logprobs is not None
+    for ours, theirs in zip(crowded[1].logprobs[0], alone[0].logprobs[0], strict=True):
+        assert ours.logprob == pytest.approx(theirs.logprob, abs=1e-5)
+    reseeded = run_engine(folder, [(batch[0], seeded(8, **shaping))])
+    assert reseeded[0].output_token_ids != alone[0].output_token_ids
+
+
+def test_beam_candidates_leave_out_the_tokens_min_tokens_holds():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]]))
+    assert [t for t, _ in beam_candidates(logits, [2])[0]] == [0, 1, 2, 3]
+    held = beam_candidates(logits, [2], [[0, 2]])[0]
+    assert [t for t, _ in held] == [1, 3, 4]  # the raw logprobs of the rest
+    assert held[0][1] == pytest.approx(math.log(0.3))
+
+
+# -- the simulator ---------------------------------------------------------------------------
+
+
+def sim_engine() -> Engine:
+    return Engine.from_overrides(["progress=false", "model=tiny", "cache.num_blocks=64"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("logprobs", 0),
+        ("prompt_logprobs", 3),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", -1.0),
+        ("repetition_penalty", 1.1),
+        ("min_p", 0.1),
+    ],
+)
+def test_the_simulator_refuses_what_needs_a_distribution_by_name(field, value):
+    engine = sim_engine()
+    with pytest.raises(InvalidRequestError) as refused:
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, **{field: value}))
+    message = str(refused.value)
+    assert f"sampling.{field}={value}" in message
+    assert "scripts its tokens and has none" in message
+    ok = engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.run()
+    assert len(engine.output(ok).output_token_ids) == 3
+
+
+def test_the_simulator_keeps_min_tokens_and_seeds():
+    engine = sim_engine()
+    script = [9, 4, 4, 9, 4, 9]
+    held = SamplingParams(max_tokens=6, stop_token_ids=(4,), min_tokens=2, seed=5, temperature=1)
+    plain = SamplingParams(max_tokens=6, stop_token_ids=(4,))
+    a = engine.add_request([5, 6, 7], held, scripted_output_ids=script)
+    b = engine.add_request([5, 6, 7], plain, scripted_output_ids=script)
+    engine.run()
+    assert engine.output(a).output_token_ids == [9, 4, 4]  # the 2nd token stops nothing
+    assert engine.output(b).output_token_ids == [9, 4]
