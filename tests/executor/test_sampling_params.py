@@ -309,6 +309,21 @@ def test_seeded_shaped_draws_repeat_whatever_shares_the_batch(saved_tiny):
     assert reseeded[0].output_token_ids != alone[0].output_token_ids
 
 
+def test_beams_hold_off_stop_tokens_for_min_tokens_and_take_prompt_logprobs(saved_tiny):
+    folder, model = saved_tiny
+    prompt = prompts(model.config.vocab_size, shared=6, seed=4, n=1)[0]
+    first = hf_shaped_greedy(model, prompt, SamplingParams(max_tokens=1))[0]
+    beams = SamplingParams(
+        max_tokens=6, beam_width=2, n=2, stop_token_ids=(first,), min_tokens=4, prompt_logprobs=1
+    )
+    (output,) = run_engine(folder, [(prompt, beams)])
+    assert len(output.samples) == 2
+    for sample in output.samples:
+        assert len(sample) >= 4 and first not in sample[:4]
+    assert output.prompt_logprobs is not None and len(output.prompt_logprobs) == len(prompt)
+    assert output.logprobs is None
+
+
 def test_beam_candidates_leave_out_the_tokens_min_tokens_holds():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]]))
     assert [t for t, _ in beam_candidates(logits, [2])[0]] == [0, 1, 2, 3]
