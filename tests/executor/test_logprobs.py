@@ -1,9 +1,11 @@
 """Logprobs of the torch executor against transformers on the same weights: every output
 token's and every prompt token's logprob is the log_softmax of transformers' own forward
 logits (raw: before penalties and temperature), with the same rank and the same most
-likely alternatives; through parallel samples, prefix hits and recompute preemption."""
+likely alternatives; through parallel samples, prefix hits and preemption (recompute, swap)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -118,9 +120,22 @@ def test_logprobs_are_transformers_raw_log_softmax_through_penalties_samples_and
         assert a.prompt_logprobs == b.prompt_logprobs  # a prefix hit changes nothing
 
 
-def test_recompute_preemption_neither_loses_nor_repeats_logprob_entries(saved_tiny):
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_preemption_neither_loses_nor_repeats_logprob_entries(saved_tiny, preemption):
+    """Recompute prefills a victim's tokens again and samples only the next one; swap
+    brings its KV back. Either way each token keeps exactly its own entry. (Swap is made
+    cheap so the swap plugin swaps: for a model this small it would recompute.)"""
     folder, model = saved_tiny
-    eng = saved_engine(folder, "cache.num_blocks=20", "cache.watermark=0")
+    eng = saved_engine(
+        folder,
+        f"+preemption={preemption}",
+        *(["preemption.swap_space_gib=0.01"] if preemption == "swap" else []),
+        "cache.num_blocks=20",
+        "cache.watermark=0",
+    )
+    if preemption == "swap":
+        policy = eng.scheduler.preemption
+        policy.costs = dataclasses.replace(policy.costs, swap_s_per_block=1e-12)
     vocab = model.config.vocab_size
     sampling = SamplingParams(max_tokens=12, logprobs=1, ignore_eos=True)
     ids = [eng.add_request(p, sampling) for p in prompts(vocab, shared=4, seed=8, n=5)]
@@ -128,7 +143,7 @@ def test_recompute_preemption_neither_loses_nor_repeats_logprob_entries(saved_ti
         eng.step()
         eng.check_integrity()
     outputs = [eng.output(r) for r in ids]
-    assert sum(o.num_preemptions for o in outputs) > 0
+    assert eng.summary()["num_preemptions_by_kind"].get(preemption, 0) > 0
     for out in outputs:
         assert len(out.samples[0]) == 12
         assert_output_matches(model, out, 1)
