@@ -48,7 +48,7 @@ class Server:
 
             check_kv_events_config(self.config.kv_events)
         self.kv_events: KVEventPublisher | None = None  # serve.kv_events, while serving
-        self.codec = TextCodec.of_model_path(cfg.model.path)
+        self.codec = TextCodec.of_model_path(cfg.model.path, self.engine.shape.vocab_size)
         self.model_name = str(cfg.serve.served_model_name or cfg.model.path or cfg.model.name)
         self.created = int(time.time())
         # The simulator's steps take simulated time: pace them in wall-clock time.

@@ -201,6 +201,8 @@ MODEL_PRESETS: dict[str, ModelShape] = {
             dtype="float16",  # Meta's checkpoint
         ),
         # The embedded random-weight model of the torch executor (enginekit.models.tiny).
+        # Its vocabulary is Mistral-7B's SentencePiece one (enginekit.tokenizer), so that
+        # the server has a tokenizer for it: ids and pieces match.
         ModelShape(
             name="tiny",
             num_layers=2,
@@ -209,7 +211,7 @@ MODEL_PRESETS: dict[str, ModelShape] = {
             num_kv_heads=2,
             head_dim=16,
             intermediate_size=128,
-            vocab_size=512,
+            vocab_size=32000,
             max_model_len=2048,
             # Its seeded weights are drawn in float32, and CPUs (where it serves as the
             # default and the tests' model) compute float32 natively: bfloat16 would round

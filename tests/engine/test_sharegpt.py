@@ -228,5 +228,8 @@ def test_multi_turn_sessions_hit_what_their_earlier_turns_wrote() -> None:
 
 
 def test_a_model_whose_vocabulary_is_too_small_is_refused() -> None:
-    with pytest.raises(ConfigError, match="32,000 ids"):
-        _run("workload=sharegpt", "model=tiny", "cache.num_blocks=64", "workload.num_requests=4")
+    config = WorkloadConfig(name="sharegpt", num_requests=4)
+    with pytest.raises(
+        ConfigError, match=r"\(32,000 ids\), more than the model's vocabulary \(512\)"
+    ):
+        sharegpt.open_sharegpt(config, 512, 2048, SentencePieceTokenizer())

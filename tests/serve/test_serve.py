@@ -320,8 +320,8 @@ def test_errors_are_openai_shaped(served, client, model):
     assert "exceeds the model's context of 2048 tokens" in error["message"]
     error = refused(400, prompt=[5] * 1000, max_tokens=1000)
     assert "the whole cache has 400" in error["message"]
-    error = refused(400, prompt=[5, 600], max_tokens=4)
-    assert "token ids must be in [0, 512)" in error["message"] and error["param"] == "prompt"
+    error = refused(400, prompt=[5, 32000], max_tokens=4)
+    assert "token ids must be in [0, 32000)" in error["message"] and error["param"] == "prompt"
     response = httpx.post(f"{served[0]}/v1/completions", content=b"{not json")
     assert response.status_code == 400 and "error" in response.json()
     with pytest.raises(openai.BadRequestError) as caught:
