@@ -26,7 +26,7 @@ import torch
 from enginekit import Engine, SamplingParams
 from enginekit.models.tiny import random_state_dict, tiny_hf_config
 
-VOCAB = 512
+VOCAB = 512  # prompts draw their ids below it (the tiny model has 32,000)
 
 
 def unique_prompts(n: int, seed: int) -> list[list[int]]:
