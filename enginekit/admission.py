@@ -22,6 +22,9 @@ class ServingLimits(NamedTuple):
     supports_forks: bool  # the executor can run forked sequences (n > 1, beams)
     supports_beam_search: bool  # the executor returns beam candidates
     has_distribution: bool = False  # the executor computes a next-token distribution
+    # readies a structured output (compiles its grammar) or raises InvalidRequestError:
+    # the executor's ``prepare_structured``; None refuses every structured output
+    prepare_structured: Callable[[SamplingParams], None] | None = None
 
 
 class Arguments(NamedTuple):
@@ -84,8 +87,10 @@ def check_servable(
     blocks than the whole cache (with the watermark, and with every beam brought back at
     once after a preemption), or forks this executor or allocator cannot run;
     InvalidRequestError (naming the field) for sampling that needs a next-token
-    distribution the executor does not have (``SamplingParams.distribution_fields``).
-    Pure."""
+    distribution the executor does not have (``SamplingParams.distribution_fields``), or
+    a structured output the executor cannot serve (``limits.prepare_structured``: no
+    tokenizer, a grammar that does not compile). Pure but for that last check, which
+    compiles the grammar (the executor keeps it for the request)."""
     what = f"request {request_id!r}"
     if sampling.needs_distribution and not limits.has_distribution:
         raise InvalidRequestError(
@@ -144,3 +149,13 @@ def check_servable(
             f"plus the watermark of {num_watermark}, more than the "
             f"{num_blocks} the cache has"
         )
+    if sampling.structured is not None:  # last: the one check that costs (a compilation)
+        if limits.prepare_structured is None:
+            raise InvalidRequestError(
+                f"{what}: sampling.structured.{sampling.structured.kind} needs an executor "
+                f"that compiles grammars; {limits.executor} does not"
+            )
+        try:
+            limits.prepare_structured(sampling)
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"{what}: {exc}") from None

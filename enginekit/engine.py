@@ -163,6 +163,7 @@ class Engine:
             self.executor.supports_forks,
             self.executor.supports_beam_search,
             self.executor.has_distribution,
+            self.executor.prepare_structured,
         )
         self.metrics = RunMetrics()
         self.clock = 0.0

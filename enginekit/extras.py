@@ -1,8 +1,8 @@
 """The optional extras of ``pyproject.toml`` and the modules each brings, so that a command
 that needs one names it in one line when it is missing, before it starts its work.
 
-- ``torch``: ``executor=torch``, ``model.path`` folders' tokenizers, the kernels and
-  their benchmarks;
+- ``torch``: ``executor=torch``, ``model.path`` folders' tokenizers, structured outputs
+  (xgrammar), the kernels and their benchmarks;
 - ``serve``: ``python -m enginekit.serve`` and ``benchmarks/bench_serving.py``;
 - ``data``: ``workload=sharegpt`` (the data set and the SentencePiece vocabulary), the
   claims, the ShareGPT benchmarks;
@@ -45,12 +45,14 @@ needing the extra needs."""
 OTHER_MODULES: dict[str, str] = {
     "triton": "torch",
     "tokenizers": "torch",
+    "xgrammar": "torch",
     "httpx": "serve",
     "zmq": "serve",
     "msgspec": "serve",
 }
-"""Modules an extra brings that only some commands need (the kernels, the serving
-benchmark's client, the server's KV events) or by dependency -> that extra."""
+"""Modules an extra brings that only some commands need (the kernels, structured
+outputs' grammars, the serving benchmark's client, the server's KV events) or by
+dependency -> that extra."""
 
 LAUNCHER_MODULES: dict[str, tuple[str, ...]] = {
     "joblib": ("hydra_plugins.hydra_joblib_launcher", "joblib"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
 import numbers
 from collections.abc import Sequence
@@ -21,6 +22,91 @@ MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-MAX_PENALTY, MAX_
 
 
 @dataclass(frozen=True)
+class StructuredOutput:
+    """What a request's output must be, as a grammar the sampler enforces token by token.
+    Exactly one field is set:
+
+    - ``json_schema``: a JSON schema, as JSON text: the output is one JSON value the
+      schema accepts (properties the schema does not name are refused, as in xgrammar's
+      strict mode), laid out as ``json.dumps`` lays it out (``", "`` and ``": "``, no
+      other whitespace);
+    - ``json_object``: True: the output is one JSON object, with any keys, laid out so;
+    - ``regex``: the whole output matches it (xgrammar's syntax: no lookarounds or
+      backreferences);
+    - ``choice``: the output is exactly one of these strings (a list is kept as a tuple);
+    - ``grammar``: an EBNF grammar in xgrammar's syntax (GBNF's), whose rule ``root`` the
+      whole output matches.
+
+    Once the grammar is complete, the only tokens left are the stop tokens (EOS unless
+    ``ignore_eos``, and ``stop_token_ids``), so a complete output ends with finish
+    reason ``stop``; an output cut by ``max_tokens`` ends with ``length`` and may be
+    incomplete. The values are checked here (types, exactly one field, the schema's
+    JSON): InvalidRequestError names the field (``sampling.structured.regex``). Whether
+    the grammar compiles is the executor's check, when the request is added. Frozen and
+    hashable: equal specs share one compiled grammar."""
+
+    json_schema: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        """Checks the fields; raises InvalidRequestError naming the first bad one.
+        Normalizes ``choice`` to a tuple."""
+        for name in ("json_schema", "regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequestError(
+                    f"{_STRUCTURED}.{name} must be a str or None, got {_shown(value)}"
+                )
+        if not isinstance(self.json_object, bool):
+            raise InvalidRequestError(
+                f"{_STRUCTURED}.json_object must be a bool, got {_shown(self.json_object)}"
+            )
+        if self.choice is not None:
+            if isinstance(self.choice, str | bytes) or not isinstance(self.choice, Sequence):
+                raise InvalidRequestError(
+                    f"{_STRUCTURED}.choice must be a list of strings, got {_shown(self.choice)}"
+                )
+            choice = tuple(self.choice)
+            if not choice:
+                raise InvalidRequestError(f"{_STRUCTURED}.choice must not be empty")
+            for i, option in enumerate(choice):
+                if not isinstance(option, str):
+                    raise InvalidRequestError(
+                        f"{_STRUCTURED}.choice[{i}] must be a str, got {_shown(option)}"
+                    )
+            object.__setattr__(self, "choice", choice)  # frozen: normalized once, here
+        given = [name for name in _STRUCTURED_KINDS if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise InvalidRequestError(
+                f"{_STRUCTURED} must set exactly one of {', '.join(_STRUCTURED_KINDS)}; "
+                f"got {', '.join(given) if given else 'none'}"
+            )
+        if self.json_schema is not None:
+            try:
+                schema = json.loads(self.json_schema)
+            except ValueError as exc:
+                raise InvalidRequestError(f"{_STRUCTURED}.json_schema is not JSON: {exc}") from None
+            if not isinstance(schema, dict | bool):
+                raise InvalidRequestError(
+                    f"{_STRUCTURED}.json_schema must be a JSON object (or true / false), "
+                    f"got {type(schema).__name__}"
+                )
+
+    @property
+    def kind(self) -> str:
+        """The field that is set: ``json_schema``, ``json_object``, ``regex``, ``choice``
+        or ``grammar``. Pure."""
+        return next(name for name in _STRUCTURED_KINDS if getattr(self, name) not in (None, False))
+
+
+_STRUCTURED = "sampling.structured"
+_STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How a request's output is produced and when it stops.
 
@@ -33,9 +119,9 @@ class SamplingParams:
     the best ``n`` are returned; beams fork and are pruned by reference counts.
 
     Shaping the distribution (vLLM's semantics). A sampled row's logits go through, in
-    order: the ``min_tokens`` mask, the penalties, then (temperature 0) argmax, or
-    division by the temperature, ``min_p``, ``top_k``, ``top_p`` and one draw from the
-    request's generator (seeded by ``seed``):
+    order: the ``min_tokens`` mask, the penalties, the grammar of ``structured``, then
+    (temperature 0) argmax, or division by the temperature, ``min_p``, ``top_k``,
+    ``top_p`` and one draw from the request's generator (seeded by ``seed``):
 
     - ``min_tokens``: the first ``min_tokens`` output tokens are never a stop: the torch
       sampler masks ``stop_token_ids`` and EOS (unless ``ignore_eos``) to -inf while the
@@ -48,14 +134,22 @@ class SamplingParams:
       and once if it occurs at all (the prompt does not count).
     - ``min_p`` (in [0, 1]; 0 is off): after the temperature, tokens whose probability is
       below ``min_p`` times the most likely token's are dropped.
+    - ``structured`` (a ``StructuredOutput``; None is off): after the penalties, the
+      tokens its grammar does not allow next are masked, so that greedy decoding takes
+      the most likely allowed token and sampling draws among the allowed ones. It ends
+      the output on a stop token once the grammar is complete, so it refuses
+      ``min_tokens`` (which would hold that token off) and beam search; the executor
+      refuses it when the output could not end (``ignore_eos`` without
+      ``stop_token_ids``) or the grammar does not compile.
 
     The penalties apply to greedy rows too. ``logprobs`` (None, or 0 to ``MAX_LOGPROBS``)
     asks, for every output token, its ``TokenLogprob`` under the model's raw distribution
     (before the mask, the penalties and the temperature) with that many most likely
     alternatives; ``prompt_logprobs`` the same for every prompt token but the first. They,
-    the penalties and ``min_p`` need an executor with a model distribution (not the
-    simulator's scripted tokens). Beam search scores beams on the raw distribution, so it
-    refuses ``logprobs`` and the penalties.
+    the penalties, ``min_p`` and ``structured`` need an executor with a model distribution
+    (not the simulator's scripted tokens); logprobs stay the raw distribution's under a
+    grammar too. Beam search scores beams on the raw distribution, so it refuses
+    ``logprobs`` and the penalties.
 
     Every field is checked here, so that a step never meets a bad value: InvalidRequestError
     names the field and the value. Counts and ids are ints (numpy integers are converted;
@@ -78,6 +172,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         """Checks every field; raises InvalidRequestError naming the first bad one and its
@@ -142,6 +237,8 @@ class SamplingParams:
                         f"sampling.{name} must be in [0, {MAX_LOGPROBS}] or None, got {count}"
                     )
                 put(self, name, count)
+        if self.structured is not None:
+            self._check_structured()
         if self.beam_width > 1:
             if self.temperature != 0:
                 raise InvalidRequestError(
@@ -163,6 +260,24 @@ class SamplingParams:
                     "the raw distribution)"
                 )
 
+    def _check_structured(self) -> None:
+        if not isinstance(self.structured, StructuredOutput):
+            raise InvalidRequestError(
+                f"{_STRUCTURED} must be a StructuredOutput or None, got {_shown(self.structured)}"
+            )
+        kind = self.structured.kind
+        if self.beam_width > 1:
+            raise InvalidRequestError(
+                f"{_STRUCTURED}.{kind} is not available with beam search "
+                f"(sampling.beam_width={self.beam_width}): beams are scored on the raw "
+                "distribution"
+            )
+        if self.min_tokens > 0:
+            raise InvalidRequestError(
+                f"sampling.min_tokens={self.min_tokens} is not available with "
+                f"{_STRUCTURED}.{kind}: the grammar decides where the output ends"
+            )
+
     @property
     def has_penalties(self) -> bool:
         """Whether any penalty is on (each needs the tokens seen so far). Pure."""
@@ -181,17 +296,22 @@ class SamplingParams:
             or self.prompt_logprobs is not None
             or self.min_p != 0.0
             or self.has_penalties
+            or self.structured is not None
         )
 
     def distribution_fields(self) -> list[str]:
         """The fields set away from neutral that need the model's next-token
         distribution, as ``name=value`` (logprobs, prompt_logprobs, the penalties,
-        min_p): what an executor without one refuses. Pure."""
-        return [
+        min_p), and ``structured.KIND`` for a structured output (its spec can be long):
+        what an executor without one refuses. Pure."""
+        fields = [
             f"{name}={getattr(self, name)}"
             for name in _DISTRIBUTION_FIELDS
             if getattr(self, name) != _NEUTRAL[name]
         ]
+        if self.structured is not None:
+            fields.append(f"structured.{self.structured.kind}")
+        return fields
 
 
 _PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")

@@ -65,6 +65,12 @@ class Tokenizer:
         return f"{type(self._inner).__name__} of the model folder"
 
     @property
+    def transformers_tokenizer(self) -> Any:
+        """The transformers tokenizer it wraps (what libraries that read a vocabulary
+        take: the grammars of structured outputs)."""
+        return self._inner
+
+    @property
     def vocab_size(self) -> int:
         return int(len(self._inner))
 

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
+from enginekit.errors import InvalidRequestError
 from enginekit.request import SamplingParams, TokenLogprob
 from enginekit.step import ModelOutput, SchedulerOutput
 
@@ -18,7 +19,8 @@ class Executor(ABC):
     supports_forks: ClassVar[bool] = False  # can run parallel sampling (SchedulerOutput.forks)
     supports_beam_search: ClassVar[bool] = False  # returns ModelOutput.candidates
     # computes a model's next-token distribution: the sampling fields that need one
-    # (``SamplingParams.distribution_fields``: logprobs, prompt logprobs, penalties, min_p)
+    # (``SamplingParams.distribution_fields``: logprobs, prompt logprobs, penalties, min_p,
+    # structured outputs)
     has_distribution: ClassVar[bool] = False
 
     @abstractmethod
@@ -35,6 +37,16 @@ class Executor(ABC):
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
         """Runs one step and returns one token per sample_seq_ids entry. Forgets the
         sequences in finished_seq_ids first."""
+
+    def prepare_structured(self, sampling: SamplingParams) -> None:
+        """Readies ``sampling.structured`` for a request being added (compiles its
+        grammar); raises InvalidRequestError, naming the field, when this executor cannot
+        constrain its output so. Default: refuses (no distribution to constrain)."""
+        kind = "" if sampling.structured is None else f".{sampling.structured.kind}"
+        raise InvalidRequestError(
+            f"sampling.structured{kind} needs the model's next-token distribution; the "
+            f"{type(self).__name__} has none"
+        )
 
     def score_prompt(self, token_ids: Sequence[int], num_top: int) -> list[TokenLogprob | None]:
         """Every prompt token's TokenLogprob given the tokens before it (None for the

@@ -23,6 +23,14 @@ registered a step samples as it always has; while one is, a step looks each of i
 computed sequences up once, and only the rows that ask are shaped (``sample_shaped``).
 ``prompt_logprobs`` are computed when a request arrives (``score_prompt``: one more
 prefill of the prompt), and their time is added to the next step's.
+
+A sequence with a structured output keeps a grammar matcher (``structured``): its grammar
+is compiled when the request is added (``prepare_structured``, the admission check), its
+matcher starts when the sequence is added, a fork's is a copy of its parent's, and each
+token the sequence draws moves it on. A step fills the bitmask of its constrained rows
+and masks their logits after the penalties; while no such sequence is registered, a step
+checks one empty set. Tokens are never drawn again (a recomputed or swapped sequence
+samples only what follows its tokens), so a matcher stays where its sequence is.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -45,6 +53,7 @@ from enginekit.executor.torch.sampler import (
     sample_shaped,
 )
 from enginekit.executor.torch.shaping import SequenceTokens, held_stop_ids
+from enginekit.executor.torch.structured import StructuredGrammars
 from enginekit.kernels.ops import PagedOps
 from enginekit.models.llama import LlamaModel
 from enginekit.request import SamplingParams, TokenLogprob
@@ -56,6 +65,7 @@ class _Sequence(NamedTuple):
     sampling: SamplingParams
     generator: torch.Generator
     tokens: SequenceTokens | None  # kept for shaped sequences only (``_is_shaped``)
+    grammar: Any = None  # a structured output's xgrammar.GrammarMatcher, else None
 
 
 def _is_shaped(sampling: SamplingParams) -> bool:
@@ -69,7 +79,9 @@ class TorchExecutor(Executor):
     An fp8 pool takes its scales from the checkpoint or calibrates them on the first
     prefill, as ``kv_spec.quant.fp8_scales`` and ``fp8_calibration_margin`` say (see
     ``FP8Scales``). ``eos_token_id`` is the model's, for the
-    scheduler. ``num_steps`` and ``busy_time_s`` accumulate over non-empty steps."""
+    scheduler. ``model_path`` is the model's Hugging Face folder (None without one), whose
+    tokenizer structured outputs read. ``num_steps`` and ``busy_time_s`` accumulate over
+    non-empty steps."""
 
     needs_block_tables = True
     supports_forks = True
@@ -85,6 +97,7 @@ class TorchExecutor(Executor):
         *,
         num_host_blocks: int = 0,
         base_seed: int = 0,
+        model_path: str | None = None,
     ) -> None:
         self.model = model
         self.kv_spec = kv_spec
@@ -100,6 +113,10 @@ class TorchExecutor(Executor):
         self.eos_token_id = model.arch.eos_token_id
         self._sequences: dict[int, _Sequence] = {}
         self._shaped: dict[int, SequenceTokens] = {}  # the shaped sequences' tokens
+        self.structured = StructuredGrammars(
+            model_path, model.arch.shape.vocab_size, self.eos_token_id, self.device
+        )
+        self._constrained: set[int] = set()  # the sequences with a grammar matcher
         self._unbilled_s = 0.0  # prompt scoring since the last step, added to its time
         # What the builder chose and by which rule (pool sizing, threads), for describe().
         self.build_notes: dict[str, object] = {}
@@ -119,22 +136,39 @@ class TorchExecutor(Executor):
     ) -> None:
         """Registers ``seq_id`` (the prompt comes with each step, and is kept only by a
         sequence whose sampling is shaped by its tokens; ``scripted_output_ids`` is
-        ignored: the model decides). Raises ValueError if it is already registered."""
+        ignored: the model decides); a structured output's matcher starts at its
+        grammar's beginning. Raises ValueError if it is already registered,
+        InvalidRequestError for a structured output ``prepare_structured`` refuses."""
         tokens = None
         if _is_shaped(sampling):
             tokens = SequenceTokens(list(prompt_token_ids), len(prompt_token_ids))
-        self._register(seq_id, sampling, tokens)
+        grammar = None
+        if sampling.structured is not None:
+            grammar = self.structured.matcher(sampling)
+        self._register(seq_id, sampling, tokens, grammar)
+
+    def prepare_structured(self, sampling: SamplingParams) -> None:
+        """Compiles ``sampling.structured``'s grammar over the model's vocabulary (kept
+        for the sequence: ``StructuredGrammars.check``); InvalidRequestError naming the
+        field when it cannot be served."""
+        self.structured.check(sampling)
 
     def _register(
-        self, seq_id: int, sampling: SamplingParams, tokens: SequenceTokens | None
+        self,
+        seq_id: int,
+        sampling: SamplingParams,
+        tokens: SequenceTokens | None,
+        grammar: Any = None,
     ) -> None:
         if seq_id in self._sequences:
             raise ValueError(f"sequence {seq_id} is already registered with the executor")
         generator = torch.Generator(device=self.device)
         generator.manual_seed(request_seed(self.base_seed, seq_id, sampling))
-        self._sequences[seq_id] = _Sequence(sampling, generator, tokens)
+        self._sequences[seq_id] = _Sequence(sampling, generator, tokens, grammar)
         if tokens is not None:
             self._shaped[seq_id] = tokens
+        if grammar is not None:
+            self._constrained.add(seq_id)
 
     def execute(self, scheduled: SchedulerOutput) -> ModelOutput:
         """Registers the forks' children, then forgets ``finished_seq_ids`` (unknown ids
@@ -152,10 +186,12 @@ class TorchExecutor(Executor):
             if sampling.seed is not None:
                 sampling = dataclasses.replace(sampling, seed=sampling.seed + fork.sample_index)
             copied = None if parent.tokens is None else parent.tokens.copy()
-            self._register(fork.child_seq_id, sampling, copied)
+            grammar = None if parent.grammar is None else parent.grammar.fork()
+            self._register(fork.child_seq_id, sampling, copied, grammar)
         for seq_id in scheduled.finished_seq_ids:
             sequences.pop(seq_id, None)
             self._shaped.pop(seq_id, None)
+            self._constrained.discard(seq_id)
         kv = self.kv_tensors
         saved = kv.read_blocks([save.device_block_id for save in scheduled.tier_saves])
         kv.apply(
@@ -175,15 +211,22 @@ class TorchExecutor(Executor):
         widths = [p.beam_width for p in params]
         logprobs: list[TokenLogprob | None] | None = None
         held: list[list[int]] | None = None
-        if self._shaped and any(s.tokens is not None for s in sampled):
+        grammars = None
+        allowed = None
+        if self._constrained:
+            grammars = [s.grammar for s in sampled]
+            allowed = self.structured.allowed(grammars)
+        if allowed is not None or (self._shaped and any(s.tokens is not None for s in sampled)):
             held = [self._held_stop_ids(s) for s in sampled]
             tokens, logprobs = sample_shaped(
-                logits, params, generators, [s.tokens for s in sampled], held
+                logits, params, generators, [s.tokens for s in sampled], held, allowed
             )
             if not any(p.logprobs is not None for p in params):
                 logprobs = None
         else:
             tokens = sample(logits, params, generators)
+        if grammars is not None:
+            self.structured.accept(grammars, tokens)
         candidates = None
         if max(widths, default=1) > 1:
             candidates = beam_candidates(logits, widths, held)

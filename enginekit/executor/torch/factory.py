@@ -238,6 +238,7 @@ def build_torch_executor(
             ops,
             num_host_blocks=swap_space_num_blocks(swap_space_gib, block_bytes, size.num_blocks),
             base_seed=cfg.model.seed,
+            model_path=cfg.model.path or None,
         )
     except torch.OutOfMemoryError:
         raise ConfigError(

@@ -1,28 +1,35 @@
 """Next-token choice: greedy, or temperature / min-p / top-k / top-p sampling with a
 per-request ``torch.Generator``; the shaping of ``SamplingParams`` (the ``min_tokens`` mask,
-the penalties) and the raw logprobs of the tokens chosen.
+the penalties, the grammar of a structured output) and the raw logprobs of the tokens
+chosen.
 
 A request's draws come from its own generator only, so its samples depend on its seed
 and its logits, not on which other requests share the step. A row's logits go through, in
 order (vLLM's): its raw logprobs are recorded (``logprobs``), the ``min_tokens`` mask, the
-penalties, then greedy rows take the argmax and sampled rows apply division by the
-temperature, min-p (drop tokens less likely than ``min_p`` times the most likely one),
-top-k (keep the k largest), top-p (keep the smallest set of most likely tokens whose
-probability reaches p; the most likely token always stays), then one multinomial draw.
+penalties, the grammar's mask (``structured``: the tokens it does not allow next), then
+greedy rows take the argmax and sampled rows apply division by the temperature, min-p
+(drop tokens less likely than ``min_p`` times the most likely one), top-k (keep the k
+largest), top-p (keep the smallest set of most likely tokens whose probability reaches p;
+the most likely token always stays), then one multinomial draw.
 
-Rows that ask for nothing that needs their tokens or logprobs take ``sample`` alone, as
-they always have; ``sample_shaped`` shapes only the rows that ask, batched.
+Rows that ask for nothing that needs their tokens, their logprobs or a grammar take
+``sample`` alone, as they always have; ``sample_shaped`` shapes only the rows that ask,
+batched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from enginekit.executor.torch.logprobs import token_logprobs
 from enginekit.executor.torch.shaping import SequenceTokens, apply_penalties, mask_tokens
 from enginekit.request import SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from enginekit.executor.torch.structured import AllowedTokens
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _SEED_MASK = (1 << 63) - 1
@@ -80,18 +87,20 @@ def sample_shaped(
     generators: Sequence[torch.Generator],
     sequences: Sequence[SequenceTokens | None],
     held: Sequence[list[int]],
+    allowed: AllowedTokens | None = None,
 ) -> tuple[list[int], list[TokenLogprob | None]]:
     """``sample`` after the shaping of the rows that ask for it: row i's raw logprobs are
     read first (``params[i].logprobs``), then the tokens ``held[i]`` are masked (the
-    ``min_tokens`` rule: see ``shaping.held_stop_ids``) and the penalties of
-    ``params[i]`` applied over ``sequences[i]``'s tokens (None: a row that needs none).
+    ``min_tokens`` rule: see ``shaping.held_stop_ids``), the penalties of ``params[i]``
+    applied over ``sequences[i]``'s tokens (None: a row that needs none) and the tokens
+    outside ``allowed`` (a structured output's grammar; None: no row has one) masked.
     Returns (the tokens, one TokenLogprob per row that asked for logprobs, else None).
     ``logits`` is left as it was (the shaping works on a copy)."""
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     raw = torch.log_softmax(logits[lp_rows], dim=-1) if lp_rows else None
     masked_rows = [i for i, ids in enumerate(held) if ids]
     penalized_rows = [i for i, p in enumerate(params) if p.has_penalties]
-    if masked_rows or penalized_rows:
+    if masked_rows or penalized_rows or allowed is not None:
         logits = logits.clone()
         mask_tokens(logits, masked_rows, [held[i] for i in masked_rows])
         penalized = [sequences[i] for i in penalized_rows]
@@ -103,6 +112,8 @@ def sample_shaped(
             [s for s in penalized if s is not None],
             [params[i] for i in penalized_rows],
         )
+        if allowed is not None:
+            allowed.apply(logits)
     tokens = sample(logits, params, generators)
     entries: list[TokenLogprob | None] = [None] * len(params)
     if raw is not None:
