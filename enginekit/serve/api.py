@@ -1,20 +1,28 @@
-"""The HTTP routes: OpenAI's completions, chat completions and models, health, Prometheus
-metrics, and the two endpoints SGLang's router reads from its workers.
+"""The HTTP routes: OpenAI's completions, chat completions and models, vLLM's tokenizer
+endpoints, health, Prometheus metrics, and the two endpoints SGLang's router reads from
+its workers.
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: see ``protocol`` for the
   fields. ``stream: true`` answers server-sent events, one chunk per choice per engine
   step that gave it tokens, ending in ``data: [DONE]`` (a usage chunk before it with
-  ``stream_options: {include_usage: true}``). A client that disconnects, streaming or
-  not, aborts its requests: their blocks are released at once.
-- ``GET /v1/models``, ``GET /health`` (200 while the engine loop runs, else 503),
-  ``GET /metrics`` (``prometheus``), ``GET /summary`` (the engine's summary and
-  ``describe()``, computed on the engine's thread).
+  ``stream_options: {include_usage: true}``; usage in every chunk with
+  ``continuous_usage_stats``). Logprobs come in OpenAI's shapes (``logprobs``). A client
+  that disconnects, streaming or not, aborts its requests: their blocks are released at
+  once.
+- ``POST /tokenize`` (a prompt, or chat messages through the template: ``count``,
+  ``max_model_len``, ``tokens``, ``token_strs`` on request), ``POST /detokenize``,
+  ``GET /tokenizer_info`` (the tokenizer's config) and ``GET /version``, as vLLM answers
+  them.
+- ``GET /v1/models``, ``GET /health`` (200 while the engine loop runs, else 503; also
+  ``HEAD``), ``GET /metrics`` (``prometheus``; ``HEAD`` answers 200 with no body),
+  ``GET /summary`` (the engine's summary and ``describe()``, computed on the engine's
+  thread).
 - ``GET /model_info``, ``GET /server_info`` (also as ``/get_model_info``,
   ``/get_server_info``): what ``sglang-router`` asks each worker when it registers it.
 
-Errors are OpenAI's JSON shape (``protocol.ApiError``): bad input 400 naming the field,
-an unknown model 404, a prompt that can never fit 400 with admission's reason, a full
-queue 503 with ``Retry-After``.
+Errors are OpenAI's JSON shape (``protocol.ApiError``): bad input 400 naming the field
+(a body that is not JSON names none), an unknown model 404, a prompt that can never fit
+400 with admission's reason, a full queue 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -33,11 +41,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from enginekit.serve.generation import ChoiceUpdate, Generation
+from enginekit.serve.logprobs import (
+    CompletionLogprobs,
+    chat_content,
+    completion_delta,
+    prompt_logprobs_of,
+)
 from enginekit.serve.protocol import (
     COMPLETIONS_MAX_TOKENS,
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
 )
 from enginekit.serve.server import Server
 
@@ -61,7 +77,7 @@ def build_app(server: Server) -> FastAPI:
         error = ApiError(exc.status_code, str(exc.detail))
         return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         if server.is_healthy:
             return Response(status_code=200)
@@ -91,52 +107,129 @@ def build_app(server: Server) -> FastAPI:
     async def server_info() -> dict[str, Any]:
         return await server.on_engine(server.server_info)
 
+    @app.api_route("/metrics", methods=["HEAD"], include_in_schema=False)
+    async def metrics_head() -> Response:
+        return Response(media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": server.version}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        server.check_model(body.model)
+        if body.messages is not None:
+            token_ids = server.chat_prompt_ids(
+                [m.as_template_input() for m in body.messages],
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                chat_template_kwargs=body.chat_template_kwargs,
+                add_special_tokens=bool(body.add_special_tokens),
+            )
+        elif body.prompt is not None:
+            add_special = True if body.add_special_tokens is None else body.add_special_tokens
+            token_ids = server.prompt_ids(body.prompt, add_special_tokens=add_special)
+        else:
+            raise ApiError(400, "tokenize needs a prompt or messages", param="prompt")
+        answer: dict[str, Any] = {
+            "count": len(token_ids),
+            "max_model_len": server.engine.max_model_len,
+            "tokens": token_ids,
+        }
+        if body.return_token_strs:
+            answer["token_strs"] = [server.require_codec("prompt").token_text(t) for t in token_ids]
+        return answer
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        server.check_model(body.model)
+        codec = server.require_codec("tokens")
+        vocab = server.engine.shape.vocab_size
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise ApiError(400, f"tokens: token ids must be in [0, {vocab})", param="tokens")
+        return {"prompt": codec.decode(body.tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        return server.require_codec("model").info()
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        received = time.monotonic()
         server.check_request(body)
-        prompts = [server.prompt_ids(p) for p in body.prompts()]
+        add_special = body.add_special_tokens
+        prompts = [body.truncated(server.prompt_ids(p, add_special)) for p in body.prompts()]
         max_tokens = COMPLETIONS_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        generation = server.generation(prompts, body.sampling(max_tokens), body, "cmpl")
+        sampling = body.sampling(max(1, max_tokens))  # echo alone still runs one step
+        generation = server.generation(prompts, sampling, body, "cmpl", request, received)
         await generation.start(server.config.max_waiting, server.config.retry_after_s)
         created = int(time.time())
+        echoes = [server.echo_text(p) for p in prompts] if body.echo else None
         if body.stream:
             return EventStream(
-                _completion_chunks(generation, body, server.model_name, created),
+                _completion_chunks(server, generation, body, created, echoes),
                 on_close=generation.abort,
             )
         if not await _until_done(generation, request):
             return Response(status_code=CLIENT_GONE)
         choices = []
         for index, choice in generation.all_choices():
+            prompt = generation.prompt_of(index)
+            text, token_ids, entries = choice.text, choice.token_ids, generation.logprobs_of(index)
+            if body.echo_only:
+                text, token_ids, entries = "", [], []
+            echo = echoes[index // body.n] if echoes is not None else ""
             item: dict[str, Any] = {
                 "index": index,
-                "text": choice.text,
+                "text": echo + text,
                 "logprobs": None,
-                "finish_reason": generation.finish_reason(index),
+                "finish_reason": "length" if body.echo_only else generation.finish_reason(index),
             }
+            if body.logprobs is not None:
+                logprobs = CompletionLogprobs(server.token_names(body).text, body.logprobs)
+                if body.echo:
+                    prompt_entries = generation.prompt_logprobs_of(index) or [None] * len(prompt)
+                    completion_delta(logprobs, prompt, prompt_entries)
+                completion_delta(logprobs, token_ids, entries)
+                item["logprobs"] = logprobs.as_dict()
+            if body.prompt_logprobs is not None:
+                item["prompt_logprobs"] = _prompt_logprobs(server, body, generation, index)
             if body.return_token_ids:
-                item["token_ids"] = choice.token_ids
-                item["prompt_token_ids"] = generation.prompt_of(index)
+                item["token_ids"] = token_ids
+                item["prompt_token_ids"] = prompt
             choices.append(item)
+        usage = generation.usage()
+        if body.echo_only:
+            usage = {**usage, "completion_tokens": 0, "total_tokens": usage["prompt_tokens"]}
         return JSONResponse({
             "id": generation.id, "object": "text_completion", "created": created,
-            "model": server.model_name, "choices": choices, "usage": generation.usage(),
+            "model": server.model_name, "choices": choices, "usage": usage,
         })  # fmt: skip
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        received = time.monotonic()
         server.check_request(body)
-        prompt = server.chat_prompt_ids([m.as_template_input() for m in body.messages])
+        prompt = body.truncated(
+            server.chat_prompt_ids(
+                [m.as_template_input() for m in body.messages],
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                chat_template_kwargs=body.chat_template_kwargs,
+                add_special_tokens=body.add_special_tokens,
+            )
+        )
         max_tokens = body.requested_max_tokens
         if max_tokens is None:  # the reply may fill the context (or what the cache holds)
             max_tokens = max(1, server.longest_servable - len(prompt))
-        generation = server.generation([prompt], body.sampling(max_tokens), body, "chatcmpl")
+        generation = server.generation(
+            [prompt], body.sampling(max_tokens), body, "chatcmpl", request, received
+        )
         await generation.start(server.config.max_waiting, server.config.retry_after_s)
         created = int(time.time())
         if body.stream:
             return EventStream(
-                _chat_chunks(generation, body, server.model_name, created),
-                on_close=generation.abort,
+                _chat_chunks(server, generation, body, created), on_close=generation.abort
             )
         if not await _until_done(generation, request):
             return Response(status_code=CLIENT_GONE)
@@ -144,10 +237,20 @@ def build_app(server: Server) -> FastAPI:
         for index, choice in generation.all_choices():
             item: dict[str, Any] = {
                 "index": index,
-                "message": {"role": "assistant", "content": choice.text},
+                "message": {"role": "assistant", "content": body.echoed_text + choice.text},
                 "logprobs": None,
                 "finish_reason": generation.finish_reason(index),
             }
+            if body.output_logprobs is not None:
+                content = chat_content(
+                    server.token_names(body),
+                    body.output_logprobs,
+                    choice.token_ids,
+                    generation.logprobs_of(index),
+                )
+                item["logprobs"] = {"content": content}
+            if body.prompt_logprobs is not None:
+                item["prompt_logprobs"] = _prompt_logprobs(server, body, generation, index)
             if body.return_token_ids:
                 item["token_ids"] = choice.token_ids
                 item["prompt_token_ids"] = prompt
@@ -171,7 +274,11 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     if not errors:
         return ApiError(400, "the request body is invalid")
     first = errors[0]
+    if first.get("type") == "json_invalid":  # its location is a character position
+        return ApiError(400, f"the request body is not valid JSON: {first.get('msg', '')}")
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if not loc:  # the body as a whole
+        return ApiError(400, f"the request body must be a JSON object: {first.get('msg', '')}")
     param = loc[0] if loc else None
     where = ".".join(loc) if loc else "body"
     message = f"{where}: {first.get('msg', 'invalid')}"
@@ -223,59 +330,101 @@ def _sse(payload: Any) -> str:
 
 
 async def _completion_chunks(
-    generation: Generation, body: CompletionRequest, model: str, created: int
+    server: Server,
+    generation: Generation,
+    body: CompletionRequest,
+    created: int,
+    echoes: list[str] | None,
 ) -> AsyncIterator[str]:
+    """The chunks of a streamed completion: a choice's first chunk carries its echo (the
+    prompt's text, and with ``logprobs`` the prompt tokens' logprobs)."""
+    names = server.token_names(body)
+    logprobs: dict[int, CompletionLogprobs] = {}
+
     def chunk(update: ChoiceUpdate) -> dict[str, Any]:
+        text, token_ids, entries = update.text, update.token_ids, update.logprobs or []
+        if body.echo_only:
+            text, token_ids, entries = "", [], []
         choice: dict[str, Any] = {
             "index": update.index,
-            "text": update.text,
+            "text": text,
             "logprobs": None,
             "finish_reason": update.finish_reason,
         }
+        first = update.index not in logprobs
+        if first:
+            logprobs[update.index] = CompletionLogprobs(names.text, body.logprobs or 0)
+            if echoes is not None:
+                choice["text"] = echoes[update.index // body.n] + text
+        if body.logprobs is not None:
+            choice["logprobs"] = completion_delta(logprobs[update.index], token_ids, entries)
         if body.return_token_ids:
-            choice["token_ids"] = update.token_ids
+            choice["token_ids"] = token_ids
         return {
             "id": generation.id,
             "object": "text_completion",
             "created": created,
-            "model": model,
+            "model": server.model_name,
             "choices": [choice],
         }
 
-    async for event in _stream(generation, body, chunk, "text_completion", model, created):
+    async for event in _stream(
+        generation, body, chunk, "text_completion", server.model_name, created
+    ):
         yield event
 
 
 async def _chat_chunks(
-    generation: Generation, body: ChatCompletionRequest, model: str, created: int
+    server: Server, generation: Generation, body: ChatCompletionRequest, created: int
 ) -> AsyncIterator[str]:
     opened: set[int] = set()
+    names = server.token_names(body)
 
     def chunk(update: ChoiceUpdate) -> dict[str, Any]:
         delta: dict[str, Any] = {}
+        text = update.text
         if update.index not in opened:  # the first chunk of a choice names the role
             opened.add(update.index)
             delta["role"] = "assistant"
-        if update.text or "role" in delta:
-            delta["content"] = update.text
+            text = body.echoed_text + text
+        if text or "role" in delta:
+            delta["content"] = text
         choice: dict[str, Any] = {
             "index": update.index,
             "delta": delta,
             "logprobs": None,
             "finish_reason": update.finish_reason,
         }
+        if body.output_logprobs is not None:
+            content = chat_content(
+                names, body.output_logprobs, update.token_ids, update.logprobs or []
+            )
+            choice["logprobs"] = {"content": content}
         if body.return_token_ids:
             choice["token_ids"] = update.token_ids
         return {
             "id": generation.id,
             "object": "chat.completion.chunk",
             "created": created,
-            "model": model,
+            "model": server.model_name,
             "choices": [choice],
         }
 
-    async for event in _stream(generation, body, chunk, "chat.completion.chunk", model, created):
+    async for event in _stream(
+        generation, body, chunk, "chat.completion.chunk", server.model_name, created
+    ):
         yield event
+
+
+def _prompt_logprobs(
+    server: Server,
+    body: CompletionRequest | ChatCompletionRequest,
+    generation: Generation,
+    index: int,
+) -> list[dict[str, dict[str, Any]] | None]:
+    prompt = generation.prompt_of(index)
+    entries = generation.prompt_logprobs_of(index) or [None] * len(prompt)
+    return prompt_logprobs_of(server.token_names(body).text, prompt, entries)
 
 
 async def _stream(
@@ -291,7 +440,10 @@ async def _stream(
     try:
         async for updates in generation.updates():
             for update in updates:
-                yield _sse(chunk(update))
+                payload = chunk(update)
+                if body.continuous_usage:
+                    payload["usage"] = generation.usage()
+                yield _sse(payload)
     except ApiError as exc:
         yield _sse(exc.body())
     else:

@@ -7,6 +7,9 @@ choice of a prompt has met a stop string, the engine request is finished then an
 (``EngineLoop.finish``: it counts as finished, with reason ``stop``); a choice that met
 one while its siblings go on ignores its further tokens.
 
+Beam search (``use_beam_search``) gives its choices when the request ends: until then
+beams fork and are pruned, so no sample's tokens are final.
+
 A choice's finish reason: ``stop`` for a stop string, a stop token or EOS; ``length``
 when it reached ``max_tokens``; ``abort`` when the request was aborted (a shutdown).
 """
@@ -14,27 +17,30 @@ when it reached ``max_tokens``; ``abort`` when the request was aborted (a shutdo
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from enginekit.errors import InvalidRequestError
-from enginekit.request import RequestOutput, SamplingParams
+from enginekit.request import RequestOutput, SamplingParams, TokenLogprob
 from enginekit.serve.loop import Accepted, EngineLoop, Event, Job, Refused, Tokens
 from enginekit.serve.prometheus import ServeMetrics
 from enginekit.serve.protocol import ApiError, bad_request
-from enginekit.serve.text import SampleText, TextCodec
+from enginekit.serve.text import SampleText, TextCodec, TextOptions
 
 
 @dataclass(frozen=True)
 class ChoiceUpdate:
-    """What one choice gained from one event: text, token ids, and its finish reason
-    once it has ended (None while it goes on)."""
+    """What one choice gained from one event: text, token ids (with their logprobs when
+    the request asked for them), and its finish reason once it has ended (None while it
+    goes on)."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Generation:
@@ -54,19 +60,37 @@ class Generation:
         id_prefix: str,
         priority: int = 0,
         user: str | None = None,
+        text_options: TextOptions | None = None,
+        request_id: str | None = None,
+        received_at: float | None = None,
     ) -> None:
         self.loop = loop
         self.metrics = metrics
-        self.id = f"{id_prefix}-{uuid.uuid4().hex}"
+        self.id = f"{id_prefix}-{request_id or uuid.uuid4().hex}"
         self.prompts = prompts
         self.sampling = sampling
         self._events: asyncio.Queue[Event] = asyncio.Queue()
+        received = time.monotonic() if received_at is None else received_at
         self._jobs = [
-            Job(f"{self.id}-{i}", prompt, sampling, i, self._events, extra_key, priority, user)
+            Job(
+                f"{self.id}-{i}",
+                prompt,
+                sampling,
+                i,
+                self._events,
+                extra_key,
+                priority,
+                user,
+                received,
+            )
             for i, prompt in enumerate(prompts)
         ]
         n = sampling.n
-        self.choices = [[SampleText(codec, prompt, stop) for _ in range(n)] for prompt in prompts]
+        self.choices = [
+            [SampleText(codec, prompt, stop, text_options) for _ in range(n)] for prompt in prompts
+        ]
+        # Each choice's tokens' logprobs (kept only when the request asked for them).
+        self.logprobs: list[list[list[TokenLogprob]]] = [[[] for _ in range(n)] for _ in prompts]
         self._finish_reasons: list[list[str | None]] = [[None] * n for _ in prompts]
         self._finals: list[RequestOutput | None] = [None] * len(prompts)
         self._live: set[int] = set()  # prompts whose engine request has not ended
@@ -125,6 +149,11 @@ class Generation:
                 yield self._apply(event)
 
     def _apply(self, event: Tokens) -> list[ChoiceUpdate]:
+        if self.sampling.beam_width > 1:
+            # Beams fork and are pruned until the end: only the final best n are choices.
+            if event.final is None:
+                return []
+            event = Tokens(event.index, [list(s) for s in event.final.samples], event.final)
         i, n = event.index, self.sampling.n
         updates = []
         for j in range(n):
@@ -134,6 +163,11 @@ class Generation:
             new = event.new_token_ids[j] if j < len(event.new_token_ids) else []
             num_before = choice.num_tokens
             text = choice.add(new)
+            num_taken = choice.num_tokens - num_before  # a stop string drops what follows it
+            logprobs = None
+            if event.new_logprobs is not None:
+                logprobs = event.new_logprobs[j][:num_taken]
+                self.logprobs[i][j] += logprobs
             reason: str | None = "stop" if choice.is_stopped else None
             if reason is None and event.final is not None:
                 text += choice.flush()
@@ -141,7 +175,10 @@ class Generation:
             if reason is not None:
                 self._finish_reasons[i][j] = reason
             if text or choice.num_tokens > num_before or reason is not None:
-                updates.append(ChoiceUpdate(i * n + j, text, choice.token_ids[num_before:], reason))
+                update = ChoiceUpdate(
+                    i * n + j, text, choice.token_ids[num_before:], reason, logprobs
+                )
+                updates.append(update)
         if event.final is not None:
             self._finals[i] = event.final
             self._live.discard(i)
@@ -177,6 +214,17 @@ class Generation:
 
     def prompt_of(self, choice_index: int) -> list[int]:
         return self.prompts[choice_index // self.sampling.n]
+
+    def logprobs_of(self, choice_index: int) -> list[TokenLogprob]:
+        """The logprobs of the choice's tokens so far (empty when none were asked)."""
+        i, j = divmod(choice_index, self.sampling.n)
+        return self.logprobs[i][j]
+
+    def prompt_logprobs_of(self, choice_index: int) -> list[TokenLogprob | None] | None:
+        """The logprobs of the choice's prompt tokens (the first None), once its request
+        has ended; None when they were not asked."""
+        final = self._finals[choice_index // self.sampling.n]
+        return None if final is None else final.prompt_logprobs
 
     def usage(self) -> dict[str, object]:
         """OpenAI's usage: prompt tokens (each prompt once, whatever n), completion tokens

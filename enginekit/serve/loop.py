@@ -14,8 +14,13 @@ A step's tokens are released when the step is over. For the torch executor that 
 soon as ``engine.step()`` returns (its step times are wall times). ``executor=sim`` is
 paced: a step that starts at wall time t0 and takes simulated time t releases its tokens
 at t0 + t / time_scale, never earlier, so clients see the simulated latencies (scaled):
-a long prompt's first token comes after its prefill, not before. Requests sent while a
-step runs wait for the next one, as on a GPU. The latency histograms observe the release
+a long prompt's first token comes after its prefill, not before. While the engine is
+busy, a step starts when the one before it was released (the device goes from step to
+step), so the loop's own host work (releasing, publishing, the next schedule) overlaps
+the simulated time instead of adding to it; after an idle wait, or when the host fell
+behind the simulation, a step starts when it is run (no debt is carried: a late step
+never makes a later one early). Requests sent while a step runs wait for the next one,
+as on a GPU. The latency histograms observe the release
 times: the server's TTFT is what a client on loopback measures, less the network.
 
 Ownership: the engine, ``_live`` and the counters behind the snapshot belong to the loop
@@ -38,7 +43,7 @@ from typing import Any
 from enginekit.engine import Engine
 from enginekit.errors import EngineKitError
 from enginekit.metric_keys import BYTES_PER_GIB
-from enginekit.request import RequestOutput, SamplingParams
+from enginekit.request import RequestOutput, SamplingParams, TokenLogprob
 from enginekit.serve.prometheus import ServeMetrics, Snapshot
 
 _log = logging.getLogger("enginekit.serve")
@@ -68,12 +73,14 @@ class Refused:
 
 @dataclass(frozen=True)
 class Tokens:
-    """New output tokens of prompt ``index``, one list per sample (some may be empty);
-    ``final`` is the request's last output once it has ended (finished or aborted)."""
+    """New output tokens of prompt ``index``, one list per sample (some may be empty),
+    with their logprobs when the request asked for them; ``final`` is the request's last
+    output once it has ended (finished or aborted)."""
 
     index: int
     new_token_ids: list[list[int]]
     final: RequestOutput | None = None
+    new_logprobs: list[list[TokenLogprob]] | None = None
 
 
 Event = Accepted | Refused | Tokens
@@ -164,6 +171,8 @@ class EngineLoop:
         self.error: BaseException | None = None  # set when the loop died
         self._aio_loop = aio_loop
         self._pace = pace
+        self._released_at: float | None = None  # the last paced release, while busy
+        self._added_at = 0.0  # when the loop last took a request from the inbox
         self._inbox: deque[tuple[str, Any]] = deque()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="enginekit-engine", daemon=True)
@@ -235,6 +244,7 @@ class EngineLoop:
                 if self.engine.has_unfinished_requests():
                     self._step()
                 else:
+                    self._released_at = None  # idle: the next step starts when it runs
                     self._wake.wait()
                     self._wake.clear()
             self._abort_all()
@@ -266,6 +276,7 @@ class EngineLoop:
             if kind == "add":
                 num_taken += 1
                 events.append(self._add(payload))
+                self._added_at = time.monotonic()
             elif kind == "abort":
                 events += self._end(payload, self.engine.abort_request)
             elif kind == "finish":
@@ -313,12 +324,16 @@ class EngineLoop:
         its tokens to the handlers, its samples to the histograms, a new snapshot."""
         engine = self.engine
         started = time.monotonic()
+        if self._released_at is not None:  # busy: this step follows the last one, but
+            started = max(self._released_at, self._added_at)  # not before what it takes
         clock = engine.clock
         steps_before, tokens_before = _work_done(engine)
         finished = {output.request_id: output for output in engine.step()}
         if self._pace is not None:
             _sleep_until(started + (engine.clock - clock) * self._pace)
         released = time.monotonic()
+        if self._pace is not None:
+            self._released_at = released
         running = {(r.parent or r).request_id for r in engine.scheduler.running}
         touched = [rid for rid in self._live if rid in running or rid in finished]
         self._note_scheduled(touched, started)
@@ -353,6 +368,11 @@ class EngineLoop:
             samples = output.samples
             live.num_sent += [0] * (len(samples) - len(live.num_sent))
             new = [s[n:] for s, n in zip(samples, live.num_sent, strict=True)]
+            new_logprobs = None
+            if output.logprobs is not None:
+                new_logprobs = [
+                    lp[n:] for lp, n in zip(output.logprobs, live.num_sent, strict=True)
+                ]
             num_new = sum(map(len, new))
             if num_new:
                 num_new_total += num_new
@@ -363,7 +383,8 @@ class EngineLoop:
                 del self._live[request_id]
                 self.engine.release_request(request_id)
             if num_new or final is not None:
-                events.append((live.job.events, Tokens(live.job.index, new, final)))
+                tokens = Tokens(live.job.index, new, final, new_logprobs)
+                events.append((live.job.events, tokens))
         if num_new_total:
             self._rate_window.append((now, num_new_total))
         return events

@@ -1,13 +1,21 @@
 """The OpenAI-compatible request bodies, their checks, and errors in OpenAI's JSON shape.
 
-A body is parsed by pydantic (strict types: ``"8"`` is no ``max_tokens``); fields that
-clients and routers add on their own are accepted and ignored, the OpenAI fields enginekit
-does not implement (logprobs, penalties, echo, tools, ...) are refused with 400 when set
-to anything but their neutral value. Sampling fields become a ``SamplingParams``, whose
-own checks name the field of a bad value. Extra fields, as vLLM takes them: ``top_k``
-(0 or -1: off), ``stop_token_ids``, ``ignore_eos``, ``return_token_ids`` (each choice
-then carries ``token_ids`` and ``prompt_token_ids``) and ``cache_salt`` (the prefix
-cache's salt: requests share cached blocks only with the same salt).
+A body is parsed by pydantic (strict types: ``"8"`` is no ``max_tokens``). Every field of
+vLLM's completions and chat requests is either served (the models' own fields) or
+refused with a 400 naming it when set to anything but its neutral value (``fields``);
+keys neither knows are a client's or router's own and ignored, unless one edit away from
+a known field. Sampling fields become a ``SamplingParams``, whose own checks name the
+field of a bad value (the executor refuses what it cannot do: the simulator has no
+distribution for logprobs and penalties). vLLM's extras, as vLLM takes them: ``top_k``
+(0 or -1: off), ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``,
+``ignore_eos``, ``include_stop_str_in_output``, ``skip_special_tokens``,
+``prompt_logprobs``, ``truncate_prompt_tokens``, ``add_special_tokens``,
+``use_beam_search`` (``n`` beams, greedy), ``request_id`` (the response's id),
+``return_token_ids`` (each choice then carries ``token_ids`` and ``prompt_token_ids``),
+``return_tokens_as_token_ids`` (logprobs name tokens ``token_id:<id>``), ``cache_salt``
+(the prefix cache's salt: requests share cached blocks only with the same salt),
+``priority`` and ``user``; chat's ``echo``, ``add_generation_prompt``,
+``continue_final_message`` and ``chat_template_kwargs``.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from enginekit.errors import InvalidRequestError
 from enginekit.request import SamplingParams
+from enginekit.serve import fields
 
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default (the engine's own default is greedy)
@@ -73,51 +82,78 @@ def bad_request(exc: Exception) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+MAX_LOGPROBS = 20  # the most alternatives a token's logprobs may list (vLLM's default)
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # usage in every chunk, not only at the end
 
 
 class _Sampled(BaseModel):
-    """Fields both endpoints share."""
+    """Fields both endpoints share (see ``fields`` for the ones refused)."""
 
     model_config = ConfigDict(extra="allow")
+    ENDPOINT: ClassVar[str] = ""
 
-    model: StrictStr
+    model: StrictStr | None = None  # None: the served model
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
     top_k: StrictInt | None = None
+    min_p: StrictFloat = 0.0
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
     n: StrictInt = 1
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: StrictBool = False
+    min_tokens: StrictInt = 0
     seed: StrictInt | None = None
     ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    use_beam_search: StrictBool = False
+    prompt_logprobs: StrictInt | None = None
+    truncate_prompt_tokens: StrictInt | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     return_token_ids: StrictBool = False
+    return_tokens_as_token_ids: StrictBool = False
+    request_id: StrictStr | None = None
     cache_salt: StrictStr | None = None
     user: StrictStr | None = None  # the tenant +queue=fair shares service among
     # lower is served first under +queue=priority; another queue refuses any but 0 (400)
     priority: StrictInt = 0
-    # OpenAI fields enginekit does not implement: refused unless neutral (``unsupported``).
-    logprobs: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    logit_bias: Any = None
 
-    NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "logprobs": (None, False),
-        "presence_penalty": (None, 0, 0.0),
-        "frequency_penalty": (None, 0, 0.0),
-        "logit_bias": (None, {}),
-    }
-
-    def unsupported(self) -> ApiError | None:
-        """A 400 for the first field set that enginekit does not implement, else None."""
-        for name, neutral in self.NEUTRAL.items():
-            if getattr(self, name) not in neutral:
-                return ApiError(400, f"{name} is not supported by enginekit", param=name)
+    def refusal(self) -> ApiError | None:
+        """A 400 for the first field set that enginekit does not implement (``fields``),
+        for a misspelt field, or for fields that contradict each other; else None."""
+        known = set(type(self).model_fields)
+        for name, value in (self.model_extra or {}).items():
+            reason = fields.refusal_of(name, value, self.ENDPOINT)
+            if reason is not None:
+                return ApiError(400, reason, param=name)
+            typo = fields.typo_of(name, known | set(fields.REFUSED))
+            if typo is not None:
+                return ApiError(400, f"unknown field {name!r}; did you mean {typo!r}?", param=name)
+        if self.stream_options is not None and not self.stream:
+            return ApiError(400, "stream_options needs stream: true", param="stream_options")
+        if self.prompt_logprobs is not None:
+            if not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+                return _out_of_range("prompt_logprobs", self.prompt_logprobs)
+            if self.stream:
+                return ApiError(
+                    400, "prompt_logprobs are not available with stream: true",
+                    param="prompt_logprobs",
+                )  # fmt: skip
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
+            return ApiError(
+                400,
+                f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}",
+                param="truncate_prompt_tokens",
+            )
         return None
 
     @property
@@ -130,42 +166,106 @@ class _Sampled(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+    @property
+    def output_logprobs(self) -> int | None:
+        """How many alternatives each output token's logprobs list; None: no logprobs."""
+        raise NotImplementedError
+
+    def truncated(self, prompt: list[int]) -> list[int]:
+        """The prompt's last ``truncate_prompt_tokens`` tokens (all without the field)."""
+        keep = self.truncate_prompt_tokens
+        return prompt if keep is None or keep >= len(prompt) else prompt[-keep:]
+
     def sampling(self, max_tokens: int) -> SamplingParams:
         """The engine's SamplingParams. Raises ApiError (400, naming the field)."""
         top_k = self.top_k
         if top_k == -1:  # vLLM's spelling of "off"
             top_k = 0
+        temperature = self.temperature
+        if temperature is None:  # beams are greedy; samples take OpenAI's default
+            temperature = 0.0 if self.use_beam_search else DEFAULT_TEMPERATURE
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
                 stop_token_ids=tuple(self.stop_token_ids or ()),
                 ignore_eos=self.ignore_eos,
-                temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
+                temperature=temperature,
                 top_k=0 if top_k is None else top_k,
                 top_p=1.0 if self.top_p is None else self.top_p,
+                min_p=self.min_p,
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=(
+                    1.0 if self.repetition_penalty is None else self.repetition_penalty
+                ),
+                min_tokens=self.min_tokens,
                 seed=self.seed,
                 n=self.n,
+                beam_width=self.n if self.use_beam_search else 1,
+                logprobs=self.output_logprobs,
+                prompt_logprobs=self.prompt_logprobs_asked,
             )
         except InvalidRequestError as exc:
             raise bad_request(exc) from None
 
+    @property
+    def prompt_logprobs_asked(self) -> int | None:
+        """How many alternatives each prompt token's logprobs list; None: none asked."""
+        return self.prompt_logprobs
+
+
+def _out_of_range(name: str, value: int) -> ApiError:
+    return ApiError(400, f"{name} must be in [0, {MAX_LOGPROBS}], got {value}", param=name)
+
 
 class CompletionRequest(_Sampled):
     """``POST /v1/completions``: ``prompt`` is a text, token ids, or a list of either
-    (one engine request per prompt; choices are numbered prompt by prompt, n each)."""
+    (one engine request per prompt; choices are numbered prompt by prompt, n each).
+    ``echo`` puts the prompt in front of each choice's text (and, with ``logprobs``, its
+    tokens' logprobs in front); with ``max_tokens: 0`` it returns the prompt alone."""
+
+    ENDPOINT: ClassVar[str] = fields.COMPLETIONS
 
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: StrictInt | None = COMPLETIONS_MAX_TOKENS
-    echo: Any = None
-    best_of: Any = None
-    suffix: Any = None
+    echo: StrictBool = False
+    logprobs: StrictInt | None = None
+    add_special_tokens: StrictBool = True
 
-    NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_Sampled.NEUTRAL,
-        "echo": (None, False),
-        "best_of": (None, 1),
-        "suffix": (None, ""),
-    }
+    def refusal(self) -> ApiError | None:
+        refusal = super().refusal()
+        if refusal is not None:
+            return refusal
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            return _out_of_range("logprobs", self.logprobs)
+        if self.max_tokens == 0 and not self.echo:
+            return ApiError(400, "max_tokens must be >= 1 (0 only with echo)", param="max_tokens")
+        if self.echo and self.logprobs is not None and self.stream:
+            return ApiError(
+                400,
+                "the echoed prompt's logprobs are not streamed: send stream: false",
+                param="echo",
+            )
+        return None
+
+    @property
+    def output_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def prompt_logprobs_asked(self) -> int | None:
+        if self.prompt_logprobs is None and self.echo:
+            return self.logprobs  # echoed tokens carry logprobs as the generated ones do
+        return self.prompt_logprobs
+
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: the answer is the prompt, nothing generated."""
+        return self.echo and self.max_tokens == 0
 
     @property
     def num_prompts(self) -> int:
@@ -215,29 +315,81 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampled):
     """``POST /v1/chat/completions``: the messages through the model's chat template.
     Without ``max_tokens`` (or ``max_completion_tokens``) a reply may fill the context,
-    or as much of it as the whole KV cache holds."""
+    or as much of it as the whole KV cache holds. ``echo`` puts the last message's
+    content in front of the reply when that message is the assistant's."""
+
+    ENDPOINT: ClassVar[str] = fields.CHAT
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
-    top_logprobs: Any = None
-    tools: Any = None
-    tool_choice: Any = None
-    response_format: Any = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    echo: StrictBool = False
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False  # the template writes any BOS itself
+    chat_template_kwargs: dict[str, Any] | None = None
 
-    NEUTRAL: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_Sampled.NEUTRAL,
-        "top_logprobs": (None, 0),
-        "tools": (None, []),
-        "tool_choice": (None, "none"),
-        "response_format": (None, {"type": "text"}),
-    }
+    def refusal(self) -> ApiError | None:
+        refusal = super().refusal()
+        if refusal is not None:
+            return refusal
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                return _out_of_range("top_logprobs", self.top_logprobs)
+            if self.top_logprobs > 0 and not self.logprobs:
+                return ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.continue_final_message and self.add_generation_prompt:
+            return ApiError(
+                400,
+                "continue_final_message and add_generation_prompt cannot both be true",
+                param="continue_final_message",
+            )
+        return None
+
+    @property
+    def output_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
         return self.max_tokens
+
+    @property
+    def echoed_text(self) -> str:
+        """What ``echo`` puts in front of the reply: the last message's content when it is
+        the assistant's, else nothing."""
+        last = self.messages[-1]
+        if not self.echo or last.role != "assistant":
+            return ""
+        return str(last.as_template_input()["content"])
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: a completion ``prompt`` or chat ``messages`` to token ids."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool | None = None  # None: True for a prompt, False for chat
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: token ids to text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
 
 
 FinishReason = Literal["stop", "length", "abort"]

@@ -16,16 +16,18 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
+from starlette.requests import Request
 
 from enginekit.config import EngineConfig
 from enginekit.engine import Engine
 from enginekit.errors import ConfigError, InvalidRequestError
 from enginekit.request import SamplingParams
 from enginekit.serve.generation import Generation
+from enginekit.serve.logprobs import TokenNames, token_names
 from enginekit.serve.loop import Backlog, EngineLoop
 from enginekit.serve.prometheus import ServeMetrics, Snapshot
 from enginekit.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
-from enginekit.serve.text import TextCodec
+from enginekit.serve.text import TextCodec, TextOptions
 
 if TYPE_CHECKING:
     from enginekit.serve.kv_events import KVEventPublisher
@@ -51,6 +53,7 @@ class Server:
         self.codec = TextCodec.of_model_path(cfg.model.path, self.engine.shape.vocab_size)
         self.model_name = str(cfg.serve.served_model_name or cfg.model.path or cfg.model.name)
         self.created = int(time.time())
+        self.version = _version()
         # The simulator's steps take simulated time: pace them in wall-clock time.
         self.pace = 1.0 / float(self.config.time_scale) if cfg.executor == "sim" else None
         self.longest_servable = _longest_servable(self.engine)
@@ -111,16 +114,10 @@ class Server:
         at once, more prompts than may wait), 503 while the server stops or after its
         engine loop failed. Checked before anything is built for the request, so that a
         huge size costs nothing."""
-        if body.model != self.model_name:
-            raise ApiError(
-                404,
-                f"the model {body.model!r} does not exist; this server serves {self.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
-        unsupported = body.unsupported()
-        if unsupported is not None:
-            raise unsupported
+        self.check_model(body.model)
+        refusal = body.refusal()
+        if refusal is not None:
+            raise refusal
         max_num_seqs = self.engine.limits.max_num_seqs
         if body.n > max_num_seqs:
             raise ApiError(
@@ -140,8 +137,30 @@ class Server:
         if not self.is_healthy:
             raise ApiError(503, "the server is shutting down or its engine has failed")
 
-    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        """A completion prompt's token ids. Raises ApiError (400) for a text prompt to a
+    def check_model(self, model: str | None) -> None:
+        """Raises ApiError (404) for a model this server does not serve (None: this one)."""
+        if model is not None and model != self.model_name:
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def require_codec(self, param: str) -> TextCodec:
+        """The tokenizer; ApiError (400, naming ``param``) for a model without one."""
+        if self.codec is None:
+            raise ApiError(
+                400,
+                "this needs the model's tokenizer, which comes from its folder "
+                "(model.path=...); this model has none: send token ids",
+                param=param,
+            )
+        return self.codec
+
+    def prompt_ids(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+        """A completion prompt's token ids (with the BOS the tokenizer adds, unless
+        ``add_special_tokens`` is False). Raises ApiError (400) for a text prompt to a
         model without a tokenizer."""
         if not isinstance(prompt, str):
             return prompt
@@ -152,11 +171,21 @@ class Server:
                 "(model.path=...); this model has none: send token ids",
                 param="prompt",
             )
-        return self.codec.encode(prompt)
+        return self.codec.encode(prompt, add_special_tokens=add_special_tokens)
 
-    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The messages through the chat template. Raises ApiError (400) when the model
-        has no tokenizer or no template, or the template refuses the messages."""
+    def chat_prompt_ids(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
+    ) -> list[int]:
+        """The messages through the chat template (the BOS in front with
+        ``add_special_tokens``, on top of what the template writes). Raises ApiError (400)
+        when the model has no tokenizer or no template, or the template refuses the
+        messages."""
         if self.codec is None:
             raise ApiError(
                 400,
@@ -165,9 +194,30 @@ class Server:
                 param="messages",
             )
         try:
-            return self.codec.chat_prompt(messages)
+            token_ids = self.codec.chat_prompt(
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                chat_template_kwargs=chat_template_kwargs,
+            )
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), param="messages") from None
+        bos = self.codec.bos_token_id
+        if add_special_tokens and bos is not None:
+            token_ids = [bos, *token_ids]
+        return token_ids
+
+    def echo_text(self, prompt_ids: list[int]) -> str:
+        """The text ``echo`` puts in front of a completion: the prompt decoded (empty
+        without a tokenizer)."""
+        return "" if self.codec is None else self.codec.decode(prompt_ids)
+
+    def token_names(self, body: CompletionRequest | ChatCompletionRequest) -> TokenNames:
+        """How the request's logprobs name tokens: their text, or ``token_id:<id>``."""
+        codec = self.codec
+        if codec is None:
+            return token_names(None, None, as_ids=True)
+        return token_names(codec.token_text, codec.token_bytes, body.return_tokens_as_token_ids)
 
     def generation(
         self,
@@ -175,8 +225,15 @@ class Server:
         sampling: SamplingParams,
         body: CompletionRequest | ChatCompletionRequest,
         id_prefix: str,
+        request: Request | None = None,
+        received_at: float | None = None,
     ) -> Generation:
+        """The engine requests of ``body``; its id is ``id_prefix``-(the body's
+        ``request_id``, else the ``X-Request-Id`` header, else a random one).
+        ``received_at`` (``time.monotonic()``, default now) is when the server got the
+        request, before its prompt was tokenized: the latencies count from there."""
         assert self.loop is not None, "the server's lifespan has not started"
+        header = request.headers.get("x-request-id") if request is not None else None
         return Generation(
             self.loop,
             self.metrics,
@@ -188,6 +245,13 @@ class Server:
             id_prefix,
             priority=body.priority,
             user=body.user,
+            text_options=TextOptions(
+                include_stop_str_in_output=body.include_stop_str_in_output,
+                min_tokens=body.min_tokens,
+                skip_special_tokens=body.skip_special_tokens,
+            ),
+            request_id=body.request_id or header,
+            received_at=received_at,
         )
 
     async def on_engine(self, fn: Callable[[Engine], _T]) -> _T:
@@ -234,6 +298,16 @@ class Server:
             "num_requests_waiting": snap.num_requests_waiting,
             "kv_cache_usage_perc": snap.kv_cache_usage,
         }
+
+
+def _version() -> str:
+    """enginekit's installed version (the source tree's when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("enginekit")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def _longest_servable(engine: Engine) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -429,6 +430,18 @@ class SentencePieceCodec(TextCodec):
         return str(text)
 
 
+@dataclass(frozen=True)
+class TextOptions:
+    """How a choice's text is made from its tokens (vLLM's request fields of the same
+    names): ``include_stop_str_in_output`` keeps the stop string that ended it,
+    ``min_tokens`` defers the search for stop strings until the output has that many
+    tokens, ``skip_special_tokens`` leaves special tokens out of the text."""
+
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+
+
 class SampleText:
     """One output (a choice) as it streams: its token ids, its text so far, and whether a
     stop string ended it.
@@ -439,14 +452,21 @@ class SampleText:
     stop string may be starting); ``flush()`` returns what was held back once the output
     ends. A stop string found ends the output: the text stops right before it, and the
     tokens after the one that completed it are ignored (``num_tokens`` counts up to it).
-    Without a codec the text stays empty and only ids are kept.
+    Without a codec the text stays empty and only ids are kept. ``options`` (vLLM's):
+    keep the stop string in the text, look for stop strings only once the output has
+    ``min_tokens`` tokens, decode special tokens too.
     """
 
     def __init__(
-        self, codec: TextCodec | None, prompt_ids: Sequence[int], stop: Sequence[str]
+        self,
+        codec: TextCodec | None,
+        prompt_ids: Sequence[int],
+        stop: Sequence[str],
+        options: TextOptions | None = None,
     ) -> None:
         self.codec = codec
         self.stop = [s for s in stop if s]
+        self.options = options or TextOptions()
         self.token_ids: list[int] = []
         self.text = ""
         self.is_stopped = False
@@ -490,8 +510,11 @@ class SampleText:
         """The text the newest token adds ("" while it ends inside a character)."""
         assert self.codec is not None
         window = self._ids[self._prefix_offset :]
-        prefix_text = self.codec.decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = self.codec.decode(window)
+        skip = self.options.skip_special_tokens
+        prefix_text = self.codec.decode(
+            self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip
+        )
+        new_text = self.codec.decode(window, skip_special_tokens=skip)
         if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
             return ""
         self._prefix_offset = self._read_offset
@@ -503,9 +526,11 @@ class SampleText:
             return
         start = max(0, len(self.text) - self._hold)
         self.text += delta
-        if not self.stop:
+        if not self.stop or len(self.token_ids) < self.options.min_tokens:
             return
-        found = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        found = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
         if found:
-            self.text = self.text[: min(found)]
+            index, stop = min(found)
+            end = index + len(stop) if self.options.include_stop_str_in_output else index
+            self.text = self.text[:end]
             self.is_stopped = True

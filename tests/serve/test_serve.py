@@ -313,7 +313,7 @@ def test_errors_are_openai_shaped(served, client, model):
     assert refused(400, max_tokens=4, top_p=1.5)["param"] == "top_p"
     assert refused(400, max_tokens=4, extra_body={"top_k": -2})["param"] == "top_k"
     assert refused(400, max_tokens="8")["param"] == "max_tokens"  # strict: no strings
-    assert refused(400, max_tokens=4, logprobs=2)["param"] == "logprobs"
+    assert refused(400, max_tokens=4, logit_bias={"5": 1.0})["param"] == "logit_bias"
     error = refused(404, model="another-model")
     assert error["code"] == "model_not_found" and error["param"] == "model"
     error = refused(400, prompt=[5] * 2040, max_tokens=16)
