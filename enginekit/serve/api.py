@@ -162,7 +162,7 @@ def build_app(server: Server) -> FastAPI:
         max_tokens = COMPLETIONS_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         sampling = body.sampling(max(1, max_tokens))  # echo alone still runs one step
         generation = server.generation(prompts, sampling, body, "cmpl", request, received)
-        await generation.start(server.config.max_waiting, server.config.retry_after_s)
+        await _start(server, generation, body)
         created = int(time.time())
         echoes = [server.echo_text(p) for p in prompts] if body.echo else None
         if body.stream:
@@ -225,7 +225,7 @@ def build_app(server: Server) -> FastAPI:
         generation = server.generation(
             [prompt], body.sampling(max_tokens), body, "chatcmpl", request, received
         )
-        await generation.start(server.config.max_waiting, server.config.retry_after_s)
+        await _start(server, generation, body)
         created = int(time.time())
         if body.stream:
             return EventStream(
@@ -261,6 +261,16 @@ def build_app(server: Server) -> FastAPI:
         })  # fmt: skip
 
     return app
+
+
+async def _start(
+    server: Server, generation: Generation, body: CompletionRequest | ChatCompletionRequest
+) -> None:
+    """Queues ``generation``; an engine refusal names the request's own field."""
+    try:
+        await generation.start(server.config.max_waiting, server.config.retry_after_s)
+    except ApiError as error:
+        raise body.named(error) from None
 
 
 def _api_error_response(error: ApiError) -> JSONResponse:

@@ -34,10 +34,7 @@ class Refused:
     reason: str
 
 
-_STRUCTURED = (
-    "structured outputs (JSON schema, regex, choice, grammar) are not implemented: "
-    "the output is unconstrained"
-)
+_STRUCTURED = "structural tags are not implemented (JSON schema, regex, choice and grammar are)"
 _NONE: tuple[Any, ...] = (None,)
 
 REFUSED: dict[str, Refused] = {
@@ -49,7 +46,6 @@ REFUSED: dict[str, Refused] = {
     "function_call": Refused((CHAT,), (None, "none"), "function calling is not implemented"),
     "tool_choice": Refused((CHAT,), (None, "none", "auto"), "tool calling is not implemented"),
     "parallel_tool_calls": Refused((CHAT,), (None, False), "tool calling is not implemented"),
-    "response_format": Refused(BOTH, (None, {"type": "text"}), _STRUCTURED),
     "reasoning_effort": Refused((CHAT,), _NONE, "reasoning models are not implemented"),
     "include_reasoning": Refused((CHAT,), (None, True), "reasoning models are not implemented"),
     "modalities": Refused((CHAT,), (None, ["text"]), "only text is generated"),
@@ -76,14 +72,10 @@ REFUSED: dict[str, Refused] = {
     "allowed_token_ids": Refused(BOTH, _NONE, "allowed_token_ids is not implemented"),
     "bad_words": Refused(BOTH, (None, []), "bad_words is not implemented"),
     "logits_processors": Refused(BOTH, (None, []), "custom logits processors are not taken"),
-    "guided_json": Refused(BOTH, _NONE, _STRUCTURED),
-    "guided_regex": Refused(BOTH, _NONE, _STRUCTURED),
-    "guided_choice": Refused(BOTH, _NONE, _STRUCTURED),
-    "guided_grammar": Refused(BOTH, _NONE, _STRUCTURED),
-    "guided_decoding_backend": Refused(BOTH, _NONE, _STRUCTURED),
-    "guided_whitespace_pattern": Refused(BOTH, _NONE, _STRUCTURED),
+    "guided_whitespace_pattern": Refused(
+        BOTH, _NONE, "JSON is laid out as json.dumps lays it out; no other whitespace pattern"
+    ),
     "structural_tag": Refused(BOTH, _NONE, _STRUCTURED),
-    "structured_outputs": Refused(BOTH, _NONE, _STRUCTURED),
     "documents": Refused((CHAT,), (None, []), "documents (RAG templates) are not taken"),
     "chat_template": Refused(
         (CHAT,), _NONE, "the model's own chat template is used; a per-request one is not taken"

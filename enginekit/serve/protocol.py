@@ -15,18 +15,24 @@ distribution for logprobs and penalties). vLLM's extras, as vLLM takes them: ``t
 ``return_tokens_as_token_ids`` (logprobs name tokens ``token_id:<id>``), ``cache_salt``
 (the prefix cache's salt: requests share cached blocks only with the same salt),
 ``priority`` and ``user``; chat's ``echo``, ``add_generation_prompt``,
-``continue_final_message`` and ``chat_template_kwargs``.
+``continue_final_message`` and ``chat_template_kwargs``. Structured outputs: OpenAI's
+``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs``
+(``json``, ``json_object``, ``regex``, ``choice``, ``grammar``) and its older
+``guided_json``, ``guided_regex``, ``guided_choice`` and ``guided_grammar`` (xgrammar's
+EBNF), one at a time, become the engine's ``StructuredOutput``; an engine refusal names
+the request's own field.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from enginekit.errors import InvalidRequestError
-from enginekit.request import SamplingParams
+from enginekit.request import SamplingParams, StructuredOutput
 from enginekit.serve import fields
 
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -122,6 +128,14 @@ class _Sampled(BaseModel):
     return_token_ids: StrictBool = False
     return_tokens_as_token_ids: StrictBool = False
     request_id: StrictStr | None = None
+    # Structured outputs (``structured_output``): one of them, or response_format's.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: StrictStr | dict[str, Any] | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
+    guided_decoding_backend: StrictStr | None = None
     cache_salt: StrictStr | None = None
     user: StrictStr | None = None  # the tenant +queue=fair shares service among
     # lower is served first under +queue=priority; another queue refuses any but 0 (400)
@@ -208,14 +222,139 @@ class _Sampled(BaseModel):
                 beam_width=self.n if self.use_beam_search else 1,
                 logprobs=self.output_logprobs,
                 prompt_logprobs=self.prompt_logprobs_asked,
+                structured=self.structured_output(),
             )
         except InvalidRequestError as exc:
-            raise bad_request(exc) from None
+            raise self.named(bad_request(exc)) from None
+
+    @property
+    def structured_field(self) -> str | None:
+        """The field that asks for structured output (None: none does). Raises ApiError
+        (400) when more than one does."""
+        named = [
+            name
+            for name in _STRUCTURED_FIELDS
+            if getattr(self, name) is not None
+            and not (name == "response_format" and self.response_format == {"type": "text"})
+        ]
+        if len(named) > 1:
+            raise ApiError(
+                400, f"{named[0]} and {named[1]} cannot both be set: one output format",
+                param=named[1],
+            )  # fmt: skip
+        return named[0] if named else None
+
+    def named(self, error: ApiError) -> ApiError:
+        """``error`` with the engine's ``structured`` named as the request's own field."""
+        field_name = self.structured_field
+        if field_name is not None:
+            error.message = re.sub(r"\bstructured(\.\w+)?", field_name, error.message)
+            if error.param == "structured":
+                error.param = field_name
+        return error
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The engine's StructuredOutput of the structured-output field set, if any.
+        Raises ApiError (400, naming the field) for a value enginekit cannot take."""
+        field_name = self.structured_field
+        if field_name is None:
+            return None
+        backend = self.guided_decoding_backend
+        if backend is not None and backend not in ("auto", "xgrammar"):
+            raise ApiError(
+                400, f"guided_decoding_backend: only xgrammar is here, not {backend!r}",
+                param="guided_decoding_backend",
+            )  # fmt: skip
+        try:
+            if field_name == "response_format":
+                return _of_response_format(self.response_format or {})
+            if field_name == "structured_outputs":
+                return _of_structured_outputs(self.structured_outputs or {})
+            if field_name == "guided_json":
+                return StructuredOutput(json_schema=_schema_text(self.guided_json, field_name))
+            if field_name == "guided_regex":
+                return StructuredOutput(regex=self.guided_regex)
+            if field_name == "guided_choice":
+                return StructuredOutput(choice=tuple(self.guided_choice or ()))
+            return StructuredOutput(grammar=self.guided_grammar)
+        except InvalidRequestError as exc:
+            raise ApiError(400, f"{field_name}: {exc}", param=field_name) from None
 
     @property
     def prompt_logprobs_asked(self) -> int | None:
         """How many alternatives each prompt token's logprobs list; None: none asked."""
         return self.prompt_logprobs
+
+
+_STRUCTURED_FIELDS = (
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
+
+
+def _schema_text(schema: object, field_name: str) -> str:
+    """A JSON schema as JSON text (a dict is dumped, text is checked to parse)."""
+    if isinstance(schema, dict):
+        return json.dumps(schema)
+    if not isinstance(schema, str):
+        raise ApiError(400, f"{field_name}: a JSON schema is an object", param=field_name)
+    try:
+        json.loads(schema)
+    except ValueError as exc:
+        message = f"{field_name}: the schema is not JSON: {exc}"
+        raise ApiError(400, message, param=field_name) from None
+    return schema
+
+
+def _of_response_format(response_format: dict[str, Any]) -> StructuredOutput:
+    """OpenAI's ``response_format``: ``json_object``, or ``json_schema`` with
+    ``json_schema.schema``."""
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return StructuredOutput(json_object=True)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None:
+            raise ApiError(
+                400, "response_format: json_schema needs json_schema.schema",
+                param="response_format",
+            )  # fmt: skip
+        return StructuredOutput(json_schema=_schema_text(schema, "response_format"))
+    raise ApiError(
+        400,
+        f"response_format: type {kind!r} is not taken (text, json_object or json_schema)",
+        param="response_format",
+    )
+
+
+def _of_structured_outputs(spec: dict[str, Any]) -> StructuredOutput:
+    """vLLM's ``structured_outputs``: one of ``json``, ``json_object``, ``regex``,
+    ``choice`` or ``grammar``."""
+    known = {"json", "json_object", "regex", "choice", "grammar"}
+    asked = {k: v for k, v in spec.items() if v is not None and v is not False}
+    unknown = sorted(set(asked) - known)
+    if unknown or len(asked) != 1:
+        raise ApiError(
+            400,
+            f"structured_outputs: set exactly one of {sorted(known)}"
+            + (f"; {unknown[0]!r} is not taken" if unknown else ""),
+            param="structured_outputs",
+        )
+    ((kind, value),) = asked.items()
+    if kind == "json":
+        return StructuredOutput(json_schema=_schema_text(value, "structured_outputs"))
+    if kind == "json_object":
+        return StructuredOutput(json_object=value)
+    if kind == "choice":
+        if not isinstance(value, list):
+            raise ApiError(400, "structured_outputs: choice is a list", param="structured_outputs")
+        return StructuredOutput(choice=tuple(value))
+    return StructuredOutput(**{kind: value})
 
 
 def _out_of_range(name: str, value: int) -> ApiError:

@@ -68,6 +68,13 @@ SERVED_EXAMPLES: dict[str, Any] = {
     "add_generation_prompt": False,
     "continue_final_message": True,
     "chat_template_kwargs": {"unused": 1},
+    "response_format": {"type": "json_object"},
+    "structured_outputs": {"regex": "[0-9]{2}"},
+    "guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    "guided_regex": "[0-9]{2}",
+    "guided_choice": ["yes", "no"],
+    "guided_grammar": 'root ::= "yes" | "no"',
+    "guided_decoding_backend": "xgrammar",
 }
 # Fields that need another alongside them to mean something.
 COMPANIONS: dict[str, dict[str, Any]] = {
@@ -78,6 +85,19 @@ COMPANIONS: dict[str, dict[str, Any]] = {
         "messages": [*MESSAGES, {"role": "assistant", "content": "w12"}],
     },
     "use_beam_search": {"n": 2, "temperature": 0.0},
+    "guided_decoding_backend": {"guided_regex": "[0-9]{2}"},
+    # a grammar needs its stop token: min_tokens holds it off (refused together)
+    **{
+        name: {"max_tokens": 24}
+        for name in (
+            "response_format",
+            "structured_outputs",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+        )
+    },
 }
 # A value of each refused field that asks for something.
 REFUSED_EXAMPLES: dict[str, Any] = {
@@ -88,7 +108,6 @@ REFUSED_EXAMPLES: dict[str, Any] = {
     "functions": [{"name": "f"}],
     "function_call": "auto",
     "parallel_tool_calls": True,
-    "response_format": {"type": "json_object"},
     "reasoning_effort": "low",
     "include_reasoning": False,
     "modalities": ["text", "audio"],
@@ -105,14 +124,8 @@ REFUSED_EXAMPLES: dict[str, Any] = {
     "allowed_token_ids": [5, 6],
     "bad_words": ["w5"],
     "logits_processors": ["my.Processor"],
-    "guided_json": {"type": "object"},
-    "guided_regex": "w[0-9]+",
-    "guided_choice": ["w5", "w6"],
-    "guided_grammar": "root ::= 'w5'",
-    "guided_decoding_backend": "xgrammar",
     "guided_whitespace_pattern": " ",
     "structural_tag": "{}",
-    "structured_outputs": {"json": {"type": "object"}},
     "documents": [{"title": "t", "text": "w5"}],
     "chat_template": "{{ messages }}",
     "mm_processor_kwargs": {"k": 1},
@@ -134,9 +147,19 @@ def folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(folder):
+    """The tiny Llama's folder with a word-level tokenizer ("w<id>" is id <id>)."""
     server = Server(compose_config([*OVERRIDES, f"model.path={folder}", "serve.port=0"]))
     with BackgroundServer(server) as running:
         yield running.url, server
+
+
+@pytest.fixture(scope="module")
+def tiny_served():
+    """The embedded tiny Llama, whose tokenizer is Mistral-7B's SentencePiece vocabulary
+    (so that JSON, digits and words can be spelt)."""
+    overrides = [*OVERRIDES, "model=tiny", "serve.port=0"]
+    with BackgroundServer(Server(compose_config(overrides))) as running:
+        yield running.url, running.server
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -172,8 +195,8 @@ def test_readme_field_table_lists_exactly_the_fields():
 
 
 @pytest.mark.parametrize("endpoint", list(ENDPOINTS))
-def test_each_served_field_answers_200(served, endpoint):
-    url, server = served
+def test_each_served_field_answers_200(tiny_served, endpoint):
+    url, server = tiny_served
     path, request_model = ENDPOINTS[endpoint]
     for name in sorted(served_fields(request_model)):
         body = base_body(endpoint, server.model_name)
@@ -191,8 +214,8 @@ def test_each_served_field_answers_200(served, endpoint):
 
 
 @pytest.mark.parametrize("endpoint", list(ENDPOINTS))
-def test_each_refused_field_is_a_400_naming_it(served, endpoint):
-    url, server = served
+def test_each_refused_field_is_a_400_naming_it(tiny_served, endpoint):
+    url, server = tiny_served
     path, _ = ENDPOINTS[endpoint]
     for name, rule in sorted(field_rules.REFUSED.items()):
         body = {**base_body(endpoint, server.model_name), name: REFUSED_EXAMPLES[name]}
@@ -380,3 +403,65 @@ def test_tokenizer_endpoints_and_version(served):
     assert httpx.get(f"{url}/version").json()["version"]
     head = httpx.head(f"{url}/metrics")
     assert head.status_code == 200 and head.content == b""
+
+
+def test_structured_outputs_hold_through_every_spelling(tiny_served):
+    """The random-weight model's free text is gibberish: outputs that match prove the
+    constraint. Each field of vLLM's and OpenAI's spellings reaches the same grammar."""
+    url, server = tiny_served
+    base = {"model": server.model_name, "prompt": "Answer:", "max_tokens": 40}
+    # a boolean: the random model would write an integer's digits until max_tokens
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}
+    as_format = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    spellings = [
+        ({"guided_regex": "[0-9]{3}-[a-z]{2}"}, "regex"),
+        ({"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}}, "regex"),
+        ({"guided_choice": ["yes", "no"]}, "choice"),
+        ({"guided_json": schema}, "schema"),
+        ({"structured_outputs": {"json": schema}}, "schema"),
+        ({"response_format": as_format}, "schema"),
+        ({"response_format": {"type": "json_object"}}, "object"),
+    ]  # fmt: skip
+    for extra, kind in spellings:
+        for path in ("completions", "chat/completions"):
+            body = {**base, **extra}
+            if path == "chat/completions":
+                body = {**extra, "model": server.model_name, "max_tokens": 40,
+                        "messages": [{"role": "user", "content": "Answer"}]}  # fmt: skip
+            reply = post(url, path, body)
+            assert reply.status_code == 200, (extra, reply.text)
+            choice = reply.json()["choices"][0]
+            text = choice["text"] if path == "completions" else choice["message"]["content"]
+            if kind == "object":  # any keys: the random model may write one until cut
+                assert text.startswith('{"'), text
+                if choice["finish_reason"] == "stop":
+                    assert isinstance(json.loads(text), dict)
+                continue
+            assert choice["finish_reason"] == "stop", (extra, text)
+            if kind == "regex":
+                assert re.fullmatch("[0-9]{3}-[a-z]{2}", text), text
+            elif kind == "choice":
+                assert text in ("yes", "no")
+            else:
+                value = json.loads(text)
+                assert set(value) == {"a"} and isinstance(value["a"], bool)
+
+
+def test_structured_output_errors_name_the_request_field(tiny_served, served):
+    url, server = tiny_served
+    base = {"model": server.model_name, "prompt": "Answer:", "max_tokens": 8}
+    cases = [
+        ({"guided_regex": "[0-9"}, "guided_regex"),  # does not compile
+        ({"structured_outputs": {"regex": "[0-9"}}, "structured_outputs"),
+        ({"guided_json": "{not json"}, "guided_json"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),  # two at once
+        ({"guided_regex": "a", "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
+        ({"guided_regex": "a", "min_tokens": 2}, "min_tokens"),
+    ]
+    for extra, param in cases:
+        reply = post(url, "completions", {**base, **extra})
+        assert reply.status_code == 400, (extra, reply.text)
+        error = reply.json()["error"]
+        assert error["param"] == param, (extra, error)
+        assert "structured." not in error["message"], error  # the request's words
