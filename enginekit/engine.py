@@ -49,7 +49,7 @@ from enginekit.spec.kv import KVSpec, swap_space_num_blocks
 from enginekit.spec.model import ModelShape, resolve_dtype
 from enginekit.spec.restore_cost import RestoreCost
 from enginekit.step import KVUsage, SchedulerOutput
-from enginekit.tokenizer import Tokenizer
+from enginekit.tokenizer import SentencePieceTokenizer, Tokenizer
 from enginekit.workloads.ideal import ideal_prefix_hit_tokens
 
 FRAGMENTATION_SAMPLE_STEPS = 16  # external fragmentation is sampled (it scans the pool)
@@ -417,9 +417,10 @@ class Engine:
     # -- results ---------------------------------------------------------------------------
 
     @functools.cached_property
-    def tokenizer(self) -> Tokenizer:
-        """The tokenizer of ``model.path`` (loaded on first use). ConfigError if none."""
-        return Tokenizer.of_model_path(self.config.model.path)
+    def tokenizer(self) -> Tokenizer | SentencePieceTokenizer:
+        """The model's tokenizer (``Tokenizer.of_model``: ``model.path``'s, or the shipped
+        SentencePiece vocabulary for ``tiny``), loaded on first use. ConfigError if none."""
+        return Tokenizer.of_model(self.config.model.path, self.shape.vocab_size)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` (e.g. ``output(request_id).output_token_ids``)."""

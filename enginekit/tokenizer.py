@@ -1,14 +1,17 @@
-"""Text in and out: the tokenizer that ships in a model's Hugging Face folder.
+"""Text in and out: the tokenizer that ships in a model's Hugging Face folder, or the
+SentencePiece vocabulary enginekit ships for models without one.
 
-Loaded from ``model.path`` only, never from the network. Models without a folder (the
-presets, ``tiny``) take token ids in ``Engine.add_request``. Workloads made of text
-(ShareGPT) take ``Tokenizer.for_workload``: the folder's tokenizer when ``model.path`` has
-one, otherwise
-``SentencePieceTokenizer``, Mistral-7B's 32,000-token SentencePiece vocabulary as the
-``mistral-common`` package ships it (``tokenizer.model.v1``), loaded with
-``sentencepiece`` (the ``data`` extra), never from the network. The server gives that
-vocabulary to the models without a folder whose vocabulary has its size (``tiny``), with
-``SENTENCEPIECE_CHAT_TEMPLATE``; ``enginekit.tokenizer_folder`` writes it as a folder.
+Loaded from ``model.path`` only, never from the network. ``Tokenizer.of_model`` is a
+model's tokenizer (``Engine.add_request`` takes text through it, and structured outputs
+read its vocabulary): its folder's; for a model without a folder whose vocabulary has
+``SENTENCEPIECE_VOCAB_SIZE`` ids (``tiny``), ``SentencePieceTokenizer``, Mistral-7B's
+32,000-token SentencePiece vocabulary as the ``mistral-common`` package ships it
+(``tokenizer.model.v1``), loaded with ``sentencepiece`` (the ``data`` extra); other models
+without a folder take token ids. Workloads made of text (ShareGPT) take
+``Tokenizer.for_workload``: the folder's tokenizer when ``model.path`` has one, otherwise
+the SentencePiece vocabulary. The server uses the same rule, with
+``SENTENCEPIECE_CHAT_TEMPLATE``; ``enginekit.tokenizer_folder`` writes the vocabulary as a
+folder.
 """
 
 from __future__ import annotations
@@ -38,14 +41,19 @@ class Tokenizer:
             ) from None
 
     @classmethod
-    def of_model_path(cls, path: str | None) -> Tokenizer:
-        """The tokenizer of ``path``; ConfigError when there is no folder to read it from."""
-        if not path or not Path(path).is_dir():
-            raise ConfigError(
-                "text prompts need a tokenizer, which comes from the model's folder "
-                "(model.path=...); this model has none: pass token ids"
-            )
-        return cls(path)
+    def of_model(cls, path: str | None, vocab_size: int) -> Tokenizer | SentencePieceTokenizer:
+        """The model's tokenizer: its folder's; for a model without a folder whose
+        vocabulary has ``SENTENCEPIECE_VOCAB_SIZE`` ids (``tiny``), the shipped
+        SentencePiece vocabulary. ConfigError for any other model without a folder."""
+        if path and Path(path).is_dir():
+            return cls(path)
+        if vocab_size == SENTENCEPIECE_VOCAB_SIZE:
+            return SentencePieceTokenizer()
+        raise ConfigError(
+            f"the model has no folder (model.path) and its {vocab_size} ids are not the "
+            f"SentencePiece vocabulary's {SENTENCEPIECE_VOCAB_SIZE}: it has no tokenizer "
+            "(pass token ids)"
+        )
 
     @classmethod
     def for_workload(cls, path: str | None) -> Tokenizer | SentencePieceTokenizer:
@@ -85,6 +93,7 @@ class Tokenizer:
 
 SENTENCEPIECE_PACKAGE = "mistral_common"
 SENTENCEPIECE_MODEL = "data/tokenizer.model.v1"  # Mistral-7B v0.1's, 32,000 pieces
+SENTENCEPIECE_VOCAB_SIZE = 32_000
 DATA_EXTRA_HINT = install_hint(["data"])
 
 SENTENCEPIECE_CHAT_TEMPLATE = (

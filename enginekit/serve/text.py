@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from enginekit.errors import ConfigError, InvalidRequestError
-from enginekit.tokenizer import SENTENCEPIECE_CHAT_TEMPLATE, SentencePieceTokenizer
+from enginekit.tokenizer import (
+    SENTENCEPIECE_CHAT_TEMPLATE,
+    SENTENCEPIECE_VOCAB_SIZE,
+    SentencePieceTokenizer,
+)
 
 # Prompt tokens decoded in front of the first output tokens, so that the first delta has
 # the spacing it has in the whole text (a word-initial token decoded alone loses its space).
@@ -95,7 +99,6 @@ def _json_ready(value: Any) -> Any:
     return str(value)
 
 
-SENTENCEPIECE_VOCAB_SIZE = 32_000  # enginekit.tokenizer.SentencePieceTokenizer's
 # Keys chat_template_kwargs may not set: the server sets them, or they name the call's own
 # arguments rather than the template's variables.
 RESERVED_TEMPLATE_KWARGS = frozenset(

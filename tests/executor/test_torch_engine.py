@@ -305,9 +305,15 @@ def test_text_prompts_use_the_tokenizer_of_the_model_folder(tmp_path):
     assert eng.decode(out.output_token_ids).split() == words
 
 
-def test_text_prompts_without_a_model_folder_are_refused():
+def test_tiny_takes_text_through_its_sentencepiece_vocabulary_other_folderless_models_refuse():
+    from enginekit.tokenizer import SentencePieceTokenizer
+
     eng = Engine.from_overrides(
         ["executor=torch", "model=tiny", "progress=false", "cache.num_blocks=16"]
     )
-    with pytest.raises(ConfigError, match="text prompts need a tokenizer"):
-        eng.add_request("hello", SamplingParams(max_tokens=2))
+    request_id = eng.add_request("hello world", SamplingParams(max_tokens=2))
+    expected = SentencePieceTokenizer().encode("hello world")
+    assert eng.output(request_id).prompt_token_ids == expected and expected[0] == 1  # BOS
+    sim = Engine.from_overrides(["model=llama-3-8b", "progress=false"])
+    with pytest.raises(ConfigError, match="128256 ids are not the SentencePiece"):
+        sim.add_request("hello", SamplingParams(max_tokens=2))

@@ -28,7 +28,6 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -299,14 +298,12 @@ def tokenizer_info(
     saying why there is none."""
     import xgrammar as xgr
 
-    from enginekit.tokenizer import SentencePieceTokenizer, Tokenizer
+    from enginekit.tokenizer import Tokenizer
 
     stops = None if eos_token_id is None else [eos_token_id]
-    if model_path and Path(model_path).is_dir():
-        try:
-            inner = Tokenizer(model_path).transformers_tokenizer
-        except ConfigError:
-            raise ConfigError(f"model.path={model_path!r} holds no usable tokenizer") from None
+    tokenizer = Tokenizer.of_model(model_path, vocab_size)  # ConfigError if none
+    if isinstance(tokenizer, Tokenizer):
+        inner = tokenizer.transformers_tokenizer
         detected = xgr.TokenizerInfo.from_huggingface(
             inner, vocab_size=vocab_size, stop_token_ids=stops
         )
@@ -317,20 +314,8 @@ def tokenizer_info(
         special = list(inner.all_special_ids)
         vocab_type, add_prefix_space = detected.vocab_type, detected.add_prefix_space
     else:
-        try:
-            sentencepiece = SentencePieceTokenizer()
-        except ConfigError as exc:
-            raise ConfigError(
-                f"the model has no folder (model.path), and the SentencePiece vocabulary "
-                f"cannot be loaded ({exc})"
-            ) from None
-        if sentencepiece.vocab_size != vocab_size:
-            raise ConfigError(
-                f"the model has no folder (model.path) and its {vocab_size} ids are not the "
-                f"SentencePiece vocabulary's {sentencepiece.vocab_size}"
-            )
-        encoded = [sentencepiece.piece(i) for i in range(vocab_size)]
-        special = list(sentencepiece.special_tokens.values())
+        encoded = [tokenizer.piece(i) for i in range(vocab_size)]
+        special = list(tokenizer.special_tokens.values())
         vocab_type, add_prefix_space = xgr.VocabType.BYTE_FALLBACK, True
     for token_id in special:
         if 0 <= token_id < vocab_size:
