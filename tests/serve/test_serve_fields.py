@@ -465,3 +465,12 @@ def test_structured_output_errors_name_the_request_field(tiny_served, served):
         error = reply.json()["error"]
         assert error["param"] == param, (extra, error)
         assert "structured." not in error["message"], error  # the request's words
+
+
+def test_logprobs_0_gives_each_token_its_own_logprob_and_no_alternatives(served):
+    url, server = served
+    body = {"model": server.model_name, "prompt": PROMPT, "max_tokens": 3, "logprobs": 0}
+    logprobs = post(url, "completions", body).json()["choices"][0]["logprobs"]
+    assert len(logprobs["token_logprobs"]) == 3
+    assert all(isinstance(value, float) for value in logprobs["token_logprobs"])
+    assert [list(top) for top in logprobs["top_logprobs"]] == [[t] for t in logprobs["tokens"]]
