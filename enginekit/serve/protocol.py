@@ -32,7 +32,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from enginekit.errors import InvalidRequestError
-from enginekit.request import SamplingParams, StructuredOutput
+from enginekit.request import MAX_LOGPROBS, SamplingParams, StructuredOutput
 from enginekit.serve import fields
 
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -87,8 +87,6 @@ def bad_request(exc: Exception) -> ApiError:
         param = None
     return ApiError(400, message, param=param)
 
-
-MAX_LOGPROBS = 20  # the most alternatives a token's logprobs may list (vLLM's default)
 
 
 class StreamOptions(BaseModel):
