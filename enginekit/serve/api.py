@@ -16,7 +16,8 @@ its workers.
 - ``GET /v1/models``, ``GET /health`` (200 while the engine loop runs, else 503; also
   ``HEAD``), ``GET /metrics`` (``prometheus``; ``HEAD`` answers 200 with no body),
   ``GET /summary`` (the engine's summary and ``describe()``, computed on the engine's
-  thread).
+  thread, and ``wall``: the output rate over the wall-clock span from the first arrival
+  to the last end, ``EngineLoop.wall_summary``).
 - ``GET /model_info``, ``GET /server_info`` (also as ``/get_model_info``,
   ``/get_server_info``): what ``sglang-router`` asks each worker when it registers it.
 
@@ -93,8 +94,10 @@ def build_app(server: Server) -> FastAPI:
 
     @app.get("/summary")
     async def summary() -> dict[str, Any]:
+        loop = server.loop
         return await server.on_engine(lambda engine: {
-            "summary": engine.summary(), "describe": engine.describe()
+            "summary": engine.summary(), "describe": engine.describe(),
+            "wall": loop.wall_summary() if loop is not None else None,
         })  # fmt: skip
 
     @app.get("/model_info")

@@ -186,6 +186,9 @@ class EngineLoop:
         self._generation_tokens = 0
         self._finished_by_reason: dict[str, int] = {}
         self._rate_window: deque[tuple[float, int]] = deque()  # (wall time, tokens)
+        # The wall span of the work: the first accepted request's arrival, the last end.
+        self._first_arrival_at: float | None = None
+        self._last_end_at: float | None = None
         self._publish(num_taken=0)
 
     # -- any thread ------------------------------------------------------------------------
@@ -306,6 +309,8 @@ class EngineLoop:
         except EngineKitError as exc:
             return job.events, Refused(job.index, exc)
         self._live[job.request_id] = _Live(job)
+        if self._first_arrival_at is None or job.received_at < self._first_arrival_at:
+            self._first_arrival_at = job.received_at
         return job.events, Accepted(job.index)
 
     def _end(
@@ -407,6 +412,7 @@ class EngineLoop:
         any token) lasts 0."""
         reason = final.finish_reason or "abort"
         self._finished_by_reason[reason] = self._finished_by_reason.get(reason, 0) + 1
+        self._last_end_at = now
         if reason == "abort":
             return
         metrics = self.metrics
@@ -473,6 +479,22 @@ class EngineLoop:
         self.backlog.update(num_taken, num_waiting)
         if self.after_engine is not None:
             self.after_engine(engine)
+
+    def wall_summary(self) -> dict[str, float | int | None]:
+        """The output rate in wall-clock time, as a client computes its own: the tokens
+        released (``generation_tokens_total``, as ``vllm:generation_tokens_total``) over
+        ``duration_s``, from the first accepted request's arrival (``received_at``) to the
+        last request's end (its final release, or its abort). ``duration_s`` and the rate
+        are None until a request has ended. Call on the loop thread (``call``)."""
+        duration = None
+        if self._first_arrival_at is not None and self._last_end_at is not None:
+            duration = self._last_end_at - self._first_arrival_at
+        rate = self._generation_tokens / duration if duration else None
+        return {
+            "duration_s": duration,
+            "generation_tokens_total": self._generation_tokens,
+            "output_tokens_per_s": rate,
+        }
 
     def _output_rate(self) -> float:
         """Tokens handed over in the last RATE_WINDOW_S wall seconds, per second of the
