@@ -11,8 +11,10 @@ combination, with Prometheus metrics.
 
 Modules: ``server`` (the engine, tokenizer, loop and metrics the routes use), ``api``
 (the routes), ``loop`` (the thread that owns the engine), ``generation`` (one HTTP
-request's engine requests and choices), ``text`` (tokenizer, chat template, streaming
-detokenization, stop strings), ``protocol`` (request bodies and OpenAI's error shape),
+request's engine requests and choices), ``codec`` (the tokenizer and chat template),
+``text`` (streaming detokenization, stop strings), ``protocol`` (request bodies and
+OpenAI's error shape), ``fields`` (vLLM's request fields enginekit refuses),
+``logprobs`` (logprobs in OpenAI's shapes),
 ``prometheus`` (the metrics), ``kv_events`` (the cache's KV events over ZMQ, in vLLM's
 format, for cache-aware routers), ``run`` (uvicorn in the foreground or on a thread).
 Needs the ``serve`` extra (fastapi, uvicorn, prometheus-client; pyzmq and msgspec for KV

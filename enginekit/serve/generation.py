@@ -24,10 +24,11 @@ from dataclasses import dataclass
 
 from enginekit.errors import InvalidRequestError
 from enginekit.request import RequestOutput, SamplingParams, TokenLogprob
+from enginekit.serve.codec import TextCodec
 from enginekit.serve.loop import Accepted, EngineLoop, Event, Job, Refused, Tokens
 from enginekit.serve.prometheus import ServeMetrics
 from enginekit.serve.protocol import ApiError, bad_request
-from enginekit.serve.text import SampleText, TextCodec, TextOptions
+from enginekit.serve.text import SampleText, TextOptions
 
 
 @dataclass(frozen=True)

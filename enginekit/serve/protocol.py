@@ -88,7 +88,6 @@ def bad_request(exc: Exception) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 

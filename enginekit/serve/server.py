@@ -22,12 +22,13 @@ from enginekit.config import EngineConfig
 from enginekit.engine import Engine
 from enginekit.errors import ConfigError, InvalidRequestError
 from enginekit.request import SamplingParams
+from enginekit.serve.codec import TextCodec
 from enginekit.serve.generation import Generation
 from enginekit.serve.logprobs import TokenNames, token_names
 from enginekit.serve.loop import Backlog, EngineLoop
 from enginekit.serve.prometheus import ServeMetrics, Snapshot
 from enginekit.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
-from enginekit.serve.text import TextCodec, TextOptions
+from enginekit.serve.text import TextOptions
 
 if TYPE_CHECKING:
     from enginekit.serve.kv_events import KVEventPublisher

@@ -23,7 +23,7 @@ from test_serve import save_model_folder, scrape
 
 from enginekit.app import compose_config
 from enginekit.serve import BackgroundServer, Server
-from enginekit.serve.text import TextCodec
+from enginekit.serve.codec import TextCodec
 
 MODEL = "conversation-model"
 

@@ -19,7 +19,7 @@ from enginekit import Engine, SamplingParams
 from enginekit.app import compose_config
 from enginekit.errors import InvalidRequestError
 from enginekit.serve import BackgroundServer, Server
-from enginekit.serve.text import (
+from enginekit.serve.codec import (
     BYTE_LEVEL_ALPHABET,
     FolderCodec,
     SentencePieceCodec,
