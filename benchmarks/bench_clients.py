@@ -14,14 +14,18 @@ The load generators (vLLM, guidellm, aiperf) each send ``--num-requests`` stream
 completions of random prompts (``--input-len`` tokens, ``--output-len`` tokens out,
 ``ignore_eos``) at each ``--concurrency``, to a fresh ``python3 -m enginekit.serve``
 per run (by default the simulator: Llama-3-8B's shape on an H200, in real time). Each
-client's own result file gives its TTFT, ITL, end-to-end latency (mean, p99) and
-throughput; the server's ``/metrics`` after the run gives its histograms (mean =
-sum / count; p99 interpolated within the buckets, as Prometheus' ``histogram_quantile``
-does) and its request and token counters, and ``/summary`` the engine's own figures (in
-the engine's time). lm-evaluation-harness's ``local-completions`` model runs the tasks of
-``benchmarks/clients/lm_eval/`` (one multiple-choice, scored by loglikelihoods; one
-``generate_until``) against a torch server of a small seeded random Llama with the same
-tokenizer (``--lm-eval-model``: another folder).
+client's own result file gives its TTFT, ITL (every gap between chunks) and TPOT (per
+request) as the tool defines them, end-to-end latency (mean, p99) and throughput; the
+server's ``/metrics`` after the run gives its histograms (mean = sum / count; p99 as the
+bucket that holds it, and interpolated within it as Prometheus' ``histogram_quantile``
+does) and its request and token counters, ``/summary``'s ``wall`` its output rate over
+the wall-clock span from the first arrival to the last end (what a client divides by),
+and ``/summary`` the engine's own figures (in the engine's time). lm-evaluation-harness's
+``local-completions`` model runs the tasks of ``benchmarks/clients/lm_eval/`` (one
+multiple-choice, scored by loglikelihoods; one ``generate_until``) against a torch server
+of a small seeded random Llama with the same tokenizer (``--lm-eval-model``: another
+folder); its logged answers are then checked against transformers on the same weights
+(``lm_eval_check``).
 
 The served model's folder is made from ``--tokenizer-folder`` (a Hugging Face tokenizer
 folder; by default ``python3 -m enginekit.tokenizer_folder`` writes one): its files and
@@ -29,8 +33,8 @@ a config.json of the preset's shape with the tokenizer's vocabulary size, since 
 simulator draws output ids below the model's vocabulary size and the client decodes them.
 
 Writes ``--out`` (JSON: every figure, each client's command and version, each server's
-non-2xx answers from its access log) and ``--markdown`` (the table: client figure,
-server figure, ratio).
+non-2xx answers from its access log, lm-eval's metrics and their check) and
+``--markdown`` (the table: client figure, server figure, how they compare).
 """
 
 from __future__ import annotations
@@ -82,21 +86,28 @@ VENV_VARIABLES = {
 
 @dataclass(frozen=True)
 class Stat:
-    """A latency in milliseconds: its mean and 99th percentile (None where not given)."""
+    """A latency in milliseconds: its mean and 99th percentile (None where not given). A
+    histogram's p99 is interpolated within its bucket, ``p99_bucket`` (lower, upper]: only
+    the bucket is measured."""
 
     mean: float | None = None
     p99: float | None = None
+    p99_bucket: tuple[float, float] | None = None
 
 
 @dataclass
 class Figures:
-    """What one side (a client, or the server) measured over one run."""
+    """What one side (a client, or the server) measured over one run. ``itl_ms``: every
+    gap between two streamed chunks of a request, over all gaps; ``tpot_ms``: each
+    request's (latency - TTFT) / (output tokens - 1), over requests (the tools call one or
+    the other ITL); ``output_throughput``: output tokens over the run's wall-clock span."""
 
     requests: float | None = None
     input_tokens: float | None = None
     output_tokens: float | None = None
     ttft_ms: Stat = field(default_factory=Stat)
     itl_ms: Stat = field(default_factory=Stat)
+    tpot_ms: Stat = field(default_factory=Stat)
     e2e_ms: Stat = field(default_factory=Stat)
     output_throughput: float | None = None  # tokens per second
     notes: dict[str, Any] = field(default_factory=dict)
@@ -108,6 +119,7 @@ class Figures:
             "output_tokens": self.output_tokens,
             "ttft_ms": vars(self.ttft_ms),
             "itl_ms": vars(self.itl_ms),
+            "tpot_ms": vars(self.tpot_ms),
             "e2e_ms": vars(self.e2e_ms),
             "output_throughput": self.output_throughput,
             **self.notes,
@@ -145,7 +157,9 @@ class LoadClient:
 
 
 class VllmBench(LoadClient):
-    """``vllm bench serve`` on its random dataset, against ``/v1/completions``."""
+    """``vllm bench serve`` on its random dataset, against ``/v1/completions``. Its ITL is
+    every gap between chunks, its TPOT each request's; its throughput divides by the run's
+    duration."""
 
     name = "vllm bench serve"
     distribution = "vllm"
@@ -182,15 +196,19 @@ class VllmBench(LoadClient):
             output_tokens=result.get("total_output_tokens"),
             ttft_ms=stat("ttft"),
             itl_ms=stat("itl"),
+            tpot_ms=stat("tpot"),
             e2e_ms=stat("e2el"),
             output_throughput=result.get("output_throughput"),
-            notes={"tpot_ms": vars(stat("tpot")), "duration_s": result.get("duration")},
+            notes={"duration_s": result.get("duration")},
         )
 
 
 class GuideLLM(LoadClient):
     """``guidellm run``: a concurrent profile on its synthetic text, with a request cap.
-    Its ITL (and TPOT) percentiles are over requests' averages, not over single gaps."""
+    Its ``inter_token_latency_ms`` is each request's (latency - TTFT) / (output tokens - 1),
+    its percentiles over requests: our TPOT (it reports no gap between chunks); its
+    ``time_per_output_token_ms`` (latency / output tokens, TTFT included) goes in the
+    notes. Its output tokens per second divide by the run's duration."""
 
     name = "guidellm"
     distribution = "guidellm"
@@ -231,11 +249,11 @@ class GuideLLM(LoadClient):
             input_tokens=successful("prompt_token_count")["total_sum"],
             output_tokens=successful("output_token_count")["total_sum"],
             ttft_ms=stat("time_to_first_token_ms"),
-            itl_ms=stat("inter_token_latency_ms"),
+            tpot_ms=stat("inter_token_latency_ms"),
             e2e_ms=stat("request_latency", scale=1000.0),
             output_throughput=successful("output_tokens_per_second")["mean"],
             notes={
-                "tpot_ms": vars(stat("time_per_output_token_ms")),
+                "latency_per_output_token_ms": vars(stat("time_per_output_token_ms")),
                 "duration_s": benchmark.get("duration"),
             },
         )
@@ -243,7 +261,10 @@ class GuideLLM(LoadClient):
 
 class AIPerf(LoadClient):
     """``aiperf profile``: streaming completions of its synthetic prompts at a fixed
-    concurrency, ``ignore_eos`` through ``--extra-inputs``."""
+    concurrency, ``ignore_eos`` through ``--extra-inputs``, and ``--use-server-token-count``:
+    its output token counts (and so its ITL and throughput) are the server's usage, not
+    its own tokenization of the text it received. Its ``inter_chunk_latency`` is every gap
+    between chunks (our ITL), its ``inter_token_latency`` each request's (our TPOT)."""
 
     name = "aiperf"
     distribution = "aiperf"
@@ -260,7 +281,7 @@ class AIPerf(LoadClient):
             "--synthetic-input-tokens-mean", str(load.input_len),
             "--synthetic-input-tokens-stddev", "0",
             "--output-tokens-mean", str(load.output_len), "--output-tokens-stddev", "0",
-            "--extra-inputs", "ignore_eos:true",
+            "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
             "--concurrency", str(load.concurrency), "--request-count", str(load.num_requests),
             "--random-seed", "0", "--artifact-dir", str(out_dir), "--ui-type", "none",
         ]  # fmt: skip
@@ -291,7 +312,8 @@ class AIPerf(LoadClient):
             input_tokens=metric("total_isl").get("avg"),
             output_tokens=metric("total_osl").get("avg"),
             ttft_ms=stat("time_to_first_token"),
-            itl_ms=stat("inter_token_latency"),
+            itl_ms=stat("inter_chunk_latency"),
+            tpot_ms=stat("inter_token_latency"),
             e2e_ms=stat("request_latency"),
             output_throughput=metric("output_token_throughput").get("avg"),
             notes={
@@ -300,7 +322,6 @@ class AIPerf(LoadClient):
                 # what the server's usage chunks said, beside aiperf's own token counts
                 "usage_prompt_tokens": usage_prompt.get("sum"),
                 "usage_completion_tokens": usage_output,
-                "inter_chunk_latency_ms": vars(stat("inter_chunk_latency")),
             },
         )
 
@@ -502,8 +523,8 @@ def metric_samples(text: str, served_model_name: str | None) -> dict[str, list[A
 
 
 def histogram_stat(samples: list[Any], scale: float = 1000.0) -> Stat:
-    """Mean (sum / count) and p99 (linear within its bucket, as ``histogram_quantile``)
-    of a histogram's samples, times ``scale``."""
+    """Mean (sum / count) and p99 (linear within its bucket, as ``histogram_quantile``,
+    and that bucket's bounds) of a histogram's samples, times ``scale``."""
     total = sum(s.value for s in samples if s.name.endswith("_sum"))
     count = sum(s.value for s in samples if s.name.endswith("_count"))
     if not count:
@@ -513,7 +534,22 @@ def histogram_stat(samples: list[Any], scale: float = 1000.0) -> Stat:
         if sample.name.endswith("_bucket"):
             bound = float(sample.labels["le"])
             buckets[bound] = buckets.get(bound, 0.0) + sample.value
-    return Stat(total / count * scale, _bucket_quantile(0.99, buckets, count) * scale)
+    lower, upper = _bucket_of(0.99, buckets, count)
+    return Stat(
+        total / count * scale,
+        _bucket_quantile(0.99, buckets, count) * scale,
+        (lower * scale, upper * scale),
+    )
+
+
+def _bucket_of(q: float, buckets: dict[float, float], count: float) -> tuple[float, float]:
+    """The bounds (lower, upper] of the bucket that holds the ``q`` quantile."""
+    rank, lower = q * count, 0.0
+    for bound in sorted(buckets):
+        if buckets[bound] >= rank:
+            return lower, bound
+        lower = bound
+    return lower, float("inf")
 
 
 def _bucket_quantile(q: float, buckets: dict[float, float], count: float) -> float:
@@ -543,13 +579,15 @@ def counter_total(
 
 def server_figures(url: str, served_model_name: str) -> Figures:
     """The server's own figures: latency histograms, request and token counters from
-    ``/metrics`` (wall-clock, from each request's arrival), and the engine's summary
-    (``/summary``, in the engine's time) in ``notes["engine"]``."""
+    ``/metrics`` (wall-clock, from each request's arrival), its output rate over the
+    wall-clock span from the first arrival to the last end (``/summary``'s ``wall``), and
+    the engine's summary (``/summary``, in the engine's time) in ``notes["engine"]``."""
     families = metric_samples(httpx.get(f"{url}/metrics", timeout=30).text, served_model_name)
     itl_family = "inter_token_latency_seconds"
     if itl_family not in families:  # vLLM's older name for the same histogram
         itl_family = "time_per_output_token_seconds"
-    summary = httpx.get(f"{url}/summary", timeout=60).json()["summary"]
+    answer = httpx.get(f"{url}/summary", timeout=60).json()
+    summary, wall = answer["summary"], answer.get("wall") or {}
 
     def engine_stat(key: str) -> dict[str, float | None]:
         values = summary.get(key) or {}
@@ -566,6 +604,7 @@ def server_figures(url: str, served_model_name: str) -> Figures:
         "tpot_ms": engine_stat("time_per_output_token_seconds"),
         "e2e_ms": engine_stat("e2e_request_latency_seconds"),
     }
+    wall_notes = {key: wall.get(key) for key in ("duration_s", "output_tokens_per_s")}
     return Figures(
         requests=counter_total(
             families.get("request_success", []), "finished_reason", ("stop", "length")
@@ -574,9 +613,10 @@ def server_figures(url: str, served_model_name: str) -> Figures:
         output_tokens=counter_total(families.get("generation_tokens", [])),
         ttft_ms=histogram_stat(families.get("time_to_first_token_seconds", [])),
         itl_ms=histogram_stat(families.get(itl_family, [])),
+        tpot_ms=histogram_stat(families.get("request_time_per_output_token_seconds", [])),
         e2e_ms=histogram_stat(families.get("e2e_request_latency_seconds", [])),
-        output_throughput=summary.get("output_tokens_per_s"),
-        notes={"engine": engine},
+        output_throughput=wall.get("output_tokens_per_s"),
+        notes={"wall": wall_notes, "engine": engine},
     )
 
 
@@ -600,11 +640,95 @@ def lm_eval_command(exe: Path, url: str, model: str, tokenizer: Path, out_dir: P
 
 def lm_eval_results(out_dir: Path) -> dict[str, Any]:
     """Each task's metrics from lm-eval's newest results file under ``out_dir``."""
-    found = sorted(out_dir.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise FileNotFoundError(f"no results_*.json under {out_dir}")
-    results = json.loads(found[-1].read_text())["results"]
+    results = json.loads(_newest(out_dir, "results_*.json").read_text())["results"]
     return {task: dict(results[task]) for task in LM_EVAL_TASKS if task in results}
+
+
+def _newest(out_dir: Path, pattern: str) -> Path:
+    found = sorted(out_dir.rglob(pattern), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"no {pattern} under {out_dir}")
+    return found[-1]
+
+
+def _samples(out_dir: Path, task: str) -> list[dict[str, Any]]:
+    """The documents lm-eval logged for ``task`` (``--log_samples``)."""
+    path = _newest(out_dir, f"samples_{task}_*.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def split_context(tokenizer: Any, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """The (context, continuation) token ids lm-eval's API models score: the context's
+    trailing spaces move to the continuation, the whole text is tokenized without special
+    tokens and cut after the context's own tokens."""
+    num_spaces = len(context) - len(context.rstrip())
+    if num_spaces:
+        context, continuation = context[:-num_spaces], context[-num_spaces:] + continuation
+    whole = tokenizer(context + continuation, add_special_tokens=False).input_ids
+    num_context = len(tokenizer(context, add_special_tokens=False).input_ids)
+    return whole[:num_context], whole[num_context:]
+
+
+def lm_eval_check(model_folder: Path, tokenizer_folder: Path, out_dir: Path) -> dict[str, Any]:
+    """lm-eval's logged answers against transformers on the same model and tokenizer: each
+    choice's loglikelihood (the sum of the continuation tokens' log-softmax after the
+    context) and is_greedy flag, the accuracy those loglikelihoods give, and each greedy
+    generation (up to the task's ``max_gen_toks``, cut at its first ``until`` string; the
+    text decoded after the prompt's, as a completion continues it)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_folder), dtype=torch.float32, local_files_only=True
+    ).eval()
+    diffs: list[float] = []
+    num_greedy_equal, num_correct = 0, 0
+    choice_docs = _samples(out_dir, "enginekit_choice")
+    for sample in choice_docs:
+        scores = []
+        for argument, response in zip(sample["arguments"].values(), sample["resps"], strict=True):
+            context, continuation = split_context(tokenizer, argument["arg_0"], argument["arg_1"])
+            ids = context + continuation
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0].float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            positions = range(len(context), len(ids))
+            score = sum(float(logprobs[i - 1, ids[i]]) for i in positions)
+            greedy = all(int(logprobs[i - 1].argmax()) == ids[i] for i in positions)
+            logged, logged_greedy = response[0]
+            diffs.append(abs(score - float(logged)))
+            num_greedy_equal += greedy == (str(logged_greedy) == "True")
+            scores.append(score)
+        num_correct += max(range(len(scores)), key=scores.__getitem__) == int(
+            sample["doc"]["answer"]
+        )
+    num_equal, generate_docs = 0, _samples(out_dir, "enginekit_generate")
+    for sample in generate_docs:
+        argument = sample["arguments"]["gen_args_0"]
+        prompt, settings = argument["arg_0"], argument["arg_1"]
+        ids = tokenizer(prompt, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=int(settings["max_gen_toks"]),
+                do_sample=False,
+                pad_token_id=tokenizer.eos_token_id,
+            )[0].tolist()
+        prefix = tokenizer.decode(ids, skip_special_tokens=True)
+        text = tokenizer.decode(out, skip_special_tokens=True)[len(prefix) :]
+        for stop in settings.get("until", []):
+            text = text.split(stop)[0]
+        num_equal += text == sample["resps"][0][0]
+    return {
+        "choice": {
+            "num_loglikelihoods": len(diffs),
+            "max_abs_diff": max(diffs, default=0.0),
+            "num_greedy_equal": num_greedy_equal,
+            "acc_transformers": num_correct / len(choice_docs) if choice_docs else None,
+        },
+        "generate": {"num_docs": len(generate_docs), "num_equal": num_equal},
+    }
 
 
 # ---- running -------------------------------------------------------------------------------
@@ -643,7 +767,10 @@ def run_load_client(
     server's, the command and what the server refused."""
     out_dir = work / f"{key}-c{load.concurrency}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    entry: dict[str, Any] = {"client": client.name, "concurrency": load.concurrency}
+    entry: dict[str, Any] = {
+        "client": client.name, "concurrency": load.concurrency,
+        "load_average": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 minutes
+    }  # fmt: skip
     with ServerProcess(overrides, out_dir / "server.log", server_environment()) as server:
         command = client.command(exe, server.url, SERVED_MODEL_NAME, tokenizer, load, out_dir)
         entry["command"] = " ".join(command)
@@ -664,7 +791,8 @@ def run_load_client(
 def run_lm_eval(
     exe: Path, model_folder: Path, tokenizer: Path, work: Path, timeout_s: float
 ) -> dict[str, Any]:
-    """lm-eval's tasks against a torch server of ``model_folder``."""
+    """lm-eval's tasks against a torch server of ``model_folder``, then its answers against
+    transformers on the same model (``lm_eval_check``)."""
     out_dir = work / "lm_eval"
     out_dir.mkdir(parents=True, exist_ok=True)
     overrides = [
@@ -683,6 +811,7 @@ def run_lm_eval(
     entry["server_refused"] = server.refused()
     try:
         entry["results"] = lm_eval_results(out_dir)
+        entry["check"] = lm_eval_check(model_folder, tokenizer, out_dir)
     except (OSError, KeyError, ValueError) as exc:
         entry["error"] = f"{type(exc).__name__}: {exc}"
         entry["client_log_tail"] = (out_dir / "client.log").read_text(errors="replace")[-3000:]
@@ -691,24 +820,39 @@ def run_lm_eval(
 
 # ---- the table -----------------------------------------------------------------------------
 
-# (title, the client's and the server's figure, the engine's figure in its summary)
-Pick = Callable[[dict[str, Any]], float | None]
-ROWS: tuple[tuple[str, Pick, Pick], ...] = (
-    ("TTFT mean (ms)", lambda f: f["ttft_ms"]["mean"], lambda e: e["ttft_ms"]["mean"]),
-    ("TTFT p99 (ms)", lambda f: f["ttft_ms"]["p99"], lambda e: e["ttft_ms"]["p99"]),
-    ("ITL mean (ms)", lambda f: f["itl_ms"]["mean"], lambda e: e["tpot_ms"]["mean"]),
-    ("ITL p99 (ms)", lambda f: f["itl_ms"]["p99"], lambda e: e["tpot_ms"]["p99"]),
-    ("E2E mean (ms)", lambda f: f["e2e_ms"]["mean"], lambda e: e["e2e_ms"]["mean"]),
-    ("output tok/s", lambda f: f["output_throughput"], lambda e: e["output_tokens_per_s"]),
-    ("requests", lambda f: f["requests"], lambda e: None),
-    ("input tokens", lambda f: f["input_tokens"], lambda e: None),
-    ("output tokens", lambda f: f["output_tokens"], lambda e: None),
+# (title, the figure's key in Figures.as_dict, "mean"/"p99" of a Stat or None for a number,
+# the engine's figure in its summary)
+EnginePick = Callable[[dict[str, Any]], float | None]
+ROWS: tuple[tuple[str, str, str | None, EnginePick], ...] = (
+    ("TTFT mean (ms)", "ttft_ms", "mean", lambda e: e["ttft_ms"]["mean"]),
+    ("TTFT p99 (ms)", "ttft_ms", "p99", lambda e: e["ttft_ms"]["p99"]),
+    ("ITL mean (ms), every chunk gap", "itl_ms", "mean", lambda e: None),
+    ("ITL p99 (ms), every chunk gap", "itl_ms", "p99", lambda e: None),
+    ("TPOT mean (ms), per request", "tpot_ms", "mean", lambda e: e["tpot_ms"]["mean"]),
+    ("TPOT p99 (ms), per request", "tpot_ms", "p99", lambda e: e["tpot_ms"]["p99"]),
+    ("E2E mean (ms)", "e2e_ms", "mean", lambda e: e["e2e_ms"]["mean"]),
+    ("E2E p99 (ms)", "e2e_ms", "p99", lambda e: e["e2e_ms"]["p99"]),
+    ("output tok/s", "output_throughput", None, lambda e: e["output_tokens_per_s"]),
+    ("requests", "requests", None, lambda e: None),
+    ("input tokens", "input_tokens", None, lambda e: None),
+    ("output tokens", "output_tokens", None, lambda e: None),
 )
 TABLE_NOTE = (
-    "server: its /metrics after the run (wall-clock from each request's arrival; p99s "
-    "interpolated within the histogram's buckets; tok/s: output tokens per second of the "
-    "engine's time). engine: its /summary, in the engine's own (simulated) time; its ITL "
-    "rows are its time per output token."
+    "client: the tool's own result file. ITL, every chunk gap: each gap between two streamed "
+    "chunks of a request, over all gaps (vLLM's ITL, aiperf's inter_chunk_latency; guidellm "
+    "reports none); TPOT, per request: each request's (latency − TTFT) / (output tokens − "
+    "1), the mean and p99 over requests (vLLM's TPOT, guidellm's and aiperf's ITL); output "
+    "tok/s: output tokens over the run's wall-clock duration. server: its /metrics after "
+    "the run, wall-clock from the moment its handler got each request (before tokenizing "
+    "it): mean = sum / count of vllm:time_to_first_token_seconds, "
+    "vllm:inter_token_latency_seconds (every gap between two releases of a request's "
+    "tokens), vllm:request_time_per_output_token_seconds (per request) and "
+    "vllm:e2e_request_latency_seconds; a p99 is the histogram's bucket (lower, upper] that "
+    "holds it (vLLM's buckets: 10 ms wide at the bottom for ITL, 20 ms for TTFT), against "
+    "which the client's p99 is within, below or above; output tok/s: /summary's wall "
+    "rate, its output tokens over the wall-clock span from the first request's arrival "
+    "to the last one's end. engine: its /summary in the engine's own (simulated) time: "
+    "its TPOT per request, and its output tokens per second of simulated time."
 )
 
 
@@ -718,9 +862,38 @@ def _number(value: float | None) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
 
 
+def _bound(value: float) -> str:
+    return "∞" if value == float("inf") else f"{value:,.4g}"
+
+
+def compare(ours: float | None, stat: dict[str, Any] | float | None, part: str | None) -> str:
+    """The client's figure against the server's: their ratio, or for a p99 the server
+    measures as a histogram's bucket, whether the client's is within, below or above it."""
+    if ours is None or stat is None:
+        return "–"
+    if isinstance(stat, dict):
+        bucket = stat.get("p99_bucket") if part == "p99" else None
+        if bucket is not None:
+            lower, upper = bucket
+            return "below" if ours <= lower else "above" if ours > upper else "within"
+        theirs = stat.get(part or "")
+    else:
+        theirs = stat
+    return f"{ours / theirs:.2f}" if theirs else "–"
+
+
+def _cell(figures: dict[str, Any], key: str, part: str | None) -> tuple[float | None, Any]:
+    """(the figure, what compare reads: the Stat's dict or the number)."""
+    value = figures.get(key)
+    if part is None:
+        return value, value
+    value = value or {}
+    return value.get(part), value
+
+
 def markdown_table(runs: list[dict[str, Any]]) -> str:
-    """One row per (client, concurrency, figure): the client's figure, the server's,
-    their ratio, and the engine's own (see TABLE_NOTE)."""
+    """One row per (client, concurrency, figure): the client's figure, the server's (a
+    p99: its bucket), how they compare, and the engine's own (see TABLE_NOTE)."""
     lines = [
         "| client | concurrency | figure | client | server | client / server | engine |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -733,17 +906,45 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
                 f"| {run['client']} | {run.get('concurrency', '–')} | – | {reason} | | | |"
             )
             continue
-        for title, pick, pick_engine in ROWS:
-            ours, theirs = pick(client), pick(server)
-            ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "–"
+        for title, key, part, pick_engine in ROWS:
+            ours, _ = _cell(client, key, part)
+            theirs, stat = _cell(server, key, part)
+            shown = _number(theirs)
+            bucket = stat.get("p99_bucket") if isinstance(stat, dict) and part == "p99" else None
+            if bucket is not None:
+                shown = f"({_bound(bucket[0])}, {_bound(bucket[1])}]"
             lines.append(
                 f"| {run['client']} | {run['concurrency']} | {title} | {_number(ours)} | "
-                f"{_number(theirs)} | {ratio} | {_number(pick_engine(server['engine']))} |"
+                f"{shown} | {compare(ours, stat, part)} | "
+                f"{_number(pick_engine(server['engine']))} |"
             )
     return "\n".join(lines) + "\n\n" + TABLE_NOTE + "\n"
 
 
+def ratio_ranges(runs: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """The lowest and highest client / server ratio over the runs with figures, of the
+    TTFT mean, the ITL mean (every chunk gap where the tool reports it, else its
+    per-request TPOT) and the output throughput."""
+    ratios: dict[str, list[float]] = {"ttft": [], "itl": [], "throughput": []}
+    for run in runs:
+        client, server = run.get("client_figures"), run.get("server")
+        if client is None or server is None:
+            continue
+        itl_key = "itl_ms" if (client.get("itl_ms") or {}).get("mean") is not None else "tpot_ms"
+        for name, key, part in (
+            ("ttft", "ttft_ms", "mean"),
+            ("itl", itl_key, "mean"),
+            ("throughput", "output_throughput", None),
+        ):
+            ours, _ = _cell(client, key, part)
+            theirs, _ = _cell(server, key, part)
+            if ours is not None and theirs:
+                ratios[name].append(ours / theirs)
+    return {name: (min(values), max(values)) for name, values in ratios.items() if values}
+
+
 def lm_eval_table(entry: dict[str, Any]) -> str:
+    """lm-eval's metrics, then what the same model computes directly (``check``)."""
     if "results" not in entry:
         reason = entry.get("skipped") or entry.get("error") or "no results"
         return f"lm-eval: {reason}\n"
@@ -752,10 +953,46 @@ def lm_eval_table(entry: dict[str, Any]) -> str:
         for name, value in metrics.items():
             if isinstance(value, int | float) and not name.endswith("_stderr,none"):
                 lines.append(f"| {task} | {name} | {value:.4g} |")
+    check = entry.get("check")
+    if check:
+        choice, generate = check["choice"], check["generate"]
+        lines += [
+            f"| enginekit_choice | acc from transformers' loglikelihoods | "
+            f"{choice['acc_transformers']:.4g} |",
+            f"| enginekit_choice | largest abs. difference of the {choice['num_loglikelihoods']} "
+            f"loglikelihoods from transformers' | {choice['max_abs_diff']:.2g} |",
+            f"| enginekit_choice | is_greedy flags equal to transformers' | "
+            f"{choice['num_greedy_equal']} of {choice['num_loglikelihoods']} |",
+            f"| enginekit_generate | generations equal to transformers' greedy ones | "
+            f"{generate['num_equal']} of {generate['num_docs']} |",
+        ]
     return "\n".join(lines) + "\n"
 
 
 # ---- the command line ----------------------------------------------------------------------
+
+
+def portable(value: Any, roots: dict[str, str]) -> Any:
+    """``value`` (the report: dicts, lists, strings) with each path of ``roots`` in its
+    strings replaced by its name there (``WORK``, ``CLIENTS``; the repository's root,
+    given with its trailing slash, by nothing), the longest first: the report names no
+    folder of the machine that ran it."""
+    if isinstance(value, dict):
+        return {key: portable(item, roots) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(item, roots) for item in value]
+    if isinstance(value, str):
+        for root in sorted(roots, key=len, reverse=True):
+            value = value.replace(root, roots[root])
+    return value
+
+
+def engine_commit() -> str | None:
+    """The repository's HEAD commit (None outside a git checkout)."""
+    done = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 @contextmanager
@@ -796,8 +1033,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_requests < 1 or any(c < 1 for c in args.concurrency):
         parser.error("--num-requests and --concurrency must be positive")
     chosen = set(args.only or [*LOAD_CLIENTS, "lm_eval"])
-    report: dict[str, Any] = {"server_overrides": overrides, "clients": {}, "runs": []}
+    load_1m = os.getloadavg()[0]
+    report: dict[str, Any] = {
+        "server_overrides": overrides, "clients": {}, "runs": [],
+        "engine_commit": engine_commit(),
+        "machine": f"{os.cpu_count()} CPU cores, load average {load_1m:.2f} at the start",
+        "load": {
+            "num_requests": args.num_requests, "concurrency": args.concurrency,
+            "input_len": args.input_len, "output_len": args.output_len,
+        },
+    }  # fmt: skip
     with work_folder(args.work_dir) as work:
+        roots = {str(work.resolve()): "WORK", f"{REPO}/": ""}
+        for key in VENV_VARIABLES:
+            venv = getattr(args, key)
+            if venv and Path(venv).resolve().parent != Path("/"):
+                roots[str(Path(venv).resolve().parent)] = "CLIENTS"
         tokenizer = (
             Path(args.tokenizer_folder).resolve()
             if args.tokenizer_folder
@@ -850,6 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
                     else scoring_model_folder(tokenizer, work / "scoring_model")
                 )
                 report["lm_eval"] = run_lm_eval(exe, model, tokenizer, work, args.client_timeout_s)
+        report = portable(report, roots)
     table = markdown_table(report["runs"])
     lm_eval = lm_eval_table(report["lm_eval"]) if "lm_eval" in report else ""
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,8 @@ Runs, side by side where there is something to compare:
   Mooncake's trace at three pools (and on ShareGPT's conversations), its table verbatim;
 - ``bench_queue.py``: each queue order at saturation (throughput, cold requests' TTFT)
   and two tenants, one flooding (the service each gets), its tables verbatim;
+- ``bench_clients.py`` (its report, ``--clients``): vLLM's bench serve, guidellm and
+  aiperf against the simulated server beside the server's own figures, and lm-eval;
 - ``bench_kv_quant_quality.py``: its printed tables, when its trained model is cached;
 - the claims (``enginekit.claims.job``): the main table, the rest folded;
 - ``tools/kernel_proxies.py --ci``: the kernels compiled offline for sm_90a (registers,
@@ -37,11 +39,13 @@ machine's; the ratios are what carries over.
 
     python3 benchmarks/results.py [--quick] [--out docs/results.md] [--readme README.md]
         [--print] [--kernels FILE] [--tiers FILE] [--eviction FILE]
-        [--eviction-sharegpt FILE] [--queue FILE]
+        [--eviction-sharegpt FILE] [--queue FILE] [--clients FILE]
 
 ``--tiers``, ``--eviction``, ``--eviction-sharegpt`` and ``--queue`` take the ``--json``
 report of a run of that benchmark (the replays take from seconds to half an hour); without
-one the benchmark runs here.
+one the benchmark runs here. ``--clients`` takes the report of ``bench_clients.py`` (real
+serving clients from environments of their own); without one the last results file's
+section is carried over.
 """
 
 from __future__ import annotations
@@ -805,6 +809,93 @@ def queue_section(path: Path | None = None) -> tuple[str, list[Headline]]:
     return text, [Headline(what, figure, QUEUE_HEADING)]
 
 
+CLIENTS_HEADING = "## Real clients against the simulated server (Llama-3-8B / H200)"
+CLIENTS_SHORT = "In short: "  # the line of the section the README's row repeats
+
+
+def clients_section(path: Path | None = None, previous: str = "") -> tuple[str, list[Headline]]:
+    """The report of ``bench_clients.py`` in ``path`` (``benchmarks/results/clients.json``;
+    the clients run from environments of their own, for minutes): its side-by-side table,
+    lm-eval's metrics and their check, the commands. Without one, ``previous``'s section
+    when it holds measured figures (carried over as it is), else how to measure them."""
+    what = "Real clients against the simulated server (Llama-3-8B / H200)"
+    if path is None:
+        carried = carried_section(previous, CLIENTS_HEADING)
+        short = re.search(f"^{CLIENTS_SHORT}(.*)$", carried, re.MULTILINE)
+        if short:
+            return carried, [Headline(what, short.group(1).rstrip("."), CLIENTS_HEADING)]
+        text = (
+            f"{CLIENTS_HEADING}\n\nNot measured here: the clients run from environments of "
+            "their own (`benchmarks/clients/README.md` installs them); `python3 "
+            "benchmarks/bench_clients.py` writes `benchmarks/results/clients.json`, then "
+            "`python3 benchmarks/results.py --clients benchmarks/results/clients.json` "
+            "writes its tables here.\n"
+        )
+        return text, []
+    import bench_clients
+
+    report = json.loads(path.read_text())
+    assert isinstance(report, dict)
+    runs, load = report["runs"], report["load"]
+    versions = ", ".join(
+        f"{name} {info['version']}" for name, info in report["clients"].items() if info["version"]
+    )
+    commands = "\n".join(
+        f"- {run['client']} at concurrency {run['concurrency']}: `{run['command']}`"
+        for run in runs
+        if "command" in run
+    )
+    lm_eval = report.get("lm_eval") or {}
+    if "command" in lm_eval:
+        commands += f"\n- lm-eval: `{lm_eval['command']}`"
+    ranges = bench_clients.ratio_ranges(runs)
+
+    def span(name: str) -> str:
+        low, high = ranges[name]
+        return f"{low:.2f}–{high:.2f}×"
+
+    figure = (
+        f"client / server, mean TTFT {span('ttft')}, ITL {span('itl')}, output tok/s "
+        f"{span('throughput')} (vLLM, guidellm, aiperf; concurrency "
+        f"{', '.join(map(str, load['concurrency']))})"
+    )
+    results, check = lm_eval.get("results"), lm_eval.get("check")
+    if results and check:
+        acc = results["enginekit_choice"]["acc,none"]
+        match = results["enginekit_generate"]["exact_match,none"]
+        figure += (
+            f"; lm-eval on a random small Llama: acc {acc:.2f}, exact match {match:.2f} "
+            f"(loglikelihoods within {check['choice']['max_abs_diff']:.0e} of transformers', "
+            f"{check['generate']['num_equal']}/{check['generate']['num_docs']} generations "
+            "the same)"
+        )
+    overrides = " ".join(report["server_overrides"])
+    text = (
+        f"{CLIENTS_HEADING}\n\n"
+        "`python3 benchmarks/bench_clients.py` (`benchmarks/clients/README.md` installs the "
+        f"clients): {versions}, each unmodified from its own environment, against a fresh "
+        f"`python3 -m enginekit.serve {overrides}` per run, serving Llama-3-8B's shape: "
+        f"{load['num_requests']} streaming completions of {load['input_len']:,} random "
+        f"tokens, {load['output_len']} out (`ignore_eos`), at each concurrency. Measured at "
+        f"commit `{(report.get('engine_commit') or 'unknown')[:10]}`, on {report['machine']} "
+        "(clients and server share those cores). The client's figures beside the server's "
+        "own, and the engine's in simulated time:\n\n"
+        f"{bench_clients.markdown_table(runs)}\n"
+        "A client's TTFT also holds what the server's does not count: the request's wait "
+        "for the server's event loop before its handler runs (the server counts from "
+        "there), the first chunk's way from its release to the socket, and the client's own "
+        "send and parse, which grow with concurrency on cores the client shares with the "
+        "server; `benchmarks/clients/README.md` times each.\n\n"
+        "lm-eval's `local-completions` against `executor=torch` on a small Llama with "
+        "seeded random weights (the scores check the plumbing, not a model), then its "
+        "logged answers against transformers on the same weights:\n\n"
+        f"{bench_clients.lm_eval_table(lm_eval)}\n"
+        f"{CLIENTS_SHORT}{figure}.\n\n"
+        f"<details><summary>The commands</summary>\n\n{commands}\n\n</details>\n"
+    )
+    return text, [Headline(what, figure, CLIENTS_HEADING)]
+
+
 def build(
     quick: bool,
     previous: str = "",
@@ -812,13 +903,15 @@ def build(
     tiers: Path | None = None,
     eviction: tuple[Path | None, Path | None] = (None, None),
     queue: Path | None = None,
+    clients: Path | None = None,
 ) -> tuple[list[str], list[Headline]]:
     """Every section of docs/results.md, in order, and the README's headline rows;
     ``previous``: the last docs/results.md, whose GPU and trained-model figures are kept
     when they cannot be measured here; ``kernels``: a ``bench_kernels.py --json`` report;
     ``tiers``: a ``bench_tiers.py --json`` report (None: run it); ``eviction``: the
     ``bench_eviction.py --json`` reports of Mooncake's trace and of ShareGPT; ``queue``:
-    a ``bench_queue.py --json`` report (None: run them)."""
+    a ``bench_queue.py --json`` report (None: run them); ``clients``: a
+    ``bench_clients.py`` report (None: ``previous``'s section)."""
     sections: list[str] = []
     headlines: list[Headline] = []
     for measure in (
@@ -831,6 +924,7 @@ def build(
         lambda: tiers_section(tiers),
         lambda: eviction_section(*eviction),
         lambda: queue_section(queue),
+        lambda: clients_section(clients, previous),
     ):
         text, rows = measure()
         sections.append(text)
@@ -917,6 +1011,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("--queue", "a bench_queue.py --json report"),
     ):
         parser.add_argument(flag, type=Path, metavar="FILE", help=f"{what} (else run it)")
+    parser.add_argument(
+        "--clients",
+        type=Path,
+        metavar="FILE",
+        help="a bench_clients.py report (else the last results file's section)",
+    )
     args = parser.parse_args(argv)
     command = "python3 benchmarks/results.py" + " --quick" * args.quick
     if args.kernels is not None:
@@ -926,6 +1026,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("--eviction", args.eviction),
         ("--eviction-sharegpt", args.eviction_sharegpt),
         ("--queue", args.queue),
+        ("--clients", args.clients),
     ):
         if value is not None:
             command += f" {flag} {value}"
@@ -939,6 +1040,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.tiers,
         (args.eviction, args.eviction_sharegpt),
         args.queue,
+        args.clients,
     )
     document = results_document(sections, command, time.perf_counter() - start)
     block = headline_block(headlines, command)
