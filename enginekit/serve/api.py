@@ -39,7 +39,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from enginekit.serve.generation import ChoiceUpdate, Generation
 from enginekit.serve.logprobs import (
@@ -64,6 +64,7 @@ CLIENT_GONE = 499  # the status of a response nobody reads (the client disconnec
 def build_app(server: Server) -> FastAPI:
     """The FastAPI application of ``server`` (its lifespan starts and stops the loop)."""
     app = FastAPI(title="enginekit", lifespan=server.lifespan)
+    app.add_middleware(ArrivalStamp)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -158,7 +159,7 @@ def build_app(server: Server) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        received = time.monotonic()
+        received = arrival_of(request)
         server.check_request(body)
         add_special = body.add_special_tokens
         prompts = [body.truncated(server.prompt_ids(p, add_special)) for p in body.prompts()]
@@ -211,7 +212,7 @@ def build_app(server: Server) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        received = time.monotonic()
+        received = arrival_of(request)
         server.check_request(body)
         prompt = body.truncated(
             server.chat_prompt_ids(
@@ -274,6 +275,29 @@ async def _start(
         await generation.start(server.config.max_waiting, server.config.retry_after_s)
     except ApiError as error:
         raise body.named(error) from None
+
+
+class ArrivalStamp:
+    """ASGI middleware: stamps each HTTP request with ``time.monotonic()`` when the server
+    starts on it, before its body is read and parsed, so that the latencies the server
+    reports count the time a client waits for that too (``arrival_of``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[ARRIVAL_KEY] = time.monotonic()
+        await self.app(scope, receive, send)
+
+
+ARRIVAL_KEY = "enginekit_arrival"
+
+
+def arrival_of(request: Request) -> float:
+    """When the server started on ``request`` (``ArrivalStamp``; now, without it)."""
+    arrival = request.scope.get("state", {}).get(ARRIVAL_KEY)
+    return time.monotonic() if arrival is None else float(arrival)
 
 
 def _api_error_response(error: ApiError) -> JSONResponse:

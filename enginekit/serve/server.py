@@ -231,8 +231,9 @@ class Server:
     ) -> Generation:
         """The engine requests of ``body``; its id is ``id_prefix``-(the body's
         ``request_id``, else the ``X-Request-Id`` header, else a random one).
-        ``received_at`` (``time.monotonic()``, default now) is when the server got the
-        request, before its prompt was tokenized: the latencies count from there."""
+        ``received_at`` (``time.monotonic()``, default now) is when the server started on
+        the request, before reading its body (``api.ArrivalStamp``): the latencies count
+        from there."""
         assert self.loop is not None, "the server's lifespan has not started"
         header = request.headers.get("x-request-id") if request is not None else None
         return Generation(
