@@ -882,7 +882,7 @@ def clients_section(path: Path | None = None, previous: str = "") -> tuple[str, 
         "own, and the engine's in simulated time:\n\n"
         f"{bench_clients.markdown_table(runs)}\n"
         "A client's TTFT also holds what the server's does not count: the request's wait "
-        "for the server's event loop before its handler runs (the server counts from "
+        "for the server's event loop to read it and start on it (the server counts from "
         "there), the first chunk's way from its release to the socket, and the client's own "
         "send and parse, which grow with concurrency on cores the client shares with the "
         "server; `benchmarks/clients/README.md` times each.\n\n"
