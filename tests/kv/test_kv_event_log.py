@@ -4,8 +4,8 @@ prefix caches, on the Rust structures and their twins:
 - after every operation, the blocks rebuilt from the events alone (each hash stored once,
   then removed once) are the cache's full blocks: the pool's hash map under
   ``block_hash``, the blocks whose every position the trees hold under ``radix``;
-- every stored block is named by the chain hash of its tokens, computed here from the
-  documented byte string with the ``xxhash`` package, so both caches name the same
+- every stored block is named by the chain hash of its tokens, computed here by the
+  hash's readable twin (``enginekit.kv.pyref.hashing``), so both caches name the same
   content alike, and salts part names;
 - a policy that hears accesses hears exactly what it hears with the events off, call by
   call, and the run is the same;
@@ -15,11 +15,9 @@ prefix caches, on the Rust structures and their twins:
 from __future__ import annotations
 
 import random
-import struct
 from typing import Any
 
 import pytest
-import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_eviction_policies import tiny_engine
@@ -27,28 +25,24 @@ from test_eviction_policies import tiny_engine
 from enginekit import Engine, SamplingParams
 from enginekit.errors import KVCacheError
 from enginekit.interfaces.kv_events import CacheCleared, KVEvent, RemovedBlocks, StoredBlocks
+from enginekit.kv.pyref.hashing import ROOT_HASH, hash_block, hash_blocks
 
 BLOCK_SIZE = 4  # tiny_engine's
-ROOT = 0x656E67696E656B69  # "engineki" read big-endian: the first block's parent
 SALTS = (None, "tenant-a", "tenant-b")
 
 
+def salt_key(salt: str | None) -> bytes | None:
+    return None if salt is None else salt.encode()
+
+
 def chain_hash(parent: int, tokens: list[int], salt: str | None) -> int:
-    """A block's name as the docs give it: XXH64, seed 0, over the parent's name (8 bytes
-    little-endian), 0x00 or 0x01 + the salt's length (u32 little-endian) + the salt, then
-    each token as a u32 little-endian."""
-    key = b"\x00" if salt is None else b"\x01" + struct.pack("<I", len(salt)) + salt.encode()
-    data = struct.pack("<Q", parent) + key + struct.pack(f"<{len(tokens)}I", *tokens)
-    return xxhash.xxh64_intdigest(data, seed=0)
+    """A block's name as the docs give it (the readable twin of the Rust hash)."""
+    return hash_block(parent, tokens, salt_key(salt))
 
 
 def chain_hashes(tokens: list[int], salt: str | None) -> list[int]:
     """The names of every full block of ``tokens``."""
-    names, parent = [], ROOT
-    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
-        parent = chain_hash(parent, tokens[start : start + BLOCK_SIZE], salt)
-        names.append(parent)
-    return names
+    return hash_blocks(tokens, BLOCK_SIZE, salt_key(salt))
 
 
 class Subscriber:
@@ -83,7 +77,7 @@ class Subscriber:
         """The names of the event's blocks under the salt that reproduces the first (the
         event does not carry the salt; a wrong one gives other names)."""
         for salt in SALTS:
-            names, parent = [], ROOT if event.parent_hash is None else event.parent_hash
+            names, parent = [], ROOT_HASH if event.parent_hash is None else event.parent_hash
             for start in range(0, len(event.token_ids), BLOCK_SIZE):
                 parent = chain_hash(parent, event.token_ids[start : start + BLOCK_SIZE], salt)
                 names.append(parent)

@@ -7,14 +7,14 @@ Two replicas (``block_hash`` and ``radix``, each on its own endpoints) serve the
 shared-prefix prompts of token ids in pools small enough to evict. Each replica's cached
 blocks rebuilt from its events alone equal the blocks its engine holds, read on the engine
 thread; the same tokens and salt are named alike on both, by the documented chain hash
-(computed here with the ``xxhash`` package), and salts part the names; a late subscriber
-replays the stream from sequence 0 through the replay socket and rebuilds the same state.
+(computed here by its readable twin, ``enginekit.kv.pyref.hashing``), and salts part the
+names; a late subscriber replays the stream from sequence 0 through the replay socket and
+rebuilds the same state.
 """
 
 from __future__ import annotations
 
 import random
-import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,17 +22,16 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-import xxhash
 import zmq
 
 from enginekit import Engine
 from enginekit.app import compose_config
 from enginekit.errors import ConfigError
+from enginekit.kv.pyref.hashing import hash_block, hash_blocks
 from enginekit.serve import BackgroundServer, Server
 from enginekit.serve.kv_events import KVEventPublisher
 
 BLOCK_SIZE = 4
-ROOT = 0x656E67696E656B69  # the first block's parent: "engineki" read big-endian
 WAIT_S = 30.0  # how long a subscriber waits for what it expects before the test fails
 
 # -- vLLM's wire layout, as a subscriber declares it ---------------------------------------
@@ -102,20 +101,18 @@ DECODE = msgspec.msgpack.Decoder(KVEventBatch)
 DECODE_FIRST = msgspec.msgpack.Decoder(FirstKVEventBatch)
 
 
+def salt_key(salt: str | None) -> bytes | None:
+    return None if salt is None else salt.encode()
+
+
 def chain_hash(parent: int, tokens: list[int], salt: str | None) -> int:
-    """XXH64 (seed 0) of the parent's name (u64 LE), 0x00 or 0x01 + the salt's length (u32
-    LE) + the salt, and the tokens (u32 LE each): the name the docs give a block."""
-    key = b"\x00" if salt is None else b"\x01" + struct.pack("<I", len(salt)) + salt.encode()
-    data = struct.pack("<Q", parent) + key + struct.pack(f"<{len(tokens)}I", *tokens)
-    return xxhash.xxh64_intdigest(data, seed=0)
+    """A block's name as the docs give it (the readable twin of the Rust hash)."""
+    return hash_block(parent, tokens, salt_key(salt))
 
 
 def chain_hashes(tokens: list[int], salt: str | None) -> list[int]:
-    names, parent = [], ROOT
-    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
-        parent = chain_hash(parent, tokens[start : start + BLOCK_SIZE], salt)
-        names.append(parent)
-    return names
+    """The names of every full block of ``tokens``."""
+    return hash_blocks(tokens, BLOCK_SIZE, salt_key(salt))
 
 
 class View:
