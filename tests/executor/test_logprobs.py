@@ -9,25 +9,14 @@ import dataclasses
 
 import pytest
 import torch
-from torch_helpers import FP32_ATOL, hf_config, hf_model, prompts, saved_engine
+from torch_helpers import FP32_ATOL, prompts, saved_engine
 
 from enginekit import SamplingParams
 from enginekit.executor.torch.logprobs import token_logprobs
 from enginekit.executor.torch.shaping import SequenceTokens
-from enginekit.models.tiny import random_state_dict
 from enginekit.request import RequestOutput, TokenLogprob
 
 NUM_TOP = 4
-
-
-@pytest.fixture(scope="module")
-def saved_tiny(tmp_path_factory):
-    """(folder, transformers model) of the tiny Llama on seeded weights."""
-    config = hf_config("tiny")
-    model = hf_model(config, random_state_dict(config, seed=3))
-    folder = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(folder)
-    return folder, model
 
 
 def hf_logprobs(model, token_ids: list[int]) -> torch.Tensor:

@@ -12,12 +12,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch_helpers import hf_config, hf_model, prompts, saved_engine
+from torch_helpers import prompts, saved_engine
 
 from enginekit import Engine
 from enginekit.errors import InvalidRequestError
 from enginekit.executor.torch.sampler import beam_candidates, filter_logits
-from enginekit.models.tiny import random_state_dict
 from enginekit.request import (
     MAX_LOGPROBS,
     Request,
@@ -172,16 +171,6 @@ def test_token_logprob_is_a_frozen_value():
 
 
 # -- the torch executor against transformers ---------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def saved_tiny(tmp_path_factory):
-    """(folder, transformers model) of the tiny Llama on seeded weights."""
-    config = hf_config("tiny")
-    model = hf_model(config, random_state_dict(config, seed=3))
-    folder = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(folder)
-    return folder, model
 
 
 def hf_shaped_greedy(model, prompt: list[int], sampling: SamplingParams) -> list[int]:
