@@ -148,12 +148,13 @@ class Server:
                 code="model_not_found",
             )
 
-    def require_codec(self, param: str) -> TextCodec:
-        """The tokenizer; ApiError (400, naming ``param``) for a model without one."""
+    def require_codec(self, param: str, what: str = "this") -> TextCodec:
+        """The tokenizer; ApiError (400, naming ``param``, saying ``what`` needs it) for a
+        model without one."""
         if self.codec is None:
             raise ApiError(
                 400,
-                "this needs the model's tokenizer, which comes from its folder "
+                f"{what} needs the model's tokenizer, which comes from its folder "
                 "(model.path=...); this model has none: send token ids",
                 param=param,
             )
@@ -165,14 +166,8 @@ class Server:
         model without a tokenizer."""
         if not isinstance(prompt, str):
             return prompt
-        if self.codec is None:
-            raise ApiError(
-                400,
-                "text prompts need the model's tokenizer, which comes from its folder "
-                "(model.path=...); this model has none: send token ids",
-                param="prompt",
-            )
-        return self.codec.encode(prompt, add_special_tokens=add_special_tokens)
+        codec = self.require_codec("prompt", "a text prompt")
+        return codec.encode(prompt, add_special_tokens=add_special_tokens)
 
     def chat_prompt_ids(
         self,
@@ -187,15 +182,9 @@ class Server:
         ``add_special_tokens``, on top of what the template writes). Raises ApiError (400)
         when the model has no tokenizer or no template, or the template refuses the
         messages."""
-        if self.codec is None:
-            raise ApiError(
-                400,
-                "chat completions need the model's tokenizer and its chat template, which "
-                "come from its folder (model.path=...); this model has none",
-                param="messages",
-            )
+        codec = self.require_codec("messages", "a chat prompt")
         try:
-            token_ids = self.codec.chat_prompt(
+            token_ids = codec.chat_prompt(
                 messages,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
@@ -203,7 +192,7 @@ class Server:
             )
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), param="messages") from None
-        bos = self.codec.bos_token_id
+        bos = codec.bos_token_id
         if add_special_tokens and bos is not None:
             token_ids = [bos, *token_ids]
         return token_ids

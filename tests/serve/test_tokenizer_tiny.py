@@ -268,6 +268,13 @@ def test_a_folderless_model_of_another_size_still_takes_token_ids_only():
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model=server.model_name, prompt="hi", max_tokens=2)
         assert "this model has none: send token ids" in str(refused.value)
+        assert refused.value.body["param"] == "prompt"
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model=server.model_name, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert refused.value.body["param"] == "messages"
+        assert "a chat prompt needs the model's tokenizer" in str(refused.value)
         choice = client.completions.create(
             model=server.model_name, prompt=[5, 6, 7], max_tokens=2
         ).choices[0]
