@@ -349,16 +349,19 @@ def test_stop_strings_kept_deferred_by_min_tokens_and_prompts_truncated(served, 
     request_id = offline.add_request(PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
     while offline.has_unfinished_requests():
         offline.step()
-    greedy = offline.output(request_id).samples[0]
-    stop = f"w{greedy[1]}"
+    words = [f"w{t}" for t in offline.output(request_id).samples[0]]
+    # a stop string the whole output holds once ("w12" is also in "w123")
+    index = next(i for i in (1, 2, 3) if " ".join(words).count(words[i]) == 1)
+    stop = words[index]
     base = {"model": server.model_name, "prompt": PROMPT, "max_tokens": 6,
             "temperature": 0.0, "ignore_eos": True, "stop": [stop]}  # fmt: skip
-    cut = post(url, "completions", base).json()["choices"][0]["text"]
+    cut = post(url, "completions", base).json()["choices"][0]
+    assert cut["text"].split() == words[:index] and cut["finish_reason"] == "stop"
     kept = post(url, "completions", {**base, "include_stop_str_in_output": True}).json()
-    assert kept["choices"][0]["text"] == cut + stop
-    if greedy.count(greedy[1]) == 1:  # min_tokens past the stop string: it is not met
-        late = post(url, "completions", {**base, "min_tokens": 3}).json()["choices"][0]
-        assert late["finish_reason"] == "length"
+    assert kept["choices"][0]["text"] == cut["text"] + stop
+    # min_tokens past the stop string: it is not looked for until then, so not met
+    late = post(url, "completions", {**base, "min_tokens": index + 2}).json()["choices"][0]
+    assert late["finish_reason"] == "length" and late["text"].split() == words
     truncated = post(url, "completions", {**base, "truncate_prompt_tokens": 2}).json()
     assert truncated["usage"]["prompt_tokens"] == 2
 
