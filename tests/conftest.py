@@ -160,3 +160,18 @@ def _redis_py_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("redis") is not None
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    """(folder, transformers model) of the tiny Llama on seeded weights (the torch
+    executor's tests; torch and transformers are imported only when it is used)."""
+    from torch_helpers import hf_config, hf_model
+
+    from enginekit.models.tiny import random_state_dict
+
+    config = hf_config("tiny")
+    model = hf_model(config, random_state_dict(config, seed=3))
+    folder = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(folder)
+    return folder, model
